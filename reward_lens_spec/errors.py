@@ -1,0 +1,54 @@
+"""Errors every layer raises, each naming the bad field and the fix.
+
+``SpecError`` is raised before any model loads (config, plan, data schema);
+``CaptureError`` is raised while running a model (self-check mismatch,
+non-finite scores); ``GaugeError`` refuses a frame-dependent comparison;
+``StoreError`` refuses a store that cannot be used as asked.
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Iterable
+
+
+def did_you_mean(value: str, options: Iterable[str]) -> str:
+    """Return ``" Did you mean 'x'?"`` for the closest option, or ``""``."""
+    opts = [str(o) for o in options]
+    close = difflib.get_close_matches(str(value), opts, n=1, cutoff=0.5)
+    return f" Did you mean '{close[0]}'?" if close else ""
+
+
+class RewardLensError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class SpecError(RewardLensError, ValueError):
+    """A config, plan or data problem found before any model runs.
+
+    ``field`` is the dotted config key (or data field) at fault.
+    """
+
+    def __init__(self, field: str, message: str, *, value=None, options: Iterable[str] | None = None,
+                 fix: str | None = None):
+        self.field = field
+        text = f"{field}: {message}"
+        if options is not None:
+            opts = sorted({str(o) for o in options})
+            if value is not None:
+                text += did_you_mean(str(value), opts)
+            text += f" Valid: {', '.join(opts)}."
+        if fix:
+            text += f" Fix: {fix}"
+        super().__init__(text)
+
+
+class CaptureError(RewardLensError, RuntimeError):
+    """A model run produced something that must not become a result."""
+
+
+class GaugeError(RewardLensError, ValueError):
+    """A frame-dependent quantity was compared outside a shared frame."""
+
+
+class StoreError(RewardLensError, RuntimeError):
+    """A store cannot be read or written as asked; nothing else is touched."""

@@ -1,0 +1,172 @@
+"""One capture pass: both sides of every pair, batched by length, all sites at once.
+
+Hooks slice the readout position inside the graph, so a capture keeps
+``pair × side × layer × d_model`` floats per site, never the full sequences.
+After each batch a self-check compares ``W·h + b`` (float32, from the captured
+final-norm output ``h``) with the model's own head output at the readout token
+and, where HF's pad-id pooling picks the same token, with its pooled logits.
+A mismatch or a non-finite score stops the run (``CaptureError``) naming the
+model and the pair ids; nothing is returned to be stored.
+
+Sites (TransformerLens vocabulary): ``resid_pre``/``resid_post`` (layer),
+``attn_out``/``mlp_out`` (what each component adds to the residual stream),
+``embed`` = ``resid_pre`` of layer 0 (stored with a layer axis of length 1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..errors import CaptureError
+from .head import get_module
+from .padding import batches_by_length, pad_batch, readout_index
+
+LAYER_SITES = ("embed", "resid_pre", "resid_post", "attn_out", "mlp_out")
+SIDES = ("chosen", "rejected")
+_TOL = {"float32": 1e-4, "bfloat16": 6e-2, "float16": 1e-2}
+
+
+@dataclass
+class CaptureResult:
+    """Activations at the readout token.
+
+    ``h``: pair × side × d_model (final-norm output); ``logits``: pair × side ×
+    objective (the model's own head output); ``sites[name]``: pair × side ×
+    layer × d_model, float32. ``counts``: forward passes and tokens processed.
+    """
+
+    pair_ids: list[str]
+    h: np.ndarray
+    logits: np.ndarray
+    lengths: np.ndarray
+    sites: dict[str, np.ndarray] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def _first(x):
+    return x[0] if isinstance(x, tuple) else x
+
+
+class _Recorder:
+    """Registers hooks that keep ``out[row, readout[row]]`` for the current batch."""
+
+    def __init__(self, lm, sites):
+        self.lm, self.sites, self.handles, self.readout, self.buf = lm, sites, [], None, {}
+        layers = get_module(lm.model, lm.family.layers)
+        if "embed" in sites:
+            self._pre(layers[0], ("embed", 0))
+        for layer_idx, layer in enumerate(layers):
+            if "resid_pre" in sites:
+                self._pre(layer, ("resid_pre", layer_idx))
+            if "resid_post" in sites:
+                self._post(layer, ("resid_post", layer_idx))
+            if "attn_out" in sites:
+                self._post(get_module(layer, lm.family.attn), ("attn_out", layer_idx))
+            if "mlp_out" in sites:
+                self._post(get_module(layer, lm.family.mlp), ("mlp_out", layer_idx))
+        self._post(lm.norm.module, ("h", 0))
+        self._post(get_module(lm.model, lm.family.head), ("logits", 0), keep_grad=False)
+
+    def _take(self, t):
+        rows = torch.arange(t.shape[0], device=t.device)
+        return t[rows, self.readout.to(t.device)].detach().float().cpu()
+
+    def _pre(self, module, key):
+        def hook(mod, args, kwargs):
+            x = args[0] if args else kwargs["hidden_states"]
+            self.buf[key] = self._take(x)
+        self.handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+
+    def _post(self, module, key, keep_grad=True):
+        def hook(mod, args, out):
+            self.buf[key] = self._take(_first(out))
+        self.handles.append(module.register_forward_hook(hook))
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
+def hf_pooled_index(input_ids: torch.Tensor, pad_id: int | None) -> torch.Tensor:
+    """The token HF's sequence classifiers pool (rightmost token not equal to the pad id)."""
+    if pad_id is None:
+        return torch.full((input_ids.shape[0],), input_ids.shape[1] - 1, dtype=torch.long)
+    idx = torch.arange(input_ids.shape[1]).expand_as(input_ids)
+    return (idx * (input_ids != pad_id)).argmax(-1)
+
+
+@torch.inference_mode()
+def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tokens: int | None = None,
+            padding_side: str = "left", readout_fn=None, progress: bool = False) -> CaptureResult:
+    """Run every side of ``encoded`` (an ``EncodedPairs``) once; return a ``CaptureResult``.
+
+    ``sites``: subset of ``LAYER_SITES``. ``readout_fn(attention_mask) -> LongTensor[B]``
+    overrides the readout (tests use it to prove the self-check fires).
+    Raises ``CaptureError`` on a self-check mismatch or a non-finite score.
+    """
+    sites = tuple(s for s in LAYER_SITES if s in set(sites))
+    seqs = [s for pair in zip(encoded.chosen, encoded.rejected) for s in pair]   # row 2i chosen, 2i+1 rejected
+    n_pairs, L, d, K = len(encoded.pair_ids), lm.n_layers, lm.d_model, lm.head.n_objectives
+    out = CaptureResult(pair_ids=list(encoded.pair_ids), h=np.zeros((n_pairs, 2, d), np.float32),
+                        logits=np.zeros((n_pairs, 2, K), np.float32),
+                        lengths=np.array([len(s) for s in seqs]).reshape(n_pairs, 2),
+                        sites={s: np.zeros((n_pairs, 2, 1 if s == "embed" else L, d), np.float32)
+                               for s in sites},
+                        counts={"forward_passes": 0, "tokens": 0, "padded_tokens": 0})
+    pad_id = lm.tokenizer.pad_token_id
+    device = next(lm.model.parameters()).device
+    rec = _Recorder(lm, sites)
+    batches = batches_by_length([len(s) for s in seqs], batch_size, max_tokens)
+    try:
+        it = batches
+        if progress:
+            from tqdm.auto import tqdm
+            it = tqdm(batches, desc=f"capture {lm.name}", unit="batch")
+        for rows in it:
+            ids, mask, pos, readout = pad_batch([seqs[r] for r in rows], pad_id, padding_side)
+            if readout_fn is not None:
+                readout = readout_fn(mask)
+            rec.readout, rec.buf = readout, {}
+            res = lm.model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                           position_ids=pos.to(device), use_cache=False)
+            pair_idx, side_idx = np.array(rows) // 2, np.array(rows) % 2
+            h = rec.buf[("h", 0)].numpy()
+            _self_check(lm, rows, out.pair_ids, h, rec.buf[("logits", 0)].numpy(), res.logits,
+                        hf_pooled_index(ids, pad_id), readout_index(mask))
+            out.h[pair_idx, side_idx] = h
+            out.logits[pair_idx, side_idx] = rec.buf[("logits", 0)].numpy()
+            for (site, layer), val in rec.buf.items():
+                if site in out.sites:
+                    out.sites[site][pair_idx, side_idx, layer] = val.numpy()
+            out.counts["forward_passes"] += 1
+            out.counts["tokens"] += int(mask.sum())
+            out.counts["padded_tokens"] += int(mask.numel())
+    finally:
+        rec.close()
+    return out
+
+
+def _self_check(lm, rows, pair_ids, h, head_out, pooled, hf_idx, last_attended):
+    names = [f"{pair_ids[r // 2]}/{SIDES[r % 2]}" for r in rows]
+    ours = lm.head.rewards(h)
+    bad = ~np.isfinite(ours).all(-1) | ~np.isfinite(head_out).all(-1)
+    if bad.any():
+        raise CaptureError(f"{lm.name}: non-finite reward for {[n for n, b in zip(names, bad) if b]} "
+                           f"(dtype {lm.dtype}); nothing was stored. Fix: use model.dtype=float32 or bfloat16.")
+    tol = _TOL.get(lm.dtype, 1e-4)
+    scale = 1.0 + np.abs(head_out)
+    refs = [("head output at the readout token", head_out, np.ones(len(rows), bool))]
+    # Where HF's pad-id pooling lands on the last attended token (computed here from the
+    # mask, independently of the capture's readout), its pooled logits are a second reference.
+    agree = (hf_idx.cpu() == last_attended.cpu()).numpy()
+    refs.append(("the model's pooled logits", pooled.detach().float().cpu().numpy(), agree))
+    for what, ref, use in refs:
+        err = (np.abs(ours - ref) / scale).max(-1)
+        wrong = use & (err > tol)
+        if wrong.any():
+            raise CaptureError(
+                f"{lm.name}: self-check failed: W·h + b from captured h differs from {what} "
+                f"(max rel. error {err[wrong].max():.3g} > {tol}) for {[n for n, w in zip(names, wrong) if w]}. "
+                "The readout position or the head read-off is wrong; nothing was stored.")

@@ -1,0 +1,182 @@
+"""Turn preference pairs into token ids, one list per side, ready for padding.
+
+Rules (``encode_pairs``):
+
+- ``fmt="plain"``: text = ``template`` with ``{prompt}`` / ``{response}`` substituted in ONE
+  pass (braces inside the texts are never interpreted), tokenized with the tokenizer's own
+  special tokens (``add_special_tokens=True``).
+- ``fmt="chat_template"``: ``tokenizer.apply_chat_template([user, assistant], tokenize=True,
+  add_generation_prompt=False)`` tokenized ONCE from the template; the text is never rendered
+  and re-tokenized (that would add a second BOS).
+- BOS check: when the tokenizer has a ``bos_token_id``, the leading BOS ids of every sequence
+  are counted; more than one, or a count that differs between sequences, is a ``CaptureError``
+  naming the model and the fix. The result records ``bos_count`` (0 or 1).
+- Truncation to ``max_length`` keeps the END (response end + readout token): tokens are dropped
+  from just after the leading BOS (kept if present), i.e. from the left of the prompt. When the
+  response alone does not fit, the result is still BOS + the last tokens (length ``max_length``)
+  and the pair id is listed in ``response_truncated`` (and a warning is issued).
+- A pair whose two sides differ before truncation but are identical after is EXCLUDED: its id
+  goes to ``excluded["identical_after_truncation"]`` and a warning gives the count. Pairs
+  identical before truncation (chosen == rejected) are kept; their margin must be exactly 0.
+- ``pair.prompt_rejected`` (when not None) is the rejected side's prompt.
+
+Errors: ``SpecError`` (``model.format``, ``model.template``, ``model.max_length``,
+``model.chat_template``) for bad arguments; ``CaptureError`` for BOS doubling or empty sequences.
+"""
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import CaptureError, SpecError
+
+FORMATS = ("plain", "chat_template")
+_SLOT = re.compile(r"\{(prompt|response)\}")
+
+
+@dataclass(frozen=True)
+class EncodedPairs:
+    """Token ids of the kept pairs, aligned: ``chosen[i]`` / ``rejected[i]`` belong to ``pair_ids[i]``.
+
+    ``excluded``: reason -> pair ids left out. ``n_truncated``: input pairs with at least one
+    side truncated. ``response_truncated``: pair ids whose response itself was cut.
+    """
+
+    pair_ids: list[str]
+    chosen: list[list[int]]
+    rejected: list[list[int]]
+    excluded: dict[str, list[str]]
+    n_truncated: int
+    bos_count: int
+    max_length: int
+    fmt: str
+    response_truncated: list[str] = field(default_factory=list)
+
+    def lengths(self) -> np.ndarray:
+        """Token counts, shape ``(n_pairs, 2)`` (dims: pair, side=[chosen, rejected]), int64."""
+        out = np.zeros((len(self.pair_ids), 2), dtype=np.int64)
+        for i, (c, r) in enumerate(zip(self.chosen, self.rejected)):
+            out[i] = (len(c), len(r))
+        return out
+
+
+def _ids(result: Any) -> list[int]:
+    """Token ids from whatever ``apply_chat_template``/``__call__`` returned (list, dict, BatchEncoding)."""
+    if hasattr(result, "keys") and "input_ids" in result:
+        result = result["input_ids"]
+    if hasattr(result, "tolist"):
+        result = result.tolist()
+    result = list(result)
+    if result and isinstance(result[0], (list, tuple)):
+        if len(result) != 1:
+            raise CaptureError(f"expected one encoded sequence, got {len(result)}")
+        result = list(result[0])
+    return [int(t) for t in result]
+
+
+def _encode(tokenizer, prompt: str, response: str, fmt: str, template: str) -> list[int]:
+    if fmt == "plain":
+        text = _SLOT.sub(lambda m: prompt if m.group(1) == "prompt" else response, template)
+        return _ids(tokenizer(text, add_special_tokens=True))
+    messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+    return _ids(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=False))
+
+
+def _prompt_len(tokenizer, prompt: str, full: list[int], fmt: str, template: str) -> int:
+    """Tokens of ``full`` that belong to the prompt part: common prefix with the empty-response encoding."""
+    base = _encode(tokenizer, prompt, "", fmt, template)
+    n = 0
+    for a, b in zip(base, full):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+def _leading(ids: list[int], tok_id: int | None) -> int:
+    if tok_id is None:
+        return 0
+    n = 0
+    while n < len(ids) and ids[n] == tok_id:
+        n += 1
+    return n
+
+
+def _truncate(ids: list[int], bos: int, max_length: int) -> list[int]:
+    """Keep the leading BOS (if any) and the last ``max_length - bos`` tokens."""
+    if len(ids) <= max_length:
+        return ids
+    return ids[:bos] + ids[len(ids) - (max_length - bos):]
+
+
+def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
+                 template: str = "User: {prompt}\nAssistant: {response}", max_length: int = 512,
+                 model_name: str = "model") -> EncodedPairs:
+    """Encode ``pairs`` (objects with ``id, prompt, chosen, rejected, prompt_rejected``); see module doc."""
+    if fmt not in FORMATS:
+        raise SpecError("model.format", f"unknown format {fmt!r}.", value=fmt, options=FORMATS)
+    if fmt == "plain" and ("{response}" not in template or "{prompt}" not in template):
+        raise SpecError("model.template", f"template {template!r} must contain {{prompt}} and {{response}}.",
+                        fix="write e.g. 'User: {prompt}\\nAssistant: {response}'.")
+    if fmt == "chat_template" and not getattr(tokenizer, "chat_template", None):
+        raise SpecError("model.chat_template", f"the tokenizer of {model_name!r} has no chat template.",
+                        fix="use model.format=plain or give the tokenizer a chat_template.")
+    if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
+        raise SpecError("model.max_length", f"must be an integer >= 2, got {max_length!r}.", value=max_length)
+    bos_id = getattr(tokenizer, "bos_token_id", None)
+
+    raw: list[tuple[str, list[int], list[int], int, int]] = []
+    bos_seen: set[int] = set()
+    for pair in pairs:
+        pr = pair.prompt_rejected if getattr(pair, "prompt_rejected", None) is not None else pair.prompt
+        sides = []
+        for prompt, resp in ((pair.prompt, pair.chosen), (pr, pair.rejected)):
+            ids = _encode(tokenizer, prompt, resp, fmt, template)
+            if not ids:
+                raise CaptureError(f"model {model_name!r}: pair {pair.id!r} encodes to no tokens; "
+                                   "there is no readout token. Fix: drop empty pairs or use a template.")
+            nb = _leading(ids, bos_id)
+            if nb > 1:
+                raise CaptureError(
+                    f"model {model_name!r}: pair {pair.id!r} starts with {nb} BOS tokens (id {bos_id}). "
+                    "The template already contains the BOS and the tokenizer adds another. Fix: remove "
+                    "the BOS from the template (plain) or use model.format=chat_template, which "
+                    "tokenizes the template once.")
+            bos_seen.add(nb)
+            sides.append((ids, _prompt_len(tokenizer, prompt, ids, fmt, template) if len(ids) > max_length else 0))
+        raw.append((str(pair.id), sides[0][0], sides[1][0], sides[0][1], sides[1][1]))
+    if len(bos_seen) > 1:
+        raise CaptureError(f"model {model_name!r}: some sequences start with a BOS and some do not. "
+                           "Fix: check for texts that begin with the literal BOS token string.")
+    bos = bos_seen.pop() if bos_seen else (1 if bos_id is not None and getattr(tokenizer, "add_bos_token", False) else 0)
+
+    ids_out, chosen, rejected = [], [], []
+    identical: list[str] = []
+    resp_cut: list[str] = []
+    n_trunc = 0
+    for pid, c, r, pc, pr_len in raw:
+        tc, tr = _truncate(c, bos, max_length), _truncate(r, bos, max_length)
+        if len(c) > max_length or len(r) > max_length:
+            n_trunc += 1
+            # dropped tokens beyond the prompt part (after the BOS) reach into the response
+            if any(len(s) > max_length and len(s) - max_length > p - bos for s, p in ((c, pc), (r, pr_len))):
+                resp_cut.append(pid)
+        if c != r and tc == tr:
+            identical.append(pid)
+            continue
+        ids_out.append(pid)
+        chosen.append(tc)
+        rejected.append(tr)
+    if identical:
+        warnings.warn(f"model {model_name!r}: {len(identical)} pair(s) became identical after truncation "
+                      f"to max_length={max_length} and were excluded: {identical[:5]}", stacklevel=2)
+    if resp_cut:
+        warnings.warn(f"model {model_name!r}: {len(resp_cut)} pair(s) have a response longer than "
+                      f"max_length={max_length}; their response start was cut: {resp_cut[:5]}", stacklevel=2)
+    return EncodedPairs(pair_ids=ids_out, chosen=chosen, rejected=rejected,
+                        excluded={"identical_after_truncation": identical}, n_truncated=n_trunc,
+                        bos_count=bos, max_length=max_length, fmt=fmt, response_truncated=resp_cut)

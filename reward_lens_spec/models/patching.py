@@ -1,0 +1,147 @@
+"""Activation patching at the readout position, and its gradient approximation.
+
+Exact patching (Meng et al. 2022, "Locating and Editing Factual Associations";
+Heimersheim & Nanda 2024, "How to use and interpret activation patching"):
+run the *base* side with one site's activation at the readout token replaced
+by the *source* side's, and re-read the reward. The readout token is the last
+token, so under causal attention a patch there changes nothing at earlier
+positions: the prefix is run once with a KV cache, then only the readout token
+is re-run, once per patched site, all sites of a pair batched into one forward
+(row 0 unpatched, which must reproduce the captured base reward — a self-check).
+
+Attribution patching (Nanda 2023; Syed et al. 2023, "Attribution Patching
+Outperforms Automated Circuit Discovery"): ``∇_a r_base · (a_src − a_base)``,
+one backward per batch; first-order, labelled approximate.
+
+Targets are ``(site, layer)`` with site ∈ {resid_post, attn_out, mlp_out, readout}
+(``readout`` = the final-norm output h, where reward is exactly linear).
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+
+from ..errors import CaptureError
+from .capture import _first
+from .head import get_module
+from .padding import batches_by_length, pad_batch
+
+
+def _module_for(lm, site: str, layer: int):
+    if site == "readout":
+        return lm.norm.module
+    block = get_module(lm.model, lm.family.layers)[layer]
+    return {"resid_post": block, "attn_out": get_module(block, lm.family.attn),
+            "mlp_out": get_module(block, lm.family.mlp)}[site]
+
+
+def _source_act(cap, site, layer, pair, side):
+    if site == "readout":
+        return cap.h[pair, side]
+    return cap.sites[site][pair, side, layer]
+
+
+@torch.inference_mode()
+def patch_readout(lm, encoded, cap, targets, pair_indices, *, mode: str = "denoise", chunk: int = 64):
+    """Patched rewards, array (pair, target, objective) in reward units, plus counts.
+
+    ``mode="denoise"``: base = rejected, source = chosen; ``"noise"``: the reverse.
+    Raises ``CaptureError`` if the unpatched re-run disagrees with the capture.
+    """
+    base_side = 1 if mode == "denoise" else 0
+    dev = next(lm.model.parameters()).device
+    out = np.zeros((len(pair_indices), len(targets), lm.head.n_objectives), np.float64)
+    counts = {"forward_passes": 0, "tokens": 0}
+    for pi, p in enumerate(pair_indices):
+        ids = list((encoded.rejected if base_side else encoded.chosen)[p])
+        T = len(ids)
+        prefix = lm.model(input_ids=torch.tensor([ids[:-1]], device=dev),
+                          position_ids=torch.arange(T - 1, device=dev)[None], use_cache=True)
+        cache = prefix.cache if hasattr(prefix, "cache") else prefix.past_key_values
+        counts["forward_passes"] += 1
+        counts["tokens"] += T - 1
+        for start in range(0, len(targets), chunk):
+            part = targets[start:start + chunk]
+            n = len(part) + 1
+            c = copy.deepcopy(cache)
+            c.batch_repeat_interleave(n)
+            by_module: dict = {}
+            for row, (site, layer) in enumerate(part, start=1):
+                src = torch.as_tensor(_source_act(cap, site, layer, p, 1 - base_side))
+                by_module.setdefault((site, layer), []).append((row, src))
+            handles, hbuf = [], {}
+            for (site, layer), items in by_module.items():
+                handles.append(_module_for(lm, site, layer).register_forward_hook(_replacer(items)))
+            handles.append(lm.norm.module.register_forward_hook(
+                lambda m, a, o: hbuf.__setitem__("h", _first(o)[:, -1].float().cpu().numpy())))
+            try:
+                lm.model(input_ids=torch.tensor([[ids[-1]]] * n, device=dev),
+                         attention_mask=torch.ones((n, T), dtype=torch.long, device=dev),
+                         position_ids=torch.full((n, 1), T - 1, device=dev), cache=c, use_cache=True)
+            finally:
+                for h in handles:
+                    h.remove()
+            counts["forward_passes"] += 1
+            counts["tokens"] += n
+            r = lm.head.rewards(hbuf["h"])
+            ref = cap.logits[p, base_side]
+            if np.abs(r[0] - ref).max() > 1e-3 * (1 + np.abs(ref).max()) and lm.dtype == "float32":
+                raise CaptureError(f"{lm.name}: the unpatched cached re-run of pair {encoded.pair_ids[p]} "
+                                   f"gives {r[0]} but the capture gave {ref}; patching results would be wrong.")
+            out[pi, start:start + len(part)] = r[1:]
+    return out, counts
+
+
+def _replacer(items):
+    rows = [r for r, _ in items]
+    vals = torch.stack([v for _, v in items])
+
+    def hook(mod, args, output):
+        x = _first(output).clone()
+        x[rows, -1] = vals.to(x.dtype).to(x.device)
+        return (x,) + tuple(output[1:]) if isinstance(output, tuple) else x
+    return hook
+
+
+def attribution_patch(lm, encoded, cap, targets, pair_indices, *, mode: str = "denoise", batch_size: int = 16):
+    """First-order patch estimates, array (pair, target, objective); one backward per objective per batch."""
+    base_side = 1 if mode == "denoise" else 0
+    dev = next(lm.model.parameters()).device
+    seqs = [list((encoded.rejected if base_side else encoded.chosen)[p]) for p in pair_indices]
+    out = np.zeros((len(pair_indices), len(targets), lm.head.n_objectives), np.float64)
+    W = torch.as_tensor(lm.head.W, device=dev)
+    counts = {"forward_passes": 0, "backward_passes": 0}
+    modules = [(t, _module_for(lm, site, layer)) for t, (site, layer) in enumerate(targets)]
+    for rows in batches_by_length([len(s) for s in seqs], batch_size):
+        ids, mask, pos, readout = pad_batch([seqs[r] for r in rows], lm.tokenizer.pad_token_id, "left")
+        kept: dict = {}
+        handles = [m.register_forward_hook(lambda mod, a, o, t=t: kept.__setitem__(t, _first(o)))
+                   for t, m in modules]
+        handles.append(lm.norm.module.register_forward_hook(lambda mod, a, o: kept.__setitem__("h", _first(o))))
+        try:
+            with torch.enable_grad():
+                emb = lm.model.get_input_embeddings()(ids.to(dev)).detach().requires_grad_(True)
+                lm.model(inputs_embeds=emb, attention_mask=mask.to(dev), position_ids=pos.to(dev), use_cache=False)
+                ridx, ro = torch.arange(len(rows), device=dev), readout.to(dev)
+                h = kept["h"][ridx, ro].float()
+                uniq = list(dict.fromkeys(id(kept[t]) for t in range(len(targets))))
+                tensors = {id(kept[t]): kept[t] for t in range(len(targets))}
+                for k in range(W.shape[0]):
+                    grads = torch.autograd.grad((h @ W[k]).sum(), [tensors[u] for u in uniq],
+                                                retain_graph=k < W.shape[0] - 1)
+                    g_of = dict(zip(uniq, grads))
+                    for t, (site, layer) in enumerate(targets):
+                        g = g_of[id(kept[t])][ridx, ro].float().cpu().numpy()
+                        for j, r in enumerate(rows):
+                            p = pair_indices[r]
+                            delta = _source_act(cap, site, layer, p, 1 - base_side) - \
+                                _source_act(cap, site, layer, p, base_side)
+                            out[r, t, k] = float(g[j] @ delta)
+                    counts["backward_passes"] += 1
+            counts["forward_passes"] += 1
+        finally:
+            for hd in handles:
+                hd.remove()
+    return out, counts

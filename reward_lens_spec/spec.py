@@ -1,0 +1,249 @@
+"""Typed config schemas, registered in Hydra's ConfigStore, and their validation.
+
+Every config group (``model``, ``dataset``, ``observable``, ``frame``, ``store``,
+``experiment``) has a dataclass schema; choices are Enums. ``validate(cfg)``
+merges a composed config into ``RunConfig`` and turns OmegaConf's errors into a
+``SpecError`` naming the dotted key and the closest valid name — before any
+model loads. A ``trust`` key anywhere is refused: trust is computed by gates.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, is_dataclass
+from enum import Enum
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from .errors import SpecError
+
+
+class DType(str, Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class Device(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+    auto = "auto"
+
+
+class Format(str, Enum):
+    plain = "plain"
+    chat_template = "chat_template"
+
+
+class PaddingSide(str, Enum):
+    left = "left"
+    right = "right"
+
+
+class Mode(str, Enum):
+    run = "run"
+    validate = "validate"
+
+
+class DatasetKind(str, Enum):
+    diagnostic = "diagnostic"
+    jsonl = "jsonl"
+    hh_rlhf = "hh_rlhf"
+
+
+class FrameKind(str, Enum):
+    native = "native"
+    whitened = "whitened"
+    shared = "shared"
+
+
+@dataclass
+class ModelSpec:
+    """How to load and read a reward model.
+
+    ``source``: ``builtin:<tiny name>``, a local HF folder, a hub id (local cache
+    only when ``HF_HUB_OFFLINE=1``) or ``package:<python module>`` (a folder
+    shipped inside a PyPI package); ``gguf_file`` names a GGUF file in it.
+    """
+
+    name: str = "tiny"
+    source: str = "builtin:tiny"
+    gguf_file: Optional[str] = None
+    revision: Optional[str] = None
+    dtype: DType = DType.float32
+    device: Device = Device.cpu
+    num_labels: int = 1
+    objectives: list[str] = field(default_factory=list)
+    batch_size: int = 16
+    max_tokens: Optional[int] = None
+    max_length: int = 512
+    format: Format = Format.plain
+    template: str = "User: {prompt}\nAssistant: {response}"
+    padding_side: PaddingSide = PaddingSide.left
+    seed: int = 0
+    trust_remote_code: bool = False
+    allow_pickle: bool = False
+    attn_implementation: Optional[str] = "eager"
+
+
+@dataclass
+class DatasetSpec:
+    """Which preference pairs to read (see ``reward_lens_spec.data.load_pairs``)."""
+
+    name: str = "diagnostic"
+    kind: DatasetKind = DatasetKind.diagnostic
+    path: Optional[str] = None
+    fields: dict[str, str] = field(default_factory=dict)
+    limit: Optional[int] = None
+    dimensions: Optional[list[str]] = None
+
+
+@dataclass
+class ObservableSpec:
+    """A named composition of registered operators (see ``registry``).
+
+    ``steps``: list of ``{name, op, input?, ...params}`` mappings; ``outputs``:
+    step names written to the store; ``include``: other observables whose steps
+    and outputs are merged in (the battery is written that way).
+    ``layers``/``components``/``pairs`` restrict interventions.
+    """
+
+    name: str = "score"
+    version: int = 1
+    description: str = ""
+    include: list[str] = field(default_factory=list)
+    steps: list[Any] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    layers: Optional[list[int]] = None
+    components: Optional[list[str]] = None
+    pairs: Optional[int] = None
+
+
+@dataclass
+class FrameSpec:
+    name: FrameKind = FrameKind.native
+    reference_limit: int = 256
+    shrinkage: str = "ledoit_wolf"
+
+
+@dataclass
+class StoreSpec:
+    url: Optional[str] = None
+    force: bool = False
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunConfig:
+    mode: Mode = Mode.run
+    seed: int = 0
+    model: ModelSpec = field(default_factory=ModelSpec)
+    dataset: DatasetSpec = field(default_factory=DatasetSpec)
+    observable: ObservableSpec = field(default_factory=ObservableSpec)
+    frame: FrameSpec = field(default_factory=FrameSpec)
+    store: StoreSpec = field(default_factory=StoreSpec)
+    experiment: Optional[dict[str, Any]] = None
+
+
+GROUP_SCHEMAS = {"model": ModelSpec, "dataset": DatasetSpec, "observable": ObservableSpec,
+                 "frame": FrameSpec, "store": StoreSpec}
+
+
+def register_configs() -> None:
+    """Put the schemas in Hydra's ConfigStore (``base_config`` and ``schema/<group>``)."""
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=RunConfig)
+    for group, schema in GROUP_SCHEMAS.items():
+        cs.store(group="schema", name=group, node=schema)
+
+
+def _keys_of(schema) -> list[str]:
+    return [f.name for f in fields(schema)] if is_dataclass(schema) else []
+
+
+def _schema_at(path: list[str]):
+    node = RunConfig
+    for part in path:
+        sub = {f.name: f for f in fields(node)}.get(part)
+        if sub is None:
+            return None
+        node = GROUP_SCHEMAS.get(part) if node is RunConfig else None
+        if node is None:
+            return None
+    return node
+
+
+def _find_trust(node, prefix: str = "") -> str | None:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if str(k) == "trust":
+                return key
+            hit = _find_trust(v, key)
+            if hit:
+                return hit
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            hit = _find_trust(v, f"{prefix}[{i}]")
+            if hit:
+                return hit
+    return None
+
+
+def validate(cfg: DictConfig | dict) -> RunConfig:
+    """Merge ``cfg`` into the ``RunConfig`` schema; return the typed object.
+
+    Raises ``SpecError`` naming the key for unknown keys (with the closest
+    valid key), wrong types, bad Enum values and a ``trust`` key anywhere.
+    """
+    raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    raw.pop("hydra", None)
+    hit = _find_trust(raw)
+    if hit:
+        raise SpecError(hit, "trust is computed by gates from what the run has, never set in config.",
+                        fix="remove the key; see `reward-lens-spec calibrate` and `freeze` for how trust rises.")
+    base = OmegaConf.structured(RunConfig)
+    try:
+        merged = OmegaConf.merge(base, raw)
+    except (ConfigKeyError, ValidationError) as exc:
+        raise _spec_error(exc) from None
+    obj = OmegaConf.to_object(merged)
+    _check_values(obj)
+    return obj
+
+
+def _spec_error(exc) -> SpecError:
+    full = str(getattr(exc, "full_key", "") or "")
+    key = str(getattr(exc, "key", "") or full.rsplit(".", 1)[-1])
+    parent = full.rsplit(".", 1)[0] if "." in full else ""
+    schema = _schema_at(parent.split(".")) if parent else RunConfig
+    msg = str(exc).splitlines()[0]
+    if isinstance(exc, ConfigKeyError) or "not in" in msg:
+        return SpecError(full or key, "unknown key.", value=key, options=_keys_of(schema) or None)
+    enum_opts = None
+    if schema is not None and key in _keys_of(schema):
+        ftype = {f.name: f.type for f in fields(schema)}[key]
+        for e in (DType, Device, Format, PaddingSide, Mode, DatasetKind, FrameKind):
+            if e.__name__ in str(ftype):
+                enum_opts = [m.value for m in e]
+    value = getattr(exc, "value", None) if hasattr(exc, "value") else None
+    if enum_opts:
+        bad = msg.split("'")[1] if "'" in msg else value
+        return SpecError(full or key, f"invalid value ({msg}).", value=bad, options=enum_opts)
+    return SpecError(full or key, f"wrong type: {msg}")
+
+
+def _check_values(run: RunConfig) -> None:
+    m = run.model
+    for key in ("batch_size", "max_length", "num_labels"):
+        if getattr(m, key) <= 0:
+            raise SpecError(f"model.{key}", f"must be a positive integer, got {getattr(m, key)}.",
+                            fix=f"set model.{key} to a value ≥ 1.")
+    if m.max_tokens is not None and m.max_tokens <= 0:
+        raise SpecError("model.max_tokens", f"must be positive or null, got {m.max_tokens}.")
+    if run.dataset.limit is not None and run.dataset.limit <= 0:
+        raise SpecError("dataset.limit", f"must be positive or null, got {run.dataset.limit}.")
+    if m.format == Format.plain and "{response}" not in m.template:
+        raise SpecError("model.template", "a plain template must contain {response}.",
+                        fix="e.g. 'User: {prompt}\\nAssistant: {response}'.")
