@@ -1,0 +1,114 @@
+"""The ``reward-lens-spec`` command: a Hydra app plus a few subcommands.
+
+    reward-lens-spec [overrides...]            run the composed config (default: score on tiny)
+    reward-lens-spec -m model=a,b observable=x  a multirun sweep into one store
+    reward-lens-spec validate [overrides...]   check and print the plan; loads no model
+    reward-lens-spec ops                       list registered operators
+    reward-lens-spec store ls|show|diff|export|gc|migrate url=...   catalog; loads no model
+
+Group choices and keys given on the command line are checked before Hydra
+composes anything, so a typo gets "did you mean" and a non-zero exit.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from .errors import RewardLensError, SpecError
+from .paths import conf_dir, group_options
+from .spec import GROUP_SCHEMAS, register_configs
+
+GROUPS = ("model", "dataset", "observable", "frame", "store", "experiment")
+SUBCOMMANDS = ("validate", "ops", "store")
+
+
+def precheck_overrides(args: list[str]) -> None:
+    """Check ``group=option`` and ``group.key=value`` overrides against the tree and the schemas."""
+    from dataclasses import fields
+
+    for arg in args:
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        key, _, value = arg.lstrip("+~").partition("=")
+        if key.startswith("hydra"):
+            continue
+        head, _, rest = key.partition(".")
+        if head in GROUPS and not rest:
+            opts = group_options(head)
+            for v in value.split(","):
+                if v and not any(c in v for c in "*?()[]$") and v not in opts:
+                    raise SpecError(head, f"unknown option '{v}'.", value=v, options=opts)
+        elif head in GROUP_SCHEMAS and rest:
+            names = [f.name for f in fields(GROUP_SCHEMAS[head])]
+            sub = rest.split(".")[0]
+            if sub not in names:
+                raise SpecError(key, "unknown key.", value=sub, options=names)
+        elif not rest and head not in ("mode", "seed") and head not in GROUPS:
+            raise SpecError(key, "unknown key.", value=head, options=("mode", "seed") + GROUPS)
+
+
+def _store_url(cfg, base_dir: str) -> str:
+    from hydra.core.hydra_config import HydraConfig
+
+    url = cfg.store.url
+    if url is None:
+        hc = HydraConfig.get()
+        if hc.mode.name == "MULTIRUN":
+            return str(Path(hc.sweep.dir if Path(hc.sweep.dir).is_absolute() else Path(base_dir) / hc.sweep.dir)
+                       / "store.zarr")
+        return str(Path(base_dir) / "outputs" / "store.zarr")
+    if "://" not in url and not Path(url).is_absolute():
+        return str(Path(base_dir) / url)
+    return url
+
+
+def _task(cfg) -> None:
+    from hydra.utils import get_original_cwd
+    from omegaconf import OmegaConf
+
+    from .spec import validate
+
+    base_dir = get_original_cwd()
+    run = validate(cfg)
+    if run.mode.value == "validate":
+        from .run import plan_for
+        plan, _ = plan_for(run, base_dir)
+        print(plan.describe())
+        print("plan OK (no model was loaded)")
+        return
+    from .report.summary import print_summary
+    from .run import execute
+    url = _store_url(cfg, base_dir)
+    out = execute(run, resolved_yaml=OmegaConf.to_yaml(cfg), base_dir=base_dir, store_url=url)
+    print_summary(out)
+
+
+def _hydra_main(argv: list[str]) -> None:
+    import hydra
+
+    register_configs()
+    sys.argv = [sys.argv[0]] + argv
+    app = hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(_task)
+    app()
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] == "store":
+            from .store.catalog_cli import main as store_main
+            raise SystemExit(store_main(argv[1:]))
+        if argv and argv[0] == "ops":
+            from .registry import list_operators
+            for name, doc in list_operators().items():
+                print(f"{name:<20} {doc}")
+            return
+        if argv and argv[0] == "validate":
+            argv = argv[1:] + ["mode=validate"]
+        precheck_overrides(argv)
+        os.environ.setdefault("HYDRA_FULL_ERROR", "0")
+        _hydra_main(argv)
+    except RewardLensError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None

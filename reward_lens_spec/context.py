@@ -1,0 +1,32 @@
+"""What operators see while a plan runs: the model, the pairs, the capture and run counters."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class RunContext:
+    lm: object
+    pairs: object          # PairSet, filtered to the encoded pairs, same order
+    encoded: object        # EncodedPairs
+    capture: object        # CaptureResult
+    info: object           # PlanInfo
+    memo: dict = field(default_factory=dict)
+    counts: dict = field(default_factory=dict)
+
+    def pair_coords(self, idx=None) -> dict:
+        """``pair`` (ids) plus non-index coords ``dimension`` and ``prompt_id`` (sha256[:12] of the prompt)."""
+        by_id = {p.id: p for p in self.pairs}
+        ids = list(self.encoded.pair_ids)
+        if idx is not None:
+            ids = [ids[i] for i in idx]
+        dims = np.array([by_id[i].dimension or "" for i in ids], dtype=str)
+        prompts = np.array([hashlib.sha256(by_id[i].prompt.encode()).hexdigest()[:12] for i in ids], dtype=str)
+        return {"pair": np.array(ids, dtype=str), "dimension": ("pair", dims), "prompt_id": ("pair", prompts)}
+
+    def add_counts(self, what: str, counts: dict) -> None:
+        for k, v in counts.items():
+            self.counts[f"{what}.{k}"] = self.counts.get(f"{what}.{k}", 0) + int(v)

@@ -1,0 +1,79 @@
+"""Content checksums and effective sample size of a set of pairs.
+
+Normalization (``normalize``): Unicode NFC, then ``"\\r\\n"`` -> ``"\\n"``. Nothing else is
+changed: case, spacing and trailing whitespace all count, because the model sees them.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import unicodedata
+from typing import Any, Iterable, Mapping
+
+CHECKSUM_FIELDS = ("prompt", "prompt_rejected", "chosen", "rejected", "dimension")
+
+
+def normalize(text: str | None) -> str | None:
+    """NFC-normalize ``text`` and turn ``\\r\\n`` into ``\\n`` (``None`` stays ``None``)."""
+    if text is None:
+        return None
+    return unicodedata.normalize("NFC", str(text)).replace("\r\n", "\n")
+
+
+def _get(pair: Any, name: str) -> Any:
+    if isinstance(pair, Mapping):
+        return pair.get(name)
+    return getattr(pair, name, None)
+
+
+def pair_hash(pair: Any) -> str:
+    """sha256 hex of one pair's normalized content.
+
+    The content is ``prompt, prompt_rejected, chosen, rejected, dimension``. The id, rubric,
+    source and meta do not count. A ``prompt_rejected`` equal to ``prompt`` counts as absent.
+    """
+    prompt = normalize(_get(pair, "prompt") or "")
+    pr = normalize(_get(pair, "prompt_rejected"))
+    if pr == prompt:
+        pr = None
+    values = [prompt, pr, normalize(_get(pair, "chosen") or ""),
+              normalize(_get(pair, "rejected") or ""), normalize(_get(pair, "dimension") or "")]
+    blob = json.dumps(values, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def dataset_checksum(pairs: Iterable[Any]) -> str:
+    """sha256 hex of the sorted per-pair hashes (``pair_hash``), one per line.
+
+    It does not depend on pair order or ids. Duplicates count: it is the checksum of a
+    multiset. Any change of one character in a hashed field changes it. Accepts ``Pair``s,
+    a ``PairSet`` or mappings with the same keys.
+    """
+    hashes = sorted(pair_hash(p) for p in pairs)
+    return hashlib.sha256("\n".join(hashes).encode("ascii")).hexdigest()
+
+
+def prompt_cluster_key(prompt: str | None) -> str:
+    """The key two prompts share when they fall in one cluster.
+
+    The key is the normalized prompt (``normalize``), lowercased, with every run of whitespace
+    collapsed to one space and the ends stripped.
+    """
+    return " ".join((normalize(prompt or "") or "").lower().split())
+
+
+def effective_sample_size(pairs: Iterable[Any]) -> dict[str, int]:
+    """How many independent comparisons the pairs really hold.
+
+    - ``n``: the number of pairs.
+    - ``n_unique``: distinct normalized ``(prompt, chosen, rejected)`` triples (``normalize``:
+      NFC plus ``\\r\\n`` -> ``\\n``). Exact repeats of a comparison count once.
+    - ``n_prompt_clusters``: distinct prompts, using the rule of ``prompt_cluster_key``
+      (normalize, lowercase, collapse whitespace runs to one space, strip). Pairs that share a
+      prompt are not independent, so this is a lower bound on the sample size.
+    """
+    items = list(pairs)
+    triples = {(normalize(_get(p, "prompt") or ""), normalize(_get(p, "chosen") or ""),
+                normalize(_get(p, "rejected") or "")) for p in items}
+    clusters = {prompt_cluster_key(_get(p, "prompt")) for p in items}
+    return {"n": len(items), "n_unique": len(triples), "n_prompt_clusters": len(clusters)}

@@ -1,0 +1,364 @@
+"""Read preference pairs from the built-in diagnostic set or from JSON-Lines files.
+
+``load_pairs(kind, path=..., fields=..., limit=..., dimensions=..., base_dir=...)``
+
+Kinds:
+
+- ``diagnostic``: the built-in set ``reward_lens_spec/data/diagnostic.jsonl`` (13 dimensions,
+  7 pairs each). It takes no ``path`` and no ``fields``.
+- ``jsonl``: a JSON-Lines file (``.jsonl``, optionally ``.gz``), or a ``.json`` file that holds
+  a list of objects. ``fields`` maps our names (``id, prompt, chosen, rejected, dimension,
+  rubric, source, prompt_rejected``) to the file's keys. The default is the identity. The keys
+  ``prompt``, ``chosen`` and ``rejected`` must be present in every row. The other keys are
+  optional unless ``fields`` maps them. A row without an id gets ``f"{stem}-{index:05d}"``,
+  with ``index`` the 0-based record number in the file (blank lines are not records).
+- ``hh_rlhf``: like ``jsonl``. ``attribute`` becomes the ``dimension`` when a row has no
+  dimension. A row with no prompt key (and ``fields`` not mapping one) is read as a raw
+  Anthropic HH-RLHF row: ``chosen`` and ``rejected`` are whole transcripts. Each is split at
+  its last ``"\\n\\nAssistant:"``. The prompt keeps that tag, so ``prompt + chosen`` equals
+  the chosen transcript. The rejected transcript's prompt becomes ``prompt_rejected`` when it
+  differs.
+
+Keys the mapping does not use are kept in ``Pair.meta``. A row without ``source`` gets the
+file name as its source.
+
+Filtering, in order: ``dimensions`` keeps the named dimensions. Pairs whose two prompts
+differ are excluded; ``flags["prompt_mismatch"]`` lists those excluded from the selected
+dimensions, and a warning gives the count. Then ``limit`` keeps the first N in file order. ``identical_sides`` and ``empty_response`` are
+flagged on the pairs that are kept.
+
+Relative paths resolve against ``base_dir`` (the directory the user started in, which Hydra
+may have changed), else the current directory. Every bad input raises one ``SpecError`` that
+names the config field (``dataset.path``, ``dataset.kind``, ``dataset.fields.<name>``,
+``dataset.limit``, ``dataset.dimensions``), the line, and the fix.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import warnings
+from enum import Enum
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+from ..errors import SpecError, did_you_mean
+from .checksum import dataset_checksum, effective_sample_size
+from .pairs import FLAG_REASONS, Pair, PairSet, make_meta
+
+KINDS = ("diagnostic", "jsonl", "hh_rlhf")
+FIELD_NAMES = ("id", "prompt", "chosen", "rejected", "dimension", "rubric", "source",
+               "prompt_rejected")
+REQUIRED = ("prompt", "chosen", "rejected")
+ASSISTANT_TAG = "\n\nAssistant:"
+DIAGNOSTIC_FILE = "diagnostic.jsonl"
+
+
+def load_pairs(kind: str, *, path: str | None = None, fields: Mapping[str, str] | None = None,
+               limit: int | None = None, dimensions: Iterable[str] | None = None,
+               base_dir: str | None = None) -> PairSet:
+    """Load, check and filter preference pairs; see the module docstring for the rules."""
+    kind = _check_kind(kind)
+    limit = _check_limit(limit)
+    mapping, explicit = _check_fields(fields, kind)
+    wanted = _check_dimension_names(dimensions)
+    if path is not None and str(path).strip() == "":
+        path = None
+
+    if kind == "diagnostic":
+        if path is not None:
+            raise SpecError("dataset.path", f"kind=diagnostic reads the built-in set and takes no path "
+                            f"(got {path!r}).", fix="remove dataset.path, or set dataset.kind=jsonl "
+                            "to read that file.")
+        ref = resources.files("reward_lens_spec.data").joinpath(DIAGNOSTIC_FILE)
+        text = ref.read_text(encoding="utf-8")
+        name, file_label, stem = "diagnostic", f"builtin {DIAGNOSTIC_FILE}", "diagnostic"
+        records = _jsonl_records(text, file_label)
+    else:
+        if path is None:
+            raise SpecError("dataset.path", f"kind={kind} needs a file path.",
+                            fix="set dataset.path=<file.jsonl> (relative paths resolve against "
+                                "the directory you started in).")
+        resolved = _resolve(path, base_dir)
+        file_label = str(resolved)
+        stem = _stem(resolved)
+        name = stem
+        text = _read_text(resolved, path)
+        if resolved.name.lower().endswith((".json", ".json.gz")):
+            records = _json_list_records(text, file_label)
+        else:
+            records = _jsonl_records(text, file_label)
+
+    pairs: list[Pair] = []
+    seen: dict[str, str] = {}
+    for index, where, row in records:
+        pair = _row_to_pair(row, index=index, where=where, kind=kind, mapping=mapping,
+                            explicit=explicit, stem=stem, file_label=file_label,
+                            default_source="" if kind == "diagnostic" else Path(file_label).name)
+        if pair.id in seen:
+            raise SpecError("dataset.fields.id", f"duplicate id {pair.id!r} in {file_label} "
+                            f"({seen[pair.id]} and {where}).",
+                            fix="ids must be unique: map dataset.fields.id to a unique key, or "
+                                "remove the id key so ids are generated from line numbers.")
+        seen[pair.id] = where
+        pairs.append(pair)
+    if not pairs:
+        raise SpecError("dataset.path", f"{file_label} holds no pairs.",
+                        fix="point dataset.path at a file with one JSON object per line.")
+
+    if wanted is not None:
+        available = sorted({p.dimension for p in pairs})
+        for d in wanted:
+            if d not in available:
+                raise SpecError("dataset.dimensions", f"unknown dimension {d!r} in {name}.",
+                                value=d, options=available,
+                                fix="use dimensions the file has, or drop dataset.dimensions.")
+        keep = set(wanted)
+        pairs = [p for p in pairs if p.dimension in keep]
+
+    mismatched = [p.id for p in pairs if p.prompt_rejected is not None]
+    if mismatched:
+        shown = ", ".join(mismatched[:8]) + (", ..." if len(mismatched) > 8 else "")
+        warnings.warn(f"dataset {name!r}: excluded {len(mismatched)} pair(s) whose chosen and "
+                      f"rejected prompts differ ({shown}); see PairSet.flags['prompt_mismatch'].",
+                      UserWarning, stacklevel=2)
+        pairs = [p for p in pairs if p.prompt_rejected is None]
+    if not pairs:
+        raise SpecError("dataset.path", f"{file_label}: every pair was excluded because its two "
+                        "prompts differ.", fix="give each pair one shared prompt.")
+
+    if limit is not None:
+        pairs = pairs[:limit]
+
+    flags: dict[str, list[str]] = {reason: [] for reason in FLAG_REASONS}
+    flags["prompt_mismatch"] = mismatched
+    for p in pairs:
+        if p.chosen == p.rejected:
+            flags["identical_sides"].append(p.id)
+        if not p.chosen.strip() or not p.rejected.strip():
+            flags["empty_response"].append(p.id)
+
+    ess = effective_sample_size(pairs)
+    return PairSet(name=name, pairs=tuple(pairs), checksum=dataset_checksum(pairs),
+                   n_unique=ess["n_unique"], n_prompt_clusters=ess["n_prompt_clusters"],
+                   flags=flags)
+
+
+# ----------------------------------------------------------------------------- arguments
+
+def _check_kind(kind: Any) -> str:
+    if isinstance(kind, Enum):
+        kind = kind.value
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise SpecError("dataset.kind", f"unknown dataset kind {kind!r}.", value=kind, options=KINDS,
+                        fix="set dataset.kind to one of the valid kinds.")
+    return kind
+
+
+def _check_limit(limit: Any) -> int | None:
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise SpecError("dataset.limit", f"must be a positive integer or null, got {limit!r}.",
+                        fix="set dataset.limit=<N> with N >= 1, or dataset.limit=null for all pairs.")
+    if limit <= 0:
+        raise SpecError("dataset.limit", f"must be >= 1, got {limit}.",
+                        fix="set dataset.limit=<N> with N >= 1, or dataset.limit=null for all pairs.")
+    return int(limit)
+
+
+def _check_fields(fields: Any, kind: str) -> tuple[dict[str, str], frozenset[str]]:
+    """Return (our name -> file key, the names the user mapped on purpose)."""
+    mapping = {n: n for n in FIELD_NAMES}
+    if fields is None:
+        return mapping, frozenset()
+    if not isinstance(fields, Mapping) and not hasattr(fields, "items"):
+        raise SpecError("dataset.fields", f"must be a mapping of our field names to the file's keys, "
+                        f"got {type(fields).__name__}.", fix="e.g. dataset.fields={prompt: input}.")
+    given = {str(k): v for k, v in dict(fields).items()}
+    if given and kind == "diagnostic":
+        raise SpecError("dataset.fields", "kind=diagnostic reads the built-in set and takes no "
+                        "field mapping.", fix="remove dataset.fields, or set dataset.kind=jsonl.")
+    for name, key in given.items():
+        if name not in FIELD_NAMES:
+            raise SpecError(f"dataset.fields.{name}", f"unknown field name {name!r}.", value=name,
+                            options=FIELD_NAMES, fix="map only our field names to the file's keys.")
+        if not isinstance(key, str) or not key:
+            raise SpecError(f"dataset.fields.{name}", f"must name a key of the file (a non-empty "
+                            f"string), got {key!r}.", fix=f"set dataset.fields.{name}=<key>.")
+        mapping[name] = key
+    return mapping, frozenset(given)
+
+
+def _check_dimension_names(dimensions: Any) -> list[str] | None:
+    if dimensions is None:
+        return None
+    if isinstance(dimensions, str):
+        dimensions = [dimensions]
+    try:
+        names = list(dimensions)
+    except TypeError:
+        raise SpecError("dataset.dimensions", f"must be a list of dimension names, got {dimensions!r}.",
+                        fix="e.g. dataset.dimensions=[helpfulness,harmlessness].") from None
+    for d in names:
+        if not isinstance(d, str):
+            raise SpecError("dataset.dimensions", f"names must be strings, got {d!r}.",
+                            fix="e.g. dataset.dimensions=[helpfulness,harmlessness].")
+    if not names:
+        raise SpecError("dataset.dimensions", "is an empty list, which would select no pairs.",
+                        fix="name at least one dimension, or set dataset.dimensions=null for all.")
+    return names
+
+
+# ----------------------------------------------------------------------------- files
+
+def _resolve(path: Any, base_dir: str | None) -> Path:
+    p = Path(os.path.expanduser(str(path)))
+    if not p.is_absolute():
+        p = Path(base_dir if base_dir else os.getcwd()) / p
+    return p
+
+
+def _stem(p: Path) -> str:
+    name = p.name
+    for suffix in (".gz", ".jsonl", ".json"):
+        if name.lower().endswith(suffix):
+            name = name[: -len(suffix)]
+    return name or p.name
+
+
+def _read_text(resolved: Path, given: Any) -> str:
+    if not resolved.is_file():
+        what = "is a directory, not a file" if resolved.is_dir() else "does not exist"
+        raise SpecError("dataset.path", f"{resolved} {what} (given {str(given)!r}).",
+                        fix="set dataset.path to an existing .jsonl or .json file; relative paths "
+                            "resolve against the directory you started in.")
+    try:
+        raw = resolved.read_bytes()
+        if resolved.name.lower().endswith(".gz"):
+            raw = gzip.decompress(raw)
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise SpecError("dataset.path", f"{resolved} is not UTF-8 text ({e.reason} at byte {e.start}).",
+                        fix="re-save the file as UTF-8.") from None
+    except (OSError, EOFError) as e:
+        raise SpecError("dataset.path", f"cannot read {resolved}: {e}.",
+                        fix="check the file's permissions and compression.") from None
+
+
+def _jsonl_records(text: str, file_label: str) -> Iterator[tuple[int, str, Any]]:
+    index = 0
+    # split on "\n" only: str.splitlines would also cut at U+2028, U+0085 etc., which JSON
+    # allows unescaped inside strings
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SpecError("dataset.path", f"{file_label} line {lineno}: malformed JSON "
+                            f"({e.msg} at column {e.colno}).",
+                            fix="make every line one JSON object (JSON-Lines); a .json file must "
+                                "hold one list.") from None
+        yield index, f"line {lineno}", row
+        index += 1
+
+
+def _json_list_records(text: str, file_label: str) -> Iterator[tuple[int, str, Any]]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SpecError("dataset.path", f"{file_label} line {e.lineno}: malformed JSON "
+                        f"({e.msg} at column {e.colno}).",
+                        fix="a .json file must hold one list of objects; use .jsonl for "
+                            "one object per line.") from None
+    if not isinstance(data, list):
+        raise SpecError("dataset.path", f"{file_label} holds a JSON {type(data).__name__}, "
+                        "not a list of pairs.", fix="store the pairs as a JSON list, or as "
+                        "JSON-Lines in a .jsonl file.")
+    for i, row in enumerate(data):
+        yield i, f"item {i}", row
+
+
+# ----------------------------------------------------------------------------- rows
+
+def _row_to_pair(row: Any, *, index: int, where: str, kind: str, mapping: dict[str, str],
+                 explicit: frozenset[str], stem: str, file_label: str, default_source: str) -> Pair:
+    if not isinstance(row, dict):
+        raise SpecError("dataset.path", f"{file_label} {where}: expected a JSON object, got "
+                        f"{type(row).__name__}.", fix="make every record one JSON object.")
+    used: set[str] = set()
+
+    def get(name: str, required: bool) -> Any:
+        key = mapping[name]
+        if key not in row:
+            if required or name in explicit:
+                present = sorted(row)
+                raise SpecError(
+                    f"dataset.fields.{name}",
+                    f"{file_label} {where} has no key {key!r} for field '{name}' "
+                    f"(keys present: {', '.join(present)}).{did_you_mean(key, present)}",
+                    fix=f"set dataset.fields.{name}=<key> to the key that holds the {name}.")
+            return None
+        used.add(key)
+        value = row[key]
+        if value is None and not required:
+            return None
+        if not isinstance(value, str):
+            raise SpecError(f"dataset.fields.{name}",
+                            f"{file_label} {where}: key {key!r} must be a string, got "
+                            f"{type(value).__name__} ({_short(value)}).",
+                            fix=f"give '{key}' a string in every row, or set "
+                                f"dataset.fields.{name}=<key> to a string-valued key.")
+        return value
+
+    raw_transcript = (kind == "hh_rlhf" and "prompt" not in explicit and mapping["prompt"] not in row)
+    if raw_transcript:
+        chosen_t = get("chosen", True)
+        rejected_t = get("rejected", True)
+        prompt, chosen = _split_transcript(chosen_t, "chosen", file_label, where)
+        prompt_r, rejected = _split_transcript(rejected_t, "rejected", file_label, where)
+        prompt_rejected = prompt_r
+    else:
+        prompt = get("prompt", True)
+        chosen = get("chosen", True)
+        rejected = get("rejected", True)
+        prompt_rejected = get("prompt_rejected", False)
+    if prompt_rejected == prompt:
+        prompt_rejected = None
+
+    pair_id = get("id", False)
+    if pair_id is None:
+        pair_id = f"{stem}-{index:05d}"
+    dimension = get("dimension", False)
+    if dimension is None and kind == "hh_rlhf" and isinstance(row.get("attribute"), str):
+        dimension = row["attribute"]  # attribute stays in meta as well
+    rubric = get("rubric", False)
+    source = get("source", False)
+
+    extra = {k: v for k, v in row.items() if k not in used}
+    if raw_transcript and "source_line" not in extra:
+        extra["source_line"] = index
+    return Pair(id=pair_id, prompt=prompt, chosen=chosen, rejected=rejected,
+                dimension=dimension or "", rubric=rubric or "",
+                source=source if source is not None else default_source,
+                prompt_rejected=prompt_rejected, meta=make_meta(extra))
+
+
+def _split_transcript(text: str, side: str, file_label: str, where: str) -> tuple[str, str]:
+    """Split an HH-RLHF transcript at its last ``"\\n\\nAssistant:"``; the prompt keeps the tag."""
+    i = text.rfind(ASSISTANT_TAG)
+    if i < 0:
+        raise SpecError(f"dataset.fields.{side}",
+                        f"{file_label} {where}: the {side} transcript has no "
+                        f"{ASSISTANT_TAG!r} turn, so it cannot be split into prompt and response.",
+                        fix="give rows a 'prompt' key (or map dataset.fields.prompt=<key>), or use "
+                            "whole HH-RLHF transcripts ('\\n\\nHuman: ...\\n\\nAssistant: ...').")
+    cut = i + len(ASSISTANT_TAG)
+    return text[:cut], text[cut:]
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

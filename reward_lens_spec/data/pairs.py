@@ -1,0 +1,116 @@
+"""The preference-pair schema: one ``Pair`` per labelled comparison, a ``PairSet`` per dataset.
+
+A ``Pair`` holds one prompt and two responses: ``chosen`` (preferred by the label) and
+``rejected``. ``prompt_rejected`` is the rejected side's own prompt and is set only when it
+differs from ``prompt``. The loaders EXCLUDE such pairs, because a margin between two
+different contexts is not a preference. The field is kept for pairs built in code.
+
+``meta`` keeps every extra key of the source row as sorted ``(key, value)`` tuples. Scalars
+(str, int, float, bool, None) are kept as they are. Lists and dicts are stored as their
+canonical JSON text (``json.dumps(..., sort_keys=True)``). So a ``Pair`` stays hashable and
+``meta`` can always be written to JSON.
+
+A ``PairSet`` is the loaded, filtered dataset. It carries its ``checksum``
+(``dataset_checksum``), its effective sample size (``n_unique``, ``n_prompt_clusters``; see
+``effective_sample_size``) and ``flags``: reason -> list of pair ids. The reasons are
+``identical_sides`` (kept; chosen == rejected on the same prompt, so the margin must be exactly
+0), ``empty_response`` (kept; a side is empty or whitespace only) and ``prompt_mismatch``
+(EXCLUDED; the two sides have different prompts).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+FLAG_REASONS = ("identical_sides", "empty_response", "prompt_mismatch")
+
+
+def json_safe(value: Any) -> Any:
+    """Return ``value`` as a hashable, JSON-writable meta value (see module docstring)."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    try:
+        return json.dumps(value, sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def make_meta(extra: Mapping[str, Any]) -> tuple:
+    """Sorted ``(key, json_safe(value))`` tuples of the extra keys of a row."""
+    return tuple(sorted((str(k), json_safe(v)) for k, v in extra.items()))
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One preference pair; ``chosen`` is the response the label prefers."""
+
+    id: str
+    prompt: str
+    chosen: str
+    rejected: str
+    dimension: str = ""
+    rubric: str = ""
+    source: str = ""
+    prompt_rejected: str | None = None
+    meta: tuple = ()
+
+    @property
+    def rejected_prompt(self) -> str:
+        """The prompt the rejected response answers (``prompt_rejected`` or ``prompt``)."""
+        return self.prompt if self.prompt_rejected is None else self.prompt_rejected
+
+    def meta_dict(self) -> dict[str, Any]:
+        """``meta`` as a dict."""
+        return dict(self.meta)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-writable dict of every field (``meta`` as a dict)."""
+        return {"id": self.id, "prompt": self.prompt, "chosen": self.chosen,
+                "rejected": self.rejected, "dimension": self.dimension, "rubric": self.rubric,
+                "source": self.source, "prompt_rejected": self.prompt_rejected,
+                "meta": self.meta_dict()}
+
+
+@dataclass(frozen=True)
+class PairSet:
+    """A loaded dataset: pairs in file order, plus checksum, effective size and flags."""
+
+    name: str
+    pairs: tuple[Pair, ...]
+    checksum: str
+    n_unique: int
+    n_prompt_clusters: int
+    flags: dict = field(default_factory=dict)
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        """Pair ids, in order."""
+        return tuple(p.id for p in self.pairs)
+
+    @property
+    def dimensions(self) -> tuple[str, ...]:
+        """Distinct dimension labels, sorted."""
+        return tuple(sorted({p.dimension for p in self.pairs}))
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __iter__(self) -> Iterator[Pair]:
+        return iter(self.pairs)
+
+    def __getitem__(self, index):
+        return self.pairs[index]
+
+    def by_id(self, pair_id: str) -> Pair:
+        """The pair with id ``pair_id`` (``KeyError`` if absent)."""
+        for p in self.pairs:
+            if p.id == pair_id:
+                return p
+        raise KeyError(pair_id)
+
+    def provenance(self) -> dict[str, Any]:
+        """What a store records about the dataset: name, checksum, sizes, flag counts."""
+        return {"name": self.name, "checksum": self.checksum, "n": len(self.pairs),
+                "n_unique": self.n_unique, "n_prompt_clusters": self.n_prompt_clusters,
+                "flags": {k: len(v) for k, v in self.flags.items()}}

@@ -1,0 +1,88 @@
+"""The operator contract every primitive follows.
+
+An operator is one class with a frozen ``Params`` dataclass, the number of
+inputs it reads, the dims it reads and writes (``out_dims``, checked at plan
+time, before any model loads), what it needs from the runtime (``sites`` to
+capture, ``reruns`` for interventions) and its gauge behaviour (``gauge``).
+``run`` maps ``xarray.DataArray`` inputs to one ``DataArray`` with ``units``
+and ``gauge`` attrs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Optional
+
+import xarray as xr
+
+from ..errors import SpecError
+
+INVARIANT = "invariant"
+
+
+@dataclass(frozen=True)
+class PlanInfo:
+    """What plan validation knows about the model without loading weights."""
+
+    family: Any
+    n_layers: int
+    n_objectives: int
+    objectives: tuple[str, ...]
+    model_name: str = "model"
+    layers: Optional[tuple[int, ...]] = None        # observable.layers (interventions)
+    components: Optional[tuple[str, ...]] = None    # observable.components
+    pairs: Optional[int] = None                     # observable.pairs (first N pairs for re-runs)
+
+    @property
+    def native_frame(self) -> str:
+        return f"frame:native:{self.model_name}"
+
+
+@dataclass(frozen=True)
+class NoParams:
+    pass
+
+
+class Operator:
+    """Base class; subclasses set ``name``, ``Params``, ``n_inputs`` and implement the hooks."""
+
+    name: ClassVar[str] = ""
+    Params: ClassVar[type] = NoParams
+    n_inputs: ClassVar[int] = 1
+    extra_inputs: ClassVar[tuple[str, ...]] = ()   # params that name other steps (e.g. "reference")
+    reruns: ClassVar[bool] = False                 # needs model re-runs beyond the capture pass
+
+    def __init__(self, params):
+        self.p = params
+
+    def sites(self, info: PlanInfo) -> set[str]:
+        """Capture sites this step needs (runtime site names)."""
+        return set()
+
+    def out_dims(self, in_dims: list[tuple[str, ...]], info: PlanInfo, where: str) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def gauge(self, in_gauges: list[str], info: PlanInfo) -> str:
+        return in_gauges[0] if in_gauges else INVARIANT
+
+    def run(self, ctx, *inputs: xr.DataArray) -> xr.DataArray:
+        raise NotImplementedError
+
+    @classmethod
+    def param_names(cls) -> list[str]:
+        return [f.name for f in fields(cls.Params)]
+
+
+def need_dim(dims: tuple[str, ...], dim: str, where: str, why: str) -> None:
+    """Raise ``SpecError`` at ``where`` unless ``dim`` is in ``dims``."""
+    if dim not in dims:
+        raise SpecError(where, f"needs an input with a '{dim}' dim ({why}), got dims {dims}.",
+                        fix="feed it the output of a step that keeps that dim.")
+
+
+def without(dims: tuple[str, ...], *drop: str) -> tuple[str, ...]:
+    return tuple(d for d in dims if d not in drop)
+
+
+def labelled(arr: xr.DataArray, units: str, gauge: str, description: str = "") -> xr.DataArray:
+    arr.attrs = {"units": units, "gauge": gauge, **({"description": description} if description else {})}
+    return arr

@@ -1,0 +1,85 @@
+"""capture: activations at the readout token, from the run's one shared capture pass.
+
+Sites (TransformerLens vocabulary):
+  readout     final-norm output h            pair × side × d_model
+  resid       embed, then resid_post[l]      pair × side × layer × d_model   (layer −1 = embedding)
+  components  what each component wrote      pair × side × layer × component × d_model
+              (component ∈ {embed, attn, mlp}; NaN where a layer has no such component)
+  resid_pre | resid_post | attn_out | mlp_out                pair × side × layer × d_model
+Gauge: activations live in the model's native frame (``frame:native:<model>``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import xarray as xr
+
+from ..errors import SpecError
+from ..registry import register
+from .base import Operator, labelled
+
+_SITES = ("readout", "resid", "components", "resid_pre", "resid_post", "attn_out", "mlp_out")
+_RUNTIME = {"readout": set(), "resid": {"embed", "resid_post"}, "components": {"embed", "attn_out", "mlp_out"}}
+
+
+@dataclass(frozen=True)
+class CaptureParams:
+    site: str
+
+
+@register
+class Capture(Operator):
+    """Activations at the readout token at one site (pair × side × [layer ×] d_model)."""
+
+    name = "capture"
+    Params = CaptureParams
+    n_inputs = 0
+
+    def sites(self, info):
+        return _RUNTIME.get(self.p.site, {self.p.site})
+
+    def out_dims(self, in_dims, info, where):
+        site = self.p.site
+        if site not in _SITES:
+            raise SpecError(where + ".site", f"unknown site '{site}'.", value=site, options=_SITES)
+        for s in self.sites(info):
+            if s != "embed" and not info.family.has_site(s):
+                raise SpecError(where + ".site", f"model family '{info.family.name}' has no site '{s}'.",
+                                options=info.family.sites)
+        if site == "readout":
+            return ("pair", "side", "d_model")
+        if site == "components":
+            return ("pair", "side", "layer", "component", "d_model")
+        return ("pair", "side", "layer", "d_model")
+
+    def gauge(self, in_gauges, info):
+        return info.native_frame
+
+    def run(self, ctx):
+        cap, site = ctx.capture, self.p.site
+        coords = ctx.pair_coords()
+        side = ["chosen", "rejected"]
+        if site == "readout":
+            arr = xr.DataArray(cap.h, dims=("pair", "side", "d_model"), coords={**coords, "side": side})
+        elif site == "resid":
+            data = np.concatenate([cap.sites["embed"], cap.sites["resid_post"]], axis=2)
+            arr = xr.DataArray(data, dims=("pair", "side", "layer", "d_model"),
+                               coords={**coords, "side": side, "layer": np.arange(-1, data.shape[2] - 1)})
+        elif site == "components":
+            L = cap.sites["attn_out"].shape[2]
+            n, _, _, d = cap.sites["attn_out"].shape
+            data = np.full((n, 2, L + 1, 3, d), np.nan, np.float32)
+            data[:, :, 0, 0] = cap.sites["embed"][:, :, 0]
+            data[:, :, 1:, 1] = cap.sites["attn_out"]
+            data[:, :, 1:, 2] = cap.sites["mlp_out"]
+            unit = np.array([["embed" if l < 0 else "", "" if l < 0 else f"attn_L{l}", "" if l < 0 else f"mlp_L{l}"]
+                             for l in range(-1, L)], dtype=object).astype(str)
+            arr = xr.DataArray(data, dims=("pair", "side", "layer", "component", "d_model"),
+                               coords={**coords, "side": side, "layer": np.arange(-1, L),
+                                       "component": ["embed", "attn", "mlp"], "unit": (("layer", "component"), unit)})
+        else:
+            data = cap.sites[site]
+            arr = xr.DataArray(data, dims=("pair", "side", "layer", "d_model"),
+                               coords={**coords, "side": side, "layer": np.arange(data.shape[2])})
+        return labelled(arr, "activation", ctx.info.native_frame, f"{site} at the readout token")

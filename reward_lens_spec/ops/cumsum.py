@@ -1,0 +1,29 @@
+"""cumsum: running sum along a dim (e.g. DLA accumulated over ``layer``); NaN counts as 0."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..registry import register
+from .base import Operator, need_dim
+
+
+@dataclass(frozen=True)
+class CumsumParams:
+    dim: str = "layer"
+
+
+@register
+class Cumsum(Operator):
+    """Cumulative sum along a dim."""
+
+    name = "cumsum"
+    Params = CumsumParams
+
+    def out_dims(self, in_dims, info, where):
+        need_dim(in_dims[0], self.p.dim, where, "the dim to accumulate along")
+        return in_dims[0]
+
+    def run(self, ctx, x):
+        out = x.fillna(0).cumsum(self.p.dim)
+        out.attrs = dict(x.attrs)
+        return out

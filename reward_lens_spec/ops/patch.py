@@ -1,0 +1,125 @@
+"""patch and attribution_patch: intervene at the readout token and re-read the margin.
+
+Grid: pair × layer × component, component ∈ {resid, attn, mlp} (resid =
+``resid_post``). ``mode=denoise`` runs the rejected side with the chosen side's
+activation patched in; ``noise`` the reverse. Quantities:
+  effect    r_patched − r_base (reward units)
+  restored  (r_patched − r_base) / (r_source − r_base)  (fraction; NaN for a zero margin)
+``observable.layers``, ``observable.components`` and ``observable.pairs`` (first
+N pairs) restrict the grid. Exact patching re-runs only the readout token
+against the cached prefix (see ``models.patching``); attribution patching is
+gradient × activation difference, first order, labelled approximate.
+Both steps of one grid share one set of re-runs (memoised per run).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import xarray as xr
+
+from ..errors import SpecError
+from ..registry import register
+from .base import INVARIANT, Operator, labelled
+
+_COMP = {"resid": "resid_post", "attn": "attn_out", "mlp": "mlp_out"}
+
+
+@dataclass(frozen=True)
+class PatchParams:
+    quantity: str = "effect"
+    mode: str = "denoise"
+    components: tuple = ("resid", "attn", "mlp")
+
+
+class _PatchBase(Operator):
+    Params = PatchParams
+    n_inputs = 0
+    reruns = True
+    approximate = False
+
+    def _grid(self, info):
+        comps = tuple(info.components) if info.components else tuple(self.p.components)
+        layers = tuple(info.layers) if info.layers is not None else tuple(range(info.n_layers))
+        return layers, comps
+
+    def sites(self, info):
+        return {_COMP[c] for c in self._grid(info)[1] if c in _COMP}
+
+    def out_dims(self, in_dims, info, where):
+        layers, comps = self._grid(info)
+        for c in comps:
+            if c not in _COMP:
+                raise SpecError("observable.components", f"unknown component '{c}' for {self.name}.",
+                                value=c, options=_COMP)
+        bad = [l for l in layers if not 0 <= l < info.n_layers]
+        if bad:
+            raise SpecError("observable.layers", f"layer(s) {bad} out of range for {where}; "
+                            f"valid range is 0..{info.n_layers - 1}.")
+        if self.p.quantity not in ("effect", "restored"):
+            raise SpecError(where + ".quantity", f"unknown quantity '{self.p.quantity}'.",
+                            value=self.p.quantity, options=["effect", "restored"])
+        if self.p.mode not in ("denoise", "noise"):
+            raise SpecError(where + ".mode", f"unknown mode '{self.p.mode}'.", value=self.p.mode,
+                            options=["denoise", "noise"])
+        return ("pair", "layer", "component") + (("objective",) if info.n_objectives > 1 else ())
+
+    def gauge(self, in_gauges, info):
+        return INVARIANT
+
+    def _compute(self, ctx, targets, pidx):
+        raise NotImplementedError
+
+    def run(self, ctx):
+        layers, comps = self._grid(ctx.info)
+        n = len(ctx.encoded.pair_ids) if ctx.info.pairs is None else min(ctx.info.pairs, len(ctx.encoded.pair_ids))
+        pidx = list(range(n))
+        targets = [(_COMP[c], l) for l in layers for c in comps]
+        key = (self.name, self.p.mode, tuple(targets), n)
+        if key not in ctx.memo:
+            ctx.memo[key], counts = self._compute(ctx, targets, pidx)
+            ctx.add_counts(self.name, counts)
+        patched = ctx.memo[key].reshape(n, len(layers), len(comps), -1)
+        base_side = 1 if self.p.mode == "denoise" else 0
+        base = ctx.capture.logits[pidx, base_side].astype(np.float64)[:, None, None, :]
+        src = ctx.capture.logits[pidx, 1 - base_side].astype(np.float64)[:, None, None, :]
+        data = patched if self.approximate else patched - base   # attribution returns the estimated effect
+        if self.p.quantity == "restored":
+            with np.errstate(divide="ignore", invalid="ignore"):
+                data = np.where(src != base, data / (src - base), np.nan)
+        coords = ctx.pair_coords(pidx)
+        dims = ("pair", "layer", "component")
+        if data.shape[-1] > 1:
+            arr = xr.DataArray(data, dims=dims + ("objective",),
+                               coords={**coords, "layer": list(layers), "component": list(comps),
+                                       "objective": list(ctx.lm.head.objectives)})
+        else:
+            arr = xr.DataArray(data[..., 0], dims=dims, coords={**coords, "layer": list(layers), "component": list(comps)})
+        units = "reward" if self.p.quantity == "effect" else "fraction"
+        out = labelled(arr, units, INVARIANT, f"{self.p.mode} {'attribution ' if self.approximate else ''}patch "
+                                                 f"{self.p.quantity} at the readout token")
+        out.attrs["method"] = "approximate: gradient × activation difference" if self.approximate else "exact"
+        return out
+
+
+@register
+class Patch(_PatchBase):
+    """Exact activation patching at the readout token (pair × layer × component)."""
+
+    name = "patch"
+
+    def _compute(self, ctx, targets, pidx):
+        from ..models.patching import patch_readout
+        return patch_readout(ctx.lm, ctx.encoded, ctx.capture, targets, pidx, mode=self.p.mode)
+
+
+@register
+class AttributionPatch(_PatchBase):
+    """Attribution patching (gradient × activation difference; approximate)."""
+
+    name = "attribution_patch"
+    approximate = True
+
+    def _compute(self, ctx, targets, pidx):
+        from ..models.patching import attribution_patch
+        return attribution_patch(ctx.lm, ctx.encoded, ctx.capture, targets, pidx, mode=self.p.mode)

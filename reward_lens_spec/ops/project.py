@@ -1,0 +1,78 @@
+"""project: contract ``d_model`` with a direction — the reward readout ``w_r · x``.
+
+Directions:
+  head              every head row; adds an ``objective`` dim when the head has K > 1 rows
+  objective:<name>  one head row ``w_r = W[k]``
+  store:<url>#<run_id>/<observable>/<variable>   a d_model vector saved in a result store
+``bias: true`` adds ``b`` (use it for rewards; margins need none, the bias cancels).
+Units: reward units. Gauge: a projection of an activation on a direction of the
+same model is a scalar readout, invariant under a change of basis.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import xarray as xr
+
+from ..errors import SpecError
+from ..registry import register
+from .base import INVARIANT, Operator, labelled, need_dim, without
+
+
+@dataclass(frozen=True)
+class ProjectParams:
+    direction: str = "head"
+    bias: bool = False
+
+
+@register
+class Project(Operator):
+    """Project on the reward direction (head rows, one objective, or a stored vector)."""
+
+    name = "project"
+    Params = ProjectParams
+
+    def out_dims(self, in_dims, info, where):
+        need_dim(in_dims[0], "d_model", where, "a vector dim to project")
+        d = self.p.direction
+        if d.startswith("objective:") and d.split(":", 1)[1] not in info.objectives:
+            raise SpecError(where + ".direction", f"no objective '{d.split(':', 1)[1]}'.",
+                            value=d.split(":", 1)[1], options=info.objectives)
+        if not (d == "head" or d.startswith(("objective:", "store:"))):
+            raise SpecError(where + ".direction", f"unknown direction '{d}'.", value=d,
+                            options=["head", "objective:<name>", "store:<url>#<run>/<observable>/<variable>"])
+        out = without(in_dims[0], "d_model")
+        return out + ("objective",) if d == "head" and info.n_objectives > 1 else out
+
+    def gauge(self, in_gauges, info):
+        return INVARIANT
+
+    def _direction(self, ctx):
+        head, d = ctx.lm.head, self.p.direction
+        if d == "head":
+            return head.W.astype(np.float64), head.b.astype(np.float64), list(head.objectives)
+        if d.startswith("objective:"):
+            k = head.objectives.index(d.split(":", 1)[1])
+            return head.W[k:k + 1].astype(np.float64), head.b[k:k + 1].astype(np.float64), [head.objectives[k]]
+        url, _, ref = d.split(":", 1)[1].partition("#")
+        run_id, obs, var = ref.split("/")
+        from ..store import open_store
+        vec = np.asarray(open_store(url).load(run_id, obs, lazy=False)[var].values, np.float64).reshape(1, -1)
+        if vec.shape[1] != head.W.shape[1]:
+            raise SpecError("observable.steps.direction", f"stored vector has {vec.shape[1]} entries, model d_model "
+                            f"is {head.W.shape[1]}.")
+        return vec, np.zeros(1), [var]
+
+    def run(self, ctx, x):
+        W, b, names = self._direction(ctx)
+        data = np.einsum("...d,kd->...k", np.asarray(x.values, np.float64), W)
+        if self.p.bias:
+            data = data + b
+        dims = tuple(d for d in x.dims if d != "d_model")
+        coords = {k: v for k, v in x.coords.items() if "d_model" not in v.dims}
+        if len(names) > 1:
+            arr = xr.DataArray(data, dims=dims + ("objective",), coords={**coords, "objective": names})
+        else:
+            arr = xr.DataArray(data[..., 0], dims=dims, coords=coords)
+        return labelled(arr, "reward", INVARIANT)

@@ -1,0 +1,154 @@
+"""Name → operator class, and observable spec → validated plan (a DAG of steps).
+
+``build_plan`` checks, before any model loads: unknown operators and params
+(with "did you mean"), missing required params, inputs naming no earlier step,
+dims that do not line up, sites the model family lacks and layer indices out
+of range. Every error names the observable, the step and the fix.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from .errors import SpecError
+from .ops.base import Operator, PlanInfo
+
+OPERATORS: dict[str, type[Operator]] = {}
+
+
+def register(cls: type[Operator]) -> type[Operator]:
+    """Class decorator: make an operator available under ``cls.name``."""
+    OPERATORS[cls.name] = cls
+    return cls
+
+
+def _load_builtin_ops() -> None:
+    from . import ops
+
+    for mod in pkgutil.iter_modules(ops.__path__):
+        if mod.name != "base":
+            importlib.import_module(f"{ops.__name__}.{mod.name}")
+
+
+def get_operator(name: str, where: str = "observable.steps") -> type[Operator]:
+    if not OPERATORS:
+        _load_builtin_ops()
+    if name not in OPERATORS:
+        raise SpecError(where, f"unknown operator '{name}'.", value=name, options=OPERATORS,
+                        fix="`reward-lens-spec ops` lists the registered operators.")
+    return OPERATORS[name]
+
+
+def list_operators() -> dict[str, str]:
+    """Registered operator names → first docstring line."""
+    if not OPERATORS:
+        _load_builtin_ops()
+    return {n: (c.__doc__ or "").strip().splitlines()[0] for n, c in sorted(OPERATORS.items())}
+
+
+@dataclass
+class Step:
+    name: str
+    op: Operator
+    inputs: list[str]
+    dims: tuple[str, ...] = ()
+    gauge: str = ""
+
+
+@dataclass
+class Plan:
+    observable: str
+    steps: list[Step]
+    outputs: list[str]
+    sites: set[str] = field(default_factory=set)
+    reruns: bool = False
+
+    def describe(self) -> str:
+        lines = [f"observable {self.observable}: capture sites {sorted(self.sites) or '[]'}"
+                 f"{'; model re-runs' if self.reruns else ''}"]
+        for s in self.steps:
+            mark = "*" if s.name in self.outputs else " "
+            params = {k: v for k, v in dataclasses.asdict(s.op.p).items() if v is not None}
+            lines.append(f" {mark} {s.name:<24} = {s.op.name}({', '.join(s.inputs)}) {params or ''}"
+                         f"  -> ({' × '.join(s.dims)}) [{s.gauge}]")
+        return "\n".join(lines)
+
+
+def _make_params(cls, raw: dict, where: str):
+    names = cls.param_names()
+    for key in raw:
+        if key not in names:
+            raise SpecError(f"{where}.{key}", f"operator '{cls.name}' has no param '{key}'.", value=key,
+                            options=names or ["(none)"])
+    try:
+        return cls.Params(**raw)
+    except TypeError as exc:
+        missing = [f.name for f in dataclasses.fields(cls.Params)
+                   if f.default is dataclasses.MISSING and f.name not in raw]
+        raise SpecError(where, f"operator '{cls.name}' is missing params {missing or str(exc)}.",
+                        fix=f"add {', '.join(f'{m}: ...' for m in missing)} to the step.") from None
+
+
+def expand_steps(obs, resolve_include) -> tuple[list[dict], list[str]]:
+    """Inline ``include``d observables (depth-first, de-duplicated by step name)."""
+    steps: list[dict] = []
+    outputs: list[str] = []
+    for inc in obs.include:
+        sub = resolve_include(inc)
+        s2, o2 = expand_steps(sub, resolve_include)
+        for st in s2:
+            if st["name"] not in {s["name"] for s in steps}:
+                steps.append(st)
+        outputs += [o for o in o2 if o not in outputs]
+    for raw in obs.steps:
+        st = OmegaConf.to_container(raw) if not isinstance(raw, dict) else dict(raw)
+        if st.get("name") in {s["name"] for s in steps}:
+            continue
+        steps.append(st)
+    outputs += [o for o in obs.outputs if o not in outputs]
+    return steps, outputs
+
+
+def build_plan(obs, info: PlanInfo, resolve_include=None) -> Plan:
+    """Validate ``obs`` (an ``ObservableSpec``) against ``info``; return the ``Plan``."""
+    raw_steps, outputs = expand_steps(obs, resolve_include or (lambda n: (_ for _ in ()).throw(
+        SpecError("observable.include", f"cannot resolve '{n}'."))))
+    if not raw_steps:
+        raise SpecError(f"observable.{obs.name}.steps", "an observable needs at least one step.")
+    steps: dict[str, Step] = {}
+    plan = Plan(observable=obs.name, steps=[], outputs=outputs)
+    for i, raw in enumerate(raw_steps):
+        where = f"observable.{obs.name}.steps[{i}]"
+        raw = dict(raw)
+        name, op_name = raw.pop("name", None), raw.pop("op", None)
+        if not name or not op_name:
+            raise SpecError(where, "every step needs a 'name' and an 'op'.", fix="e.g. {name: margin, op: diff, input: reward}")
+        where = f"observable.{obs.name}.steps.{name}"
+        cls = get_operator(op_name, where + ".op")
+        inp = raw.pop("input", None)
+        inputs = [inp] if isinstance(inp, str) else list(inp or [])
+        params = _make_params(cls, raw, where)
+        op = cls(params)
+        inputs += [getattr(params, k) for k in cls.extra_inputs if getattr(params, k) is not None]
+        if len(inputs) < cls.n_inputs:
+            raise SpecError(where + ".input", f"operator '{op_name}' reads {cls.n_inputs} input(s), got {len(inputs)}.",
+                            fix="name an earlier step in 'input'.")
+        for src in inputs:
+            if src not in steps:
+                raise SpecError(where + ".input", f"'{src}' is not an earlier step.", value=src, options=steps or ["(none)"])
+        dims = op.out_dims([steps[s].dims for s in inputs], info, where)
+        gauge = op.gauge([steps[s].gauge for s in inputs], info)
+        st = Step(name=name, op=op, inputs=inputs, dims=dims, gauge=gauge)
+        steps[name] = st
+        plan.steps.append(st)
+        plan.sites |= op.sites(info)
+        plan.reruns |= cls.reruns
+    for o in outputs:
+        if o not in steps:
+            raise SpecError(f"observable.{obs.name}.outputs", f"'{o}' is not a step.", value=o, options=steps)
+    return plan

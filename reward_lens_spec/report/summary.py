@@ -1,0 +1,25 @@
+"""The short table the main job prints: what was computed, where it went. Only computed numbers."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def print_summary(outcome) -> None:
+    """Print one line per output variable (dims, units, mean over finite cells) and the store path."""
+    if outcome.reused:
+        print(f"run {outcome.run_id} is already complete in {outcome.store_url}: reused, not recomputed "
+              "(store.force=true recomputes)")
+        return
+    ds = outcome.result
+    print(f"{'variable':<28} {'dims':<34} {'units':<12} {'mean':>10}")
+    for name, var in ds.data_vars.items():
+        vals = np.asarray(var.values, dtype=float)
+        fin = vals[np.isfinite(vals)]
+        mean = f"{fin.mean():10.4f}" if fin.size else f"{'(no finite)':>10}"
+        print(f"{name:<28} {' × '.join(var.dims):<34} {str(var.attrs.get('units', '')):<12} {mean}")
+    if "margin" in ds:
+        m = np.asarray(ds["margin"].values, float)
+        m = m[np.isfinite(m)]
+        print(f"pairs: {m.size}; chosen preferred (margin > 0): {(m > 0).mean():.3f}")
+    print(f"store: {outcome.store_url}")
+    print(f"run id: {outcome.run_id}")

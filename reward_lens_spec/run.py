@@ -1,0 +1,173 @@
+"""Spec → plan → one capture pass → operators → xarray → store.
+
+``execute`` is the whole main job for one composed config. The run id is the
+hash of what determines the numbers (model fingerprint, dataset checksum, the
+observable's expanded steps and version, numerics settings, package version);
+paths, time, batch size and launcher are not part of it. A complete run with
+the same id is found in the store and not recomputed unless ``store.force``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import xarray as xr
+from omegaconf import OmegaConf
+
+from . import __version__
+from .errors import SpecError
+from .ops.base import PlanInfo
+from .paths import conf_dir, group_options
+from .registry import build_plan, expand_steps
+from .spec import ObservableSpec
+
+
+def load_observable(name: str) -> ObservableSpec:
+    """Read ``conf/observable/<name>.yaml`` into an ``ObservableSpec``."""
+    path = conf_dir() / "observable" / f"{name}.yaml"
+    if not path.is_file():
+        raise SpecError("observable", f"unknown observable '{name}'.", value=name, options=group_options("observable"))
+    merged = OmegaConf.merge(OmegaConf.structured(ObservableSpec), OmegaConf.load(path))
+    return OmegaConf.to_object(merged)
+
+
+def describe_model(spec, base_dir=None) -> tuple:
+    """``(family, n_layers, n_objectives)`` from the model config alone (no weights)."""
+    import transformers as tf
+
+    from .models.families import family_for
+    from .models.loading import resolve_source
+    from .models.tiny import TINY_CONFIGS
+
+    kind, loc = resolve_source(spec.source, base_dir)
+    if kind == "builtin":
+        if loc not in TINY_CONFIGS:
+            raise SpecError("model.source", f"unknown built-in model '{loc}'.", value=loc, options=TINY_CONFIGS)
+        cls, kw = TINY_CONFIGS[loc]
+        cfg = getattr(tf, cls)(**kw)
+    else:
+        try:
+            cfg = tf.AutoConfig.from_pretrained(loc, **({"gguf_file": spec.gguf_file} if spec.gguf_file else {}))
+        except (OSError, ValueError) as exc:
+            raise SpecError("model.source", f"cannot read the model config at '{spec.source}': "
+                            f"{str(exc).splitlines()[0]}") from None
+    n_layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer")
+    return family_for(cfg.model_type), int(n_layers), int(spec.num_labels)
+
+
+def plan_for(run, base_dir=None):
+    """Validate the observable against the model's description; return ``(plan, info)``."""
+    family, n_layers, k = describe_model(run.model, base_dir)
+    objectives = tuple(run.model.objectives) or (("reward",) if k == 1 else tuple(f"objective_{i}" for i in range(k)))
+    obs = run.observable
+    info = PlanInfo(family=family, n_layers=n_layers, n_objectives=k, objectives=objectives,
+                    model_name=run.model.name, layers=tuple(obs.layers) if obs.layers is not None else None,
+                    components=tuple(obs.components) if obs.components else None, pairs=obs.pairs)
+    return build_plan(obs, info, load_observable), info
+
+
+def canonical_observable(obs) -> dict:
+    steps, outputs = expand_steps(obs, load_observable)
+    return {"name": obs.name, "version": obs.version, "steps": steps, "outputs": outputs,
+            "layers": obs.layers, "components": obs.components, "pairs": obs.pairs}
+
+
+def spec_hash(parts: dict) -> str:
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _versions() -> dict:
+    import numpy
+    import torch
+    import transformers
+    import zarr
+
+    return {"reward_lens_spec": __version__, "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "xarray": xr.__version__, "zarr": zarr.__version__,
+            "numpy": numpy.__version__}
+
+
+def _git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=5)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+@dataclass
+class Outcome:
+    run_id: str
+    store_url: str
+    reused: bool
+    result: xr.Dataset | None
+    plan: object
+
+
+def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress: bool = True) -> Outcome:
+    """Run one composed, validated config (``RunConfig``) end to end; see the module docstring."""
+    from .data import load_pairs
+    from .models.capture import capture
+    from .models.fingerprint import model_fingerprint
+    from .models.formatting import encode_pairs
+    from .models.loading import load_model
+    from .store import open_store, write_run
+    from .trust.gates import compute_trust
+
+    t0 = time.perf_counter()
+    plan, info = plan_for(run, base_dir)                      # every spec error before any model loads
+    ds = run.dataset
+    pairs = load_pairs(ds.kind.value, path=ds.path, fields=dict(ds.fields) or None, limit=ds.limit,
+                       dimensions=ds.dimensions, base_dir=base_dir)
+    lm = load_model(run.model, base_dir)
+    fp = model_fingerprint(lm.model, lm.tokenizer)
+    m = run.model
+    numerics = {"dtype": m.dtype.value, "max_length": m.max_length, "format": m.format.value,
+                "template": m.template if m.format.value == "plain" else None, "objectives": list(m.objectives)}
+    hash_parts = {"model_fingerprint": fp, "dataset_checksum": pairs.checksum,
+                  "observable": canonical_observable(run.observable), "numerics": numerics,
+                  "package_version": __version__}
+    run_id = f"{run.observable.name}-{spec_hash(hash_parts)[:20]}"
+    so = dict(run.store.storage_options)
+    if not run.store.force:
+        try:
+            if run_id in set(open_store(store_url, storage_options=so).runs()["run_id"]):
+                return Outcome(run_id, store_url, True, None, plan)
+        except Exception:       # a store that does not exist yet: nothing to reuse
+            pass
+    enc = encode_pairs(lm.tokenizer, list(pairs), fmt=m.format.value, template=m.template,
+                       max_length=m.max_length, model_name=m.name)
+    if not enc.pair_ids:
+        raise SpecError("dataset", "no pair is left to score after exclusions.", fix="check dataset.limit and filters.")
+    cap = capture(lm, enc, plan.sites, batch_size=m.batch_size, max_tokens=m.max_tokens,
+                  padding_side=m.padding_side.value, progress=progress)
+    from .context import RunContext
+    ctx = RunContext(lm=lm, pairs=pairs, encoded=enc, capture=cap, info=info)
+    ctx.add_counts("capture", cap.counts)
+    values: dict[str, xr.DataArray] = {}
+    for step in plan.steps:
+        values[step.name] = step.op.run(ctx, *[values[s] for s in step.inputs])
+        values[step.name].attrs.setdefault("gauge", step.gauge)
+    result = xr.Dataset({o: values[o] for o in plan.outputs})
+    wall = time.perf_counter() - t0
+    attrs = {
+        "config_yaml": resolved_yaml, "spec_hash": spec_hash(hash_parts), "model": m.name, "model_fingerprint": fp,
+        "model_family": lm.family.name, "dataset": ds.name, "dataset_checksum": pairs.checksum,
+        "effective_n": {"n": len(pairs), "n_scored": len(enc.pair_ids), "n_unique": pairs.n_unique,
+                        "n_prompt_clusters": pairs.n_prompt_clusters},
+        "data_flags": {k: len(v) for k, v in pairs.flags.items()},
+        "excluded": {k: list(v) for k, v in enc.excluded.items()}, "observable": run.observable.name,
+        "observable_version": run.observable.version, "versions": _versions(), "git_sha": _git_sha(),
+        "seed": run.seed, "device": lm.device, "dtype": lm.dtype, "wall_s": round(wall, 3),
+        "counts": ctx.counts, "trust": compute_trust(run, store_url),
+        "gauge": {v: str(result[v].attrs.get("gauge", "")) for v in result.data_vars},
+    }
+    write_run(store_url, run_id, {run.observable.name: result}, attrs, storage_options=so, force=run.store.force)
+    return Outcome(run_id, store_url, False, result, plan)
