@@ -111,14 +111,37 @@ class Outcome:
     plan: object
 
 
+def compute(lm, pairs, plan, info, *, fmt="plain", template="User: {prompt}\nAssistant: {response}",
+            max_length=512, batch_size=16, max_tokens=None, padding_side="left", progress=False):
+    """Encode ``pairs``, run the one shared capture pass for ``plan``, then every step.
+
+    Returns ``(xr.Dataset of the plan's outputs, RunContext, EncodedPairs)``.
+    """
+    from .context import RunContext
+    from .models.capture import capture
+    from .models.formatting import encode_pairs
+
+    enc = encode_pairs(lm.tokenizer, list(pairs), fmt=fmt, template=template, max_length=max_length,
+                       model_name=lm.name)
+    if not enc.pair_ids:
+        raise SpecError("dataset", "no pair is left to score after exclusions.", fix="check dataset.limit and filters.")
+    cap = capture(lm, enc, plan.sites, batch_size=batch_size, max_tokens=max_tokens, padding_side=padding_side,
+                  progress=progress)
+    ctx = RunContext(lm=lm, pairs=pairs, encoded=enc, capture=cap, info=info)
+    ctx.add_counts("capture", cap.counts)
+    values: dict[str, xr.DataArray] = {}
+    for step in plan.steps:
+        values[step.name] = step.op.run(ctx, *[values[s] for s in step.inputs])
+        values[step.name].attrs.setdefault("gauge", step.gauge)
+    return xr.Dataset({o: values[o] for o in plan.outputs}), ctx, enc
+
+
 def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress: bool = True) -> Outcome:
     """Run one composed, validated config (``RunConfig``) end to end; see the module docstring."""
     from .data import load_pairs
-    from .models.capture import capture
     from .models.fingerprint import model_fingerprint
-    from .models.formatting import encode_pairs
     from .models.loading import load_model
-    from .store import open_store, write_run
+    from .store import is_complete, write_run
     from .trust.gates import compute_trust
 
     t0 = time.perf_counter()
@@ -136,26 +159,11 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
                   "package_version": __version__}
     run_id = f"{run.observable.name}-{spec_hash(hash_parts)[:20]}"
     so = dict(run.store.storage_options)
-    if not run.store.force:
-        try:
-            if run_id in set(open_store(store_url, storage_options=so).runs()["run_id"]):
-                return Outcome(run_id, store_url, True, None, plan)
-        except Exception:       # a store that does not exist yet: nothing to reuse
-            pass
-    enc = encode_pairs(lm.tokenizer, list(pairs), fmt=m.format.value, template=m.template,
-                       max_length=m.max_length, model_name=m.name)
-    if not enc.pair_ids:
-        raise SpecError("dataset", "no pair is left to score after exclusions.", fix="check dataset.limit and filters.")
-    cap = capture(lm, enc, plan.sites, batch_size=m.batch_size, max_tokens=m.max_tokens,
-                  padding_side=m.padding_side.value, progress=progress)
-    from .context import RunContext
-    ctx = RunContext(lm=lm, pairs=pairs, encoded=enc, capture=cap, info=info)
-    ctx.add_counts("capture", cap.counts)
-    values: dict[str, xr.DataArray] = {}
-    for step in plan.steps:
-        values[step.name] = step.op.run(ctx, *[values[s] for s in step.inputs])
-        values[step.name].attrs.setdefault("gauge", step.gauge)
-    result = xr.Dataset({o: values[o] for o in plan.outputs})
+    if not run.store.force and is_complete(store_url, run_id, storage_options=so):
+        return Outcome(run_id, store_url, True, None, plan)
+    result, ctx, enc = compute(lm, pairs, plan, info, fmt=m.format.value, template=m.template,
+                               max_length=m.max_length, batch_size=m.batch_size, max_tokens=m.max_tokens,
+                               padding_side=m.padding_side.value, progress=progress)
     wall = time.perf_counter() - t0
     attrs = {
         "config_yaml": resolved_yaml, "spec_hash": spec_hash(hash_parts), "model": m.name, "model_fingerprint": fp,

@@ -115,7 +115,7 @@ def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tok
                         sites={s: np.zeros((n_pairs, 2, 1 if s == "embed" else L, d), np.float32)
                                for s in sites},
                         counts={"forward_passes": 0, "tokens": 0, "padded_tokens": 0})
-    pad_id = lm.tokenizer.pad_token_id
+    pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else lm.model.config.pad_token_id
     device = next(lm.model.parameters()).device
     rec = _Recorder(lm, sites)
     batches = batches_by_length([len(s) for s in seqs], batch_size, max_tokens)
@@ -134,7 +134,7 @@ def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tok
             pair_idx, side_idx = np.array(rows) // 2, np.array(rows) % 2
             h = rec.buf[("h", 0)].numpy()
             _self_check(lm, rows, out.pair_ids, h, rec.buf[("logits", 0)].numpy(), res.logits,
-                        hf_pooled_index(ids, pad_id), readout_index(mask))
+                        hf_pooled_index(ids, lm.model.config.pad_token_id), readout_index(mask))
             out.h[pair_idx, side_idx] = h
             out.logits[pair_idx, side_idx] = rec.buf[("logits", 0)].numpy()
             for (site, layer), val in rec.buf.items():

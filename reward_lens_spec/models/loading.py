@@ -120,12 +120,18 @@ def load_model(spec, base_dir: str | None = None) -> LoadedModel:
             raise SpecError("model.source", f"could not load '{spec.source}': {str(exc).splitlines()[0]}",
                             fix=hint) from None
         tok.padding_side = padding_side
-        if tok.pad_token_id is None:
-            tok.pad_token = tok.eos_token
-        if model.config.pad_token_id is None:
-            model.config.pad_token_id = tok.pad_token_id
+    return wrap_model(spec.name, model, tok, dtype=dtype, device=device, objectives=tuple(spec.objectives) or None)
+
+
+def wrap_model(name: str, model, tokenizer, *, dtype: str = "float32", device: str = "cpu",
+               objectives: tuple[str, ...] | None = None) -> LoadedModel:
+    """Bundle an in-memory HF sequence classifier (tests, organisms, fitted heads) as a ``LoadedModel``."""
+    if model.config.pad_token_id is None:
+        # HF's pooling needs some pad id for batches > 1; our readout comes from the mask.
+        model.config.pad_token_id = (tokenizer.pad_token_id if tokenizer.pad_token_id is not None
+                                     else tokenizer.eos_token_id)
     model.to(device=device, dtype=_DTYPES[dtype]).eval()
     family = family_for(model.config.model_type)
-    return LoadedModel(name=spec.name, model=model, tokenizer=tok, family=family,
-                       head=read_head(model, family, tuple(spec.objectives) or None),
-                       norm=read_final_norm(model, family), dtype=dtype, device=device)
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, family=family,
+                       head=read_head(model, family, objectives), norm=read_final_norm(model, family),
+                       dtype=dtype, device=device)

@@ -115,7 +115,7 @@ def attribution_patch(lm, encoded, cap, targets, pair_indices, *, mode: str = "d
     counts = {"forward_passes": 0, "backward_passes": 0}
     modules = [(t, _module_for(lm, site, layer)) for t, (site, layer) in enumerate(targets)]
     for rows in batches_by_length([len(s) for s in seqs], batch_size):
-        ids, mask, pos, readout = pad_batch([seqs[r] for r in rows], lm.tokenizer.pad_token_id, "left")
+        ids, mask, pos, readout = pad_batch([seqs[r] for r in rows], lm.model.config.pad_token_id, "left")
         kept: dict = {}
         handles = [m.register_forward_hook(lambda mod, a, o, t=t: kept.__setitem__(t, _first(o)))
                    for t, m in modules]

@@ -1,0 +1,43 @@
+"""Shared fixtures: tiny models of every family and a few deterministic pairs."""
+from __future__ import annotations
+
+import pytest
+
+from reward_lens_spec.data import Pair
+from reward_lens_spec.models.formatting import encode_pairs
+from reward_lens_spec.models.loading import wrap_model
+from reward_lens_spec.models.tiny import TINY_CONFIGS, build_tiny
+
+FAMILIES = [n for n in TINY_CONFIGS if n != "tiny"]
+
+
+def make_pairs(n: int = 5) -> list[Pair]:
+    out = []
+    for i in range(n):
+        out.append(Pair(id=f"p{i}", prompt=f"Question {i}: what is {i} plus {i}?" + " pad" * i,
+                        chosen=f"It is {2 * i}." + " Indeed." * (i % 3), rejected=f"Maybe {i + 7}?",
+                        dimension="math" if i % 2 else "helpfulness"))
+    return out
+
+
+def tiny_lm(name: str = "tiny", **kw):
+    model, tok = build_tiny(name, **{k: v for k, v in kw.items() if k in ("seed", "num_labels", "pad_token",
+                                                                        "padding_side")})
+    return wrap_model(name, model, tok, dtype=kw.get("dtype", "float32"))
+
+
+@pytest.fixture(scope="session")
+def pairs():
+    return make_pairs()
+
+
+@pytest.fixture(scope="session", params=FAMILIES)
+def family_lm(request):
+    return tiny_lm(request.param)
+
+
+@pytest.fixture(scope="session")
+def encoded_for():
+    def _enc(lm, ps=None, **kw):
+        return encode_pairs(lm.tokenizer, ps or make_pairs(), **kw)
+    return _enc

@@ -1,0 +1,125 @@
+"""Exactness of the built-in observables on every family (float32, tiny random models)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from reward_lens_spec.data import Pair
+from reward_lens_spec.models.loading import wrap_model
+from reward_lens_spec.models.tiny import build_tiny
+from reward_lens_spec.ops.base import PlanInfo
+from reward_lens_spec.registry import build_plan
+from reward_lens_spec.run import compute, load_observable
+from tests.conftest import make_pairs
+
+
+def run_obs(lm, name, data=None, **restrict):
+    obs = load_observable(name)
+    for k, v in restrict.items():
+        setattr(obs, k, v)
+    info = PlanInfo(family=lm.family, n_layers=lm.n_layers, n_objectives=lm.head.n_objectives,
+                    objectives=lm.head.objectives, model_name=lm.name,
+                    layers=tuple(obs.layers) if obs.layers is not None else None,
+                    components=tuple(obs.components) if obs.components else None, pairs=obs.pairs)
+    plan = build_plan(obs, info, load_observable)
+    ds, ctx, _ = compute(lm, data or make_pairs(), plan, info, batch_size=4)
+    return ds, ctx
+
+
+@pytest.fixture(scope="module")
+def battery(family_lm):
+    return run_obs(family_lm, "battery")
+
+
+def test_dla_sums_to_margin(battery):
+    ds, _ = battery
+    total = ds["dla"].sum(["layer", "component"])
+    np.testing.assert_allclose(total, ds["margin"], rtol=1e-4, atol=1e-6)
+
+
+def test_normed_lens_ends_at_margin_and_raw_lens_is_sum_of_raw_components(battery, family_lm):
+    ds, ctx = battery
+    np.testing.assert_allclose(ds["lens"].sel(layer=family_lm.n_layers - 1), ds["margin"], rtol=1e-4, atol=1e-6)
+    s = ctx.capture.sites
+    comps = s["embed"][:, :, 0] + s["attn_out"].sum(2) + s["mlp_out"].sum(2)
+    raw = (comps[:, 0] - comps[:, 1]) @ family_lm.head.W[0].astype(np.float64)
+    np.testing.assert_allclose(ds["lens_raw"].sel(layer=family_lm.n_layers - 1), raw, rtol=1e-4, atol=1e-6)
+
+
+def test_denoising_the_final_residual_restores_the_margin(battery, family_lm):
+    ds, _ = battery
+    last = ds["patch_restored"].sel(layer=family_lm.n_layers - 1, component="resid")
+    np.testing.assert_allclose(last, 1.0, atol=1e-4)
+
+
+def test_battery_shares_one_capture_pass(battery):
+    _, ctx = battery
+    assert ctx.counts["capture.forward_passes"] == 3           # 10 sequences in batches of 4, once
+    assert ctx.counts["patch.forward_passes"] == 2 * 5          # prefix + one batched token run per pair
+
+
+def test_crystallization_is_first_half_crossing(battery, family_lm):
+    ds, _ = battery
+    lens, final = ds["lens"].values, ds["margin"].values
+    for i in range(lens.shape[0]):
+        hit = np.sign(final[i]) * lens[i] >= 0.5 * abs(final[i])
+        assert ds["crystallization_layer"].values[i] == ds.layer.values[np.argmax(hit)]
+    np.testing.assert_allclose(ds["crystallization_fraction"], ds["crystallization_layer"] / family_lm.n_layers)
+
+
+def test_faithfulness_is_a_spearman_per_pair(battery):
+    from scipy.stats import spearmanr
+    ds, _ = battery
+    layers = [l for l in ds.layer.values if l >= 0]             # the patch grid has no embedding row
+    a = ds["dla"].sel(component=["attn", "mlp"], layer=layers).isel(pair=0).values.ravel()
+    b = ds["patch_effect"].sel(component=["attn", "mlp"], layer=layers).isel(pair=0).values.ravel()
+    assert ds["faithfulness"].isel(pair=0) == pytest.approx(spearmanr(a, b).statistic)
+
+
+def test_head_bias_changes_rewards_but_no_output_derived_from_margins():
+    model, tok = build_tiny("tiny")
+    ref, _ = run_obs(wrap_model("tiny", model, tok), "battery")
+    model2, _ = build_tiny("tiny")
+    head = torch.nn.Linear(model2.score.in_features, 1, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(model2.score.weight)
+        head.bias.fill_(5.0)
+    model2.score = head
+    got, _ = run_obs(wrap_model("tiny", model2, tok), "battery")
+    np.testing.assert_allclose(got["reward"], ref["reward"] + 5.0, atol=1e-5)
+    for var in got.data_vars:
+        if var != "reward":
+            np.testing.assert_allclose(got[var], ref[var], atol=1e-5, err_msg=var)
+
+
+def test_patching_a_side_into_itself_changes_nothing():
+    model, tok = build_tiny("tiny_gpt2")
+    same = [Pair(id=f"s{i}", prompt=f"prompt {i}", chosen=f"same answer {i}", rejected=f"same answer {i}")
+            for i in range(3)]
+    ds, _ = run_obs(wrap_model("tiny_gpt2", model, tok), "patch", data=same)
+    np.testing.assert_allclose(ds["patch_effect"], 0.0, atol=1e-6)
+    assert np.isnan(ds["patch_restored"]).all()               # 0/0: a zero margin restores nothing
+
+
+def test_attribution_patching_is_exact_where_the_path_is_linear():
+    from reward_lens_spec.models.capture import capture
+    from reward_lens_spec.models.formatting import encode_pairs
+    from reward_lens_spec.models.patching import attribution_patch, patch_readout
+    model, tok = build_tiny("tiny_qwen2")
+    lm = wrap_model("q", model, tok)
+    enc = encode_pairs(tok, make_pairs(4))
+    cap = capture(lm, enc, ("resid_post",), batch_size=4)
+    targets = [("readout", 0), ("resid_post", lm.n_layers - 1)]
+    exact, _ = patch_readout(lm, enc, cap, targets, [0, 1, 2, 3])
+    approx, _ = attribution_patch(lm, enc, cap, targets, [0, 1, 2, 3])
+    base = cap.logits[:, 1]
+    np.testing.assert_allclose(approx[:, 0], exact[:, 0] - base, atol=1e-5)   # r = W·h + b is linear in h
+    assert not np.allclose(approx[:, 1], exact[:, 1] - base, atol=1e-5)       # the final norm is not
+
+
+def test_layer_and_component_subsets():
+    model, tok = build_tiny("tiny")
+    ds, _ = run_obs(wrap_model("tiny", model, tok), "patch", layers=[1, 3], components=["mlp"], pairs=2)
+    assert ds["patch_effect"].shape == (2, 2, 1)
+    assert list(ds.layer.values) == [1, 3]
