@@ -27,6 +27,10 @@ def precheck_overrides(args: list[str]) -> None:
     """Check ``group=option`` and ``group.key=value`` overrides against the tree and the schemas."""
     from dataclasses import fields
 
+    from omegaconf import OmegaConf
+
+    from .spec import validate
+
     for arg in args:
         if arg.startswith("-") or "=" not in arg:
             continue
@@ -44,6 +48,8 @@ def precheck_overrides(args: list[str]) -> None:
             sub = rest.split(".")[0]
             if sub not in names:
                 raise SpecError(key, "unknown key.", value=sub, options=names)
+            if "," not in value or value.startswith("["):        # a sweep is checked per job
+                validate(OmegaConf.from_dotlist([f"{key}={value}"]))
         elif not rest and head not in ("mode", "seed") and head not in GROUPS:
             raise SpecError(key, "unknown key.", value=head, options=("mode", "seed") + GROUPS)
 
@@ -64,6 +70,14 @@ def _store_url(cfg, base_dir: str) -> str:
 
 
 def _task(cfg) -> None:
+    try:
+        _run_task(cfg)
+    except RewardLensError as exc:            # one clear line, not a Hydra stack trace
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _run_task(cfg) -> None:
     from hydra.utils import get_original_cwd
     from omegaconf import OmegaConf
 

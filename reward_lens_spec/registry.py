@@ -27,7 +27,14 @@ def register(cls: type[Operator]) -> type[Operator]:
     return cls
 
 
+_LOADED = False
+
+
 def _load_builtin_ops() -> None:
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
     from . import ops
 
     for mod in pkgutil.iter_modules(ops.__path__):
@@ -36,8 +43,7 @@ def _load_builtin_ops() -> None:
 
 
 def get_operator(name: str, where: str = "observable.steps") -> type[Operator]:
-    if not OPERATORS:
-        _load_builtin_ops()
+    _load_builtin_ops()
     if name not in OPERATORS:
         raise SpecError(where, f"unknown operator '{name}'.", value=name, options=OPERATORS,
                         fix="`reward-lens-spec ops` lists the registered operators.")
@@ -46,8 +52,7 @@ def get_operator(name: str, where: str = "observable.steps") -> type[Operator]:
 
 def list_operators() -> dict[str, str]:
     """Registered operator names → first docstring line."""
-    if not OPERATORS:
-        _load_builtin_ops()
+    _load_builtin_ops()
     return {n: (c.__doc__ or "").strip().splitlines()[0] for n, c in sorted(OPERATORS.items())}
 
 

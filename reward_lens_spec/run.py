@@ -42,14 +42,13 @@ def describe_model(spec, base_dir=None) -> tuple:
 
     from .models.families import family_for
     from .models.loading import resolve_source
-    from .models.tiny import TINY_CONFIGS
+    from .models.tiny import TINY_CONFIGS, tiny_config
 
     kind, loc = resolve_source(spec.source, base_dir)
     if kind == "builtin":
         if loc not in TINY_CONFIGS:
             raise SpecError("model.source", f"unknown built-in model '{loc}'.", value=loc, options=TINY_CONFIGS)
-        cls, kw = TINY_CONFIGS[loc]
-        cfg = getattr(tf, cls)(**kw)
+        cfg = tiny_config(loc)
     else:
         try:
             cfg = tf.AutoConfig.from_pretrained(loc, **({"gguf_file": spec.gguf_file} if spec.gguf_file else {}))

@@ -49,16 +49,21 @@ def build_tiny(name: str, *, seed: int = 0, num_labels: int = 1, pad_token: str 
     if name not in TINY_CONFIGS:
         raise SpecError("model.source", f"unknown built-in model 'builtin:{name}'.", value=name,
                         options=TINY_CONFIGS)
-    cls_name, kwargs = TINY_CONFIGS[name]
     tok = build_tiny_tokenizer(pad_token=pad_token, padding_side=padding_side)
-    cfg = getattr(tf, cls_name)(**kwargs, num_labels=num_labels, pad_token_id=tok.pad_token_id,
-                                bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                                tie_word_embeddings=False)
-    cfg._attn_implementation = "eager"
+    cfg = tiny_config(name, num_labels=num_labels, pad_token_id=tok.pad_token_id)
     model = tf.AutoModelForSequenceClassification.from_config(cfg, attn_implementation="eager")
     init_weights(model, seed)
     model.eval()
     return model, tok
+
+
+def tiny_config(name: str, *, num_labels: int = 1, pad_token_id: int | None = 0):
+    """The transformers config of a built-in tiny model (ids: pad 0, BOS 1, EOS 2)."""
+    cls_name, kwargs = TINY_CONFIGS[name]
+    cfg = getattr(tf, cls_name)(**kwargs, num_labels=num_labels, pad_token_id=pad_token_id, bos_token_id=1,
+                                eos_token_id=2, tie_word_embeddings=False)
+    cfg._attn_implementation = "eager"
+    return cfg
 
 
 @torch.no_grad()

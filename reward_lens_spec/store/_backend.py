@@ -1,0 +1,260 @@
+"""Key-level access to one result store: a local folder or any fsspec URL.
+
+The store is one Zarr v3 hierarchy::
+
+    <url>/zarr.json                 root group; attrs {"reward_lens_spec_layout": 1}
+    <url>/runs/zarr.json            the group holding every run
+    <url>/runs/<run_id>/zarr.json   run group; its attrs are the run's provenance and,
+                                    written last, ``complete: true``
+    <url>/runs/<run_id>/<obs>/...   one xarray Dataset per observable
+
+This module reads and writes the small JSON documents (``zarr.json``) itself,
+so it can create them exclusively (root) or atomically (run documents), list
+runs without opening any array, and tell a garbage document from a missing
+one. Every failure to reach the store becomes a ``StoreError`` naming the URL.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+
+import fsspec
+from fsspec.utils import get_protocol
+
+from reward_lens_spec.errors import StoreError
+
+LAYOUT_KEY = "reward_lens_spec_layout"
+LAYOUT_VERSION = 1
+RUNS = "runs"
+DOC = "zarr.json"
+
+
+def group_doc(attributes: dict) -> bytes:
+    """Serialise a Zarr v3 group document with ``attributes``."""
+    doc = {"zarr_format": 3, "node_type": "group", "attributes": attributes}
+    return json.dumps(doc, indent=2, sort_keys=True).encode()
+
+
+class Backend:
+    """One store URL resolved to a filesystem, a root path and a Zarr store.
+
+    Raises ``StoreError`` when the URL's filesystem cannot be built (unknown
+    protocol, missing driver such as ``s3fs``).
+    """
+
+    def __init__(self, url: str, storage_options: dict | None = None):
+        if not isinstance(url, str) or not url:
+            raise StoreError(f"store url must be a non-empty string, got {url!r}.")
+        self.url = url
+        self.storage_options = dict(storage_options or {})
+        self.local = get_protocol(url) in ("file", "local")
+        try:
+            if self.local:
+                self.root = os.path.abspath(os.path.expanduser(url.split("://", 1)[-1]))
+                self.fs = fsspec.filesystem("file")
+            else:
+                self.fs, self.root = fsspec.core.url_to_fs(url, **self.storage_options)
+                self.root = self.root.rstrip("/")
+        except (ImportError, ValueError) as e:
+            raise StoreError(f"store {url}: cannot open this URL ({e}).") from e
+        self._zarr_store = None
+
+    # -- paths -----------------------------------------------------------------
+    def path(self, key: str) -> str:
+        """Absolute filesystem path of ``key`` (a '/'-separated store key)."""
+        return f"{self.root}/{key}" if key else self.root
+
+    def zarr_store(self):
+        """The zarr Store object xarray reads and writes through."""
+        if self._zarr_store is None:
+            import zarr.storage
+
+            if self.local:
+                self._zarr_store = zarr.storage.LocalStore(self.root)
+            else:
+                self._zarr_store = zarr.storage.FsspecStore.from_url(
+                    self.url, storage_options=self.storage_options)
+        return self._zarr_store
+
+    def _fail(self, what: str, e: BaseException) -> StoreError:
+        return StoreError(f"store {self.url}: cannot {what} ({type(e).__name__}: {e}).")
+
+    # -- documents ---------------------------------------------------------------
+    def read(self, key: str) -> bytes | None:
+        """Bytes at ``key``, or None when absent; StoreError when unreachable."""
+        try:
+            return self.fs.cat_file(self.path(key))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except IsADirectoryError:
+            return None
+        except Exception as e:  # network, permissions, bad credentials
+            raise self._fail(f"read {key}", e) from e
+
+    def read_json(self, key: str):
+        """Parsed JSON at ``key``; None when absent; ValueError when garbage."""
+        raw = self.read(key)
+        if raw is None:
+            return None
+        doc = json.loads(raw.decode("utf-8"))  # ValueError (incl. UnicodeDecodeError)
+        if not isinstance(doc, dict):
+            raise ValueError(f"{key} is not a JSON object")
+        return doc
+
+    def write_atomic(self, key: str, data: bytes) -> None:
+        """Write ``key`` so readers see the old or the new bytes, never a part.
+
+        Local: temp file in the same folder, then ``os.replace``. Object stores:
+        a single PUT, which is atomic.
+        """
+        target = self.path(key)
+        try:
+            if self.local:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                tmp = self._tmp_for(target)
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, target)
+            else:
+                self.fs.pipe_file(target, data)
+        except Exception as e:
+            raise self._fail(f"write {key}", e) from e
+
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        """Write ``key`` only if absent; True if this call created it.
+
+        Local: complete temp file hard-linked into place (fails if present).
+        Object stores: conditional PUT (``If-None-Match: *``); where the service
+        refuses that, exists-then-PUT (only identical root documents race there).
+        """
+        target = self.path(key)
+        try:
+            if self.local:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                tmp = self._tmp_for(target)
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                try:
+                    os.link(tmp, target)
+                    return True
+                except FileExistsError:
+                    return False
+                finally:
+                    os.unlink(tmp)
+            try:
+                self.fs.pipe_file(target, data, mode="create")
+                return True
+            except FileExistsError:
+                return False
+            except (TypeError, NotImplementedError, ValueError):
+                if self.fs.exists(target):
+                    return False
+                self.fs.pipe_file(target, data)
+                return True
+        except StoreError:
+            raise
+        except Exception as e:
+            raise self._fail(f"create {key}", e) from e
+
+    @staticmethod
+    def _tmp_for(target: str) -> str:
+        head, tail = os.path.split(target)
+        return os.path.join(head, f".{tail}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+
+    # -- listing and removal ------------------------------------------------------
+    def list_runs(self) -> list[str]:
+        """Names of every child folder of ``runs/`` (complete or not), sorted."""
+        base = self.path(RUNS)
+        try:
+            if self.local:
+                if not os.path.isdir(base):
+                    return []
+                return sorted(n for n in os.listdir(base)
+                              if not n.startswith(".") and os.path.isdir(os.path.join(base, n)))
+            try:
+                entries = self.fs.ls(base, detail=True, refresh=True)
+            except FileNotFoundError:
+                return []
+        except Exception as e:
+            raise self._fail("list runs", e) from e
+        names = {e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries
+                 if e.get("type") == "directory"}
+        return sorted(n for n in names if not n.startswith("."))
+
+    def remove_run(self, run_id: str) -> None:
+        """Delete ``runs/<run_id>``: its run document first, then the rest.
+
+        Removing the document first means a reader never sees a completion
+        document over half-deleted data.
+        """
+        key = f"{RUNS}/{run_id}"
+        try:
+            if self.local:
+                doc = self.path(f"{key}/{DOC}")
+                if os.path.lexists(doc):
+                    os.remove(doc)
+                if os.path.isdir(self.path(key)):
+                    shutil.rmtree(self.path(key))
+                return
+            try:
+                self.fs.rm_file(self.path(f"{key}/{DOC}"))
+            except FileNotFoundError:
+                pass
+            try:
+                self.fs.rm(self.path(key), recursive=True)
+            except FileNotFoundError:
+                pass
+            self.fs.invalidate_cache(self.path(key))
+        except Exception as e:
+            raise self._fail(f"remove run {run_id}", e) from e
+
+    def run_exists(self, run_id: str) -> bool:
+        """True when anything at all is stored under ``runs/<run_id>``."""
+        p = self.path(f"{RUNS}/{run_id}")
+        try:
+            if self.local:
+                return os.path.lexists(p)
+            self.fs.invalidate_cache(p)
+            return bool(self.fs.exists(p))
+        except Exception as e:
+            raise self._fail(f"check run {run_id}", e) from e
+
+    def check_not_file(self) -> None:
+        """Raise StoreError when the URL names a plain file, not a folder."""
+        try:
+            is_file = os.path.isfile(self.root) if self.local else self.fs.isfile(self.root)
+        except Exception as e:
+            raise self._fail("reach the store", e) from e
+        if is_file:
+            raise StoreError(f"store {self.url} is a plain file, not a Zarr store folder. "
+                             "Fix: point url= at a folder (e.g. results.zarr).")
+
+    def has_foreign_content(self) -> bool:
+        """True when the root folder holds anything but a store's own entries.
+
+        A concurrent creator may already have made ``zarr.json``, ``runs`` or a
+        temp dotfile; none of those count as foreign.
+        """
+        try:
+            if self.local:
+                names = os.listdir(self.root)
+            else:
+                names = [e.rstrip("/").rsplit("/", 1)[-1]
+                         for e in self.fs.ls(self.root, detail=False, refresh=True)]
+        except FileNotFoundError:
+            return False
+        except Exception as e:
+            raise self._fail("list the store", e) from e
+        return any(not n.startswith(".") and n not in (DOC, RUNS) for n in names)
+
+    def exists(self) -> bool:
+        """True when the store root folder (or prefix) exists."""
+        try:
+            if self.local:
+                return os.path.isdir(self.root)
+            self.fs.invalidate_cache(self.root)
+            return bool(self.fs.exists(self.root))
+        except Exception as e:
+            raise self._fail("reach the store", e) from e

@@ -1,0 +1,115 @@
+"""``reward-lens-spec store <command> url=URL [key=value ...]``: browse a store.
+
+Commands (all key=value arguments; loads no model, imports no torch):
+
+    ls       url= [model_fingerprint= dataset= observable= trust= spec_hash= model=]
+    show     url= run=                 provenance + each observable's dims/variables
+    diff     url= run= run_b=          unified diff of the two resolved configs
+    export   url= run= observable= out=PATH.nc|PATH.csv
+    gc       url= [older_than=SECONDS] remove incomplete/crashed runs (never complete ones)
+    migrate  url=                      bring an older store's root to this layout
+
+Optional ``endpoint_url=`` is passed to fsspec as ``client_kwargs.endpoint_url``
+(credentials come from the environment, e.g. AWS_ACCESS_KEY_ID). Errors go to
+stderr with exit code 2.
+"""
+from __future__ import annotations
+
+import sys
+
+import yaml
+
+from reward_lens_spec.errors import StoreError, did_you_mean
+
+COMMANDS = ("ls", "show", "diff", "export", "gc", "migrate")
+KEYS = {"url", "run", "run_b", "observable", "out", "model_fingerprint", "dataset", "trust",
+        "spec_hash", "model", "older_than", "endpoint_url"}
+FILTERS = ("model_fingerprint", "dataset", "observable", "trust", "spec_hash", "model")
+
+
+def _parse(argv: list[str]) -> tuple[str, dict]:
+    args = list(argv)
+    if args and args[0] == "store":
+        args = args[1:]
+    if not args or "=" in args[0]:
+        raise StoreError(f"store: missing command. Usage: reward-lens-spec store "
+                         f"<{'|'.join(COMMANDS)}> url=URL [key=value ...]")
+    cmd, kv = args[0], {}
+    if cmd not in COMMANDS:
+        raise StoreError(f"store: unknown command {cmd!r}.{did_you_mean(cmd, COMMANDS)} "
+                         f"Valid: {', '.join(COMMANDS)}.")
+    for tok in args[1:]:
+        key, sep, value = tok.partition("=")
+        if not sep or key not in KEYS:
+            raise StoreError(f"store {cmd}: bad argument {tok!r}; expected key=value with key in "
+                             f"{', '.join(sorted(KEYS))}.{did_you_mean(key, KEYS)}")
+        kv[key] = value
+    if "url" not in kv:
+        raise StoreError(f"store {cmd}: url= is required.")
+    return cmd, kv
+
+
+def _need(kv: dict, cmd: str, *keys: str) -> None:
+    missing = [k for k in keys if not kv.get(k)]
+    if missing:
+        raise StoreError(f"store {cmd}: missing {', '.join(k + '=' for k in missing)}")
+
+
+def _run(cmd: str, kv: dict) -> None:
+    from reward_lens_spec.store import migrate, open_store
+
+    so = {"client_kwargs": {"endpoint_url": kv["endpoint_url"]}} if kv.get("endpoint_url") else None
+    url = kv["url"]
+    if cmd == "migrate":
+        print(f"store {url}: layout {migrate(url, storage_options=so)}")
+        return
+    store = open_store(url, storage_options=so)
+    if cmd == "ls":
+        df = store.runs(**{k: kv[k] for k in FILTERS if k in kv})
+        if df.empty:
+            print(f"no complete runs in {url}")
+        else:
+            df = df.assign(observables=df["observables"].map(",".join))
+            print(df.to_string(index=False))
+        n_bad = len(store.incomplete())
+        if n_bad:
+            print(f"({n_bad} incomplete run(s); `reward-lens-spec store gc url={url}` removes them)")
+    elif cmd == "show":
+        _need(kv, cmd, "run")
+        prov = store.provenance(kv["run"])
+        config = prov.pop("config_yaml", None)
+        print(yaml.safe_dump(prov, sort_keys=True).rstrip())
+        if config:
+            print("config_yaml: |\n" + "\n".join("  " + line for line in str(config).splitlines()))
+        for obs, ds in store.load(kv["run"]).items():
+            dims = ", ".join(f"{d}={n}" for d, n in ds.sizes.items())
+            print(f"observable {obs}: dims ({dims}); variables: {', '.join(ds.data_vars)}")
+    elif cmd == "diff":
+        _need(kv, cmd, "run", "run_b")
+        lines = store.diff(kv["run"], kv["run_b"])
+        print("\n".join(lines) if lines else f"configs of {kv['run']} and {kv['run_b']} are identical")
+    elif cmd == "export":
+        _need(kv, cmd, "run", "observable", "out")
+        print(f"wrote {store.export(kv['run'], kv['observable'], kv['out'])}")
+    elif cmd == "gc":
+        try:
+            older = float(kv.get("older_than", 0) or 0)
+        except ValueError:
+            raise StoreError(f"store gc: older_than={kv['older_than']!r} is not a number of seconds.")
+        removed = store.remove_incomplete(older_than_s=older)
+        print(f"removed {len(removed)} incomplete run(s)" + (": " + ", ".join(removed) if removed else ""))
+
+
+def main(argv: list[str]) -> int:
+    """Run one store command; return 0 on success, 2 on a usage or store error."""
+    try:
+        cmd, kv = _parse(argv)
+        _run(cmd, kv)
+    except StoreError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,229 @@
+"""Reading a result store: catalog, lazy loading, provenance, diff, export, gc.
+
+Needs no model and no torch. Only runs whose run document
+(``runs/<run_id>/zarr.json``) carries ``complete: true`` are results; the rest
+are in progress, crashed (``incomplete()``) or unreadable (``corrupt()``), and
+none of them stops the good runs from being listed or loaded.
+
+Catalog columns come from the run attrs the writer was given:
+``model_fingerprint``, ``model`` (or ``model_name``; a dict's ``name``),
+``dataset`` (or ``dataset_name``), ``dataset_checksum``, ``spec_hash``,
+``trust``, ``wall_s``; plus the store's own ``run_id``, ``observables``,
+``created``. ``Store.diff`` compares the ``config_yaml`` (or ``config``) attr.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+
+import pandas as pd
+import xarray as xr
+import yaml
+
+from reward_lens_spec.errors import StoreError, did_you_mean
+from reward_lens_spec.store._attrs import encode_json_attrs
+from reward_lens_spec.store._backend import RUNS, Backend
+from reward_lens_spec.store.writer import check_layout, check_name, run_state
+
+COLUMNS = ("run_id", "observables", "model_fingerprint", "model", "dataset", "dataset_checksum",
+           "spec_hash", "trust", "created", "wall_s")
+_SOURCES = {"model_fingerprint": ("model_fingerprint",), "model": ("model", "model_name"),
+            "dataset": ("dataset", "dataset_name"), "dataset_checksum": ("dataset_checksum",),
+            "spec_hash": ("spec_hash",), "trust": ("trust",), "wall_s": ("wall_s",)}
+CONFIG_KEYS = ("config_yaml", "config")
+
+
+def _pick(attrs: dict, keys: tuple[str, ...]):
+    for k in keys:
+        if k in attrs:
+            v = attrs[k]
+            if isinstance(v, dict):
+                return v.get("name", json.dumps(v, sort_keys=True))
+            return v
+    return None
+
+
+def open_store(url: str, *, storage_options: dict | None = None) -> "Store":
+    """Open an existing store read-side; raises StoreError (see ``check_layout``)."""
+    b = Backend(url, storage_options)
+    check_layout(b)
+    return Store(b)
+
+
+class Store:
+    """A result store opened for reading (and for removing incomplete runs)."""
+
+    def __init__(self, backend: Backend):
+        self._b = backend
+        self.url = backend.url
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
+
+    # -- catalog -------------------------------------------------------------------
+    def _scan(self) -> dict[str, tuple[str, dict | None]]:
+        ids = self._b.list_runs()
+        workers = 1 if self._b.local else min(16, max(1, len(ids)))
+        with ThreadPoolExecutor(workers) as pool:
+            states = list(pool.map(lambda r: run_state(self._b, r), ids))
+        return dict(zip(ids, states))
+
+    def _complete(self) -> dict[str, dict]:
+        return {r: a for r, (s, a) in self._scan().items() if s == "complete"}
+
+    def runs(self, **filters) -> pd.DataFrame:
+        """One row per complete run (columns ``COLUMNS``), oldest first.
+
+        Filters are equality on a column, except ``observable=NAME`` which keeps
+        runs that hold that observable. Unknown filter -> StoreError.
+        """
+        allowed = set(COLUMNS) | {"observable"}
+        for k in filters:
+            if k not in allowed:
+                raise StoreError(f"runs(): unknown filter {k!r}.{did_you_mean(k, allowed)} "
+                                 f"Valid: {', '.join(sorted(allowed))}.")
+        rows = []
+        for run_id, a in self._complete().items():
+            row = {c: _pick(a, src) for c, src in _SOURCES.items()}
+            row.update(run_id=run_id, observables=list(a.get("observables", [])),
+                       created=a.get("created"))
+            rows.append(row)
+        df = pd.DataFrame(rows, columns=list(COLUMNS))
+        df["created"] = pd.to_datetime(df["created"], utc=True, errors="coerce")
+        for k, v in filters.items():
+            if k == "observable":
+                df = df[df["observables"].map(lambda obs: v in obs)]
+            elif k == "created":
+                df = df[df["created"] == pd.to_datetime(v, utc=True)]
+            else:
+                df = df[df[k].map(lambda x: x == v)]
+        return df.sort_values(["created", "run_id"]).reset_index(drop=True)
+
+    def incomplete(self) -> list[str]:
+        """Run ids that are not complete: in progress, crashed, or corrupt."""
+        return sorted(r for r, (s, _) in self._scan().items() if s != "complete")
+
+    def corrupt(self) -> list[str]:
+        """Run ids whose run document cannot be parsed (a subset of ``incomplete()``)."""
+        return sorted(r for r, (s, _) in self._scan().items() if s == "corrupt")
+
+    def remove_incomplete(self, *, older_than_s: float = 0.0) -> list[str]:
+        """Delete incomplete/corrupt run groups; never a complete one. Returns their ids.
+
+        A run still being written is also incomplete: with live writers pass
+        ``older_than_s`` (age from the skeleton's ``created``; runs with no
+        readable document count as old). Each run's state is re-read right
+        before it is deleted.
+        """
+        now = datetime.now(timezone.utc)
+        removed = []
+        for run_id in self.incomplete():
+            state, attrs = run_state(self._b, run_id)
+            if state == "complete" or state == "absent":
+                continue
+            created = (attrs or {}).get("created")
+            if older_than_s > 0 and created:
+                try:
+                    if (now - datetime.fromisoformat(created)).total_seconds() < older_than_s:
+                        continue
+                except (TypeError, ValueError):
+                    pass
+            self._b.remove_run(run_id)
+            removed.append(run_id)
+        return removed
+
+    # -- one run -------------------------------------------------------------------
+    def _attrs(self, run_id: str) -> dict:
+        try:
+            state, attrs = run_state(self._b, check_name("run_id", run_id))
+        except StoreError:
+            state, attrs = "absent", None
+        if state == "complete":
+            return attrs
+        if state == "absent":
+            known = self._complete()
+            raise StoreError(f"store {self.url}: no run {run_id!r}."
+                             f"{did_you_mean(str(run_id), known)} ({len(known)} complete runs; "
+                             "`reward-lens-spec store ls url=...` lists them.)")
+        raise StoreError(f"store {self.url}: run {run_id!r} is {state} (crashed, still being "
+                         "written, or damaged); it is not a result. `store gc` removes it.")
+
+    def provenance(self, run_id: str) -> dict:
+        """The run's attrs (config, hashes, fingerprints, versions, ...) as a dict."""
+        return dict(self._attrs(run_id))
+
+    def observables(self, run_id: str) -> list[str]:
+        """Observable names stored in a complete run."""
+        return list(self._attrs(run_id).get("observables", []))
+
+    def load(self, run_id: str, observable: str | None = None, *, lazy: bool = True):
+        """One observable's Dataset, or (``observable=None``) a dict of all of them.
+
+        ``lazy=True`` gives dask-backed arrays (nothing read until used).
+        Raises StoreError for an unknown/incomplete run, an unknown observable,
+        or a group that cannot be read (naming the run and observable).
+        """
+        names = self.observables(run_id)
+        if observable is None:
+            return {o: self._open(run_id, o, lazy) for o in names}
+        if observable not in names:
+            raise StoreError(f"run {run_id} has no observable {observable!r}."
+                             f"{did_you_mean(observable, names)} Valid: {', '.join(names)}.")
+        return self._open(run_id, observable, lazy)
+
+    def _open(self, run_id: str, obs: str, lazy: bool) -> xr.Dataset:
+        try:
+            ds = xr.open_zarr(self._b.zarr_store(), group=f"{RUNS}/{run_id}/{obs}",
+                              consolidated=False, chunks={} if lazy else None)
+            return ds if lazy else ds.load()
+        except Exception as e:
+            raise StoreError(f"store {self.url}: cannot read run {run_id} observable {obs} "
+                             f"({type(e).__name__}: {e}).") from e
+
+    def config_yaml(self, run_id: str) -> str:
+        """The run's resolved config as YAML text (attr ``config_yaml`` or ``config``)."""
+        attrs = self._attrs(run_id)
+        for k in CONFIG_KEYS:
+            if k in attrs:
+                v = attrs[k]
+                return v if isinstance(v, str) else yaml.safe_dump(v, sort_keys=True)
+        raise StoreError(f"run {run_id} has no resolved config attr ({' or '.join(CONFIG_KEYS)}).")
+
+    def diff(self, run_a: str, run_b: str) -> list[str]:
+        """Unified diff (lines) of two runs' resolved config YAML; [] when equal."""
+        a, b = self.config_yaml(run_a), self.config_yaml(run_b)
+        return list(difflib.unified_diff(a.splitlines(), b.splitlines(), fromfile=run_a,
+                                         tofile=run_b, lineterm=""))
+
+    def export(self, run_id: str, observable: str, path: str) -> str:
+        """Write one observable to ``path`` (``.nc`` netCDF or ``.csv``); return the path.
+
+        netCDF: attrs netCDF cannot hold are JSON strings listed in ``_json_attrs``
+        (engine netCDF4/h5netcdf if installed, else scipy). CSV: ``to_dataframe``,
+        one row per coordinate combination. Raises StoreError for another suffix
+        or a failed write.
+        """
+        ext = os.path.splitext(str(path))[1].lower()
+        if ext not in (".nc", ".csv"):
+            raise StoreError(f"export: out={path} must end in .nc or .csv.")
+        ds = self.load(run_id, observable, lazy=False)
+        try:
+            if ext == ".csv":
+                ds.to_dataframe().to_csv(path)
+            else:
+                engine = None
+                try:
+                    import netCDF4  # noqa: F401
+                except ImportError:
+                    try:
+                        import h5netcdf  # noqa: F401
+                    except ImportError:
+                        engine = "scipy"
+                encode_json_attrs(ds).to_netcdf(path, engine=engine)
+        except Exception as e:
+            raise StoreError(f"export of run {run_id} observable {observable} to {path} failed "
+                             f"({type(e).__name__}: {e}). Fix: try .csv.") from e
+        return str(path)

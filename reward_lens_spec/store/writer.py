@@ -1,0 +1,188 @@
+"""Writing runs into a shared result store (pangeo-style skeleton -> data -> complete).
+
+One run = one group ``runs/<run_id>`` written by exactly one process:
+
+1. **root** (once per store, create-if-absent): ``zarr.json`` with
+   ``reward_lens_spec_layout: 1`` and ``runs/zarr.json``. Created exclusively;
+   nobody rewrites them afterwards (``migrate`` is the one exception).
+2. **skeleton**: any leftover ``runs/<run_id>`` (a crashed writer's partial
+   group, or a complete one under ``force=True``) is removed, then the run
+   document ``runs/<run_id>/zarr.json`` is written with the caller's attrs and
+   ``complete: false``.
+3. **data**: each observable's Dataset goes to ``runs/<run_id>/<observable>``
+   via ``Dataset.to_zarr(mode="w", consolidated=False)`` (never consolidated:
+   xarray consolidates at the store root, which would rewrite shared metadata).
+4. **complete**: the run document is replaced atomically by one with
+   ``complete: true``. Readers list only runs whose document says so, so a
+   writer killed at any point leaves nothing a reader mistakes for a result.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from datetime import datetime, timezone
+
+import xarray as xr
+
+from reward_lens_spec.errors import StoreError
+from reward_lens_spec.store._attrs import check_json_safe, portable
+from reward_lens_spec.store._backend import (DOC, LAYOUT_KEY, LAYOUT_VERSION, RUNS, Backend,
+                                             group_doc)
+
+RESERVED = ("run_id", "observables", "created", "complete", "store_write_s")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,199}$")
+
+
+def check_name(kind: str, name) -> str:
+    """Return ``name`` if it is a safe single path segment, else raise StoreError."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise StoreError(f"{kind} {name!r} is not a valid name: use letters, digits and "
+                         "'._=+-' (no '/', not starting with '.' or '_').")
+    return name
+
+
+def check_layout(b: Backend, *, create: bool = False) -> int:
+    """Check (and with ``create``, create-if-absent) the store root; return its layout.
+
+    Raises StoreError when: the URL is a plain file or unreachable; there is no
+    store there (read) or a non-store folder (create); the root document is
+    garbage; the layout is newer than this package (refused) or older / missing
+    (names ``reward-lens-spec store migrate url=...``).
+    """
+    b.check_not_file()
+    if create and b.read(DOC) is None:
+        if b.exists() and b.has_foreign_content():
+            raise StoreError(f"store {b.url}: folder exists, holds other files and no zarr.json; "
+                             "refusing to turn it into a store. Fix: use a new or empty folder.")
+        b.create_exclusive(DOC, group_doc({LAYOUT_KEY: LAYOUT_VERSION}))
+        b.create_exclusive(f"{RUNS}/{DOC}", group_doc({}))
+    try:
+        doc = b.read_json(DOC)
+    except ValueError as e:
+        raise StoreError(f"store {b.url}: root zarr.json is not valid JSON ({e}).") from e
+    if doc is None:
+        raise StoreError(f"no result store at {b.url} (no zarr.json). Fix: check url=, or write "
+                         "a run there first.")
+    version = (doc.get("attributes") or {}).get(LAYOUT_KEY)
+    if not isinstance(version, int) or version < LAYOUT_VERSION:
+        raise StoreError(f"store {b.url} has layout {version!r}, older than this package's "
+                         f"{LAYOUT_VERSION}. Fix: run `reward-lens-spec store migrate url={b.url}`.")
+    if version > LAYOUT_VERSION:
+        raise StoreError(f"store {b.url} was written by a newer version of reward_lens_spec "
+                         f"(layout {version} > {LAYOUT_VERSION}); refusing to read or write it. "
+                         "Fix: upgrade reward_lens_spec.")
+    return version
+
+
+def run_state(b: Backend, run_id: str) -> tuple[str, dict | None]:
+    """``("complete"|"incomplete"|"corrupt"|"absent", run attrs or None)`` of one run."""
+    try:
+        doc = b.read_json(f"{RUNS}/{run_id}/{DOC}")
+    except ValueError:
+        return "corrupt", None
+    if doc is None:
+        return ("incomplete" if b.run_exists(run_id) else "absent"), None
+    attrs = doc.get("attributes")
+    if doc.get("node_type") != "group" or not isinstance(attrs, dict):
+        return "corrupt", None
+    return ("complete" if attrs.get("complete") is True else "incomplete"), attrs
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def write_run(url: str, run_id: str, results: dict, attrs: dict, *,
+              storage_options: dict | None = None, force: bool = False) -> bool:
+    """Write one run's observables and provenance; True if written, False if reused.
+
+    ``results`` maps observable name -> ``xarray.Dataset``; ``attrs`` is the
+    run's JSON-safe provenance (config YAML, spec hash, fingerprints, ...).
+    A run already complete is left alone (returns False) unless ``force``.
+    Raises StoreError for invalid names, non-JSON attrs (naming the key),
+    reserved attr keys, an unusable store, or a failed write (the partial run
+    is then removed, best effort).
+    """
+    check_name("run_id", run_id)
+    if not isinstance(results, dict) or not results:
+        raise StoreError(f"run {run_id}: results must be a non-empty dict observable -> Dataset.")
+    for obs, ds in results.items():
+        check_name("observable", obs)
+        if not isinstance(ds, xr.Dataset):
+            raise StoreError(f"run {run_id}: results[{obs!r}] is {type(ds).__name__}, "
+                             "not an xarray.Dataset.")
+    if not isinstance(attrs, dict):
+        raise StoreError(f"run {run_id}: attrs must be a dict, got {type(attrs).__name__}.")
+    check_json_safe(attrs, "attrs")
+    clash = sorted(set(attrs) & set(RESERVED))
+    if clash:
+        raise StoreError(f"run {run_id}: attrs key(s) {clash} are reserved by the store "
+                         f"({', '.join(RESERVED)}). Fix: rename them.")
+
+    b = Backend(url, storage_options)
+    check_layout(b, create=True)
+    state, _ = run_state(b, run_id)
+    if state == "complete" and not force:
+        return False
+    t0 = time.perf_counter()
+    doc_key = f"{RUNS}/{run_id}/{DOC}"
+    run_attrs = {**attrs, "run_id": run_id, "observables": sorted(results),
+                 "created": _now(), "complete": False}
+    try:
+        if state != "absent":
+            b.remove_run(run_id)
+        b.write_atomic(doc_key, group_doc(run_attrs))
+        store = b.zarr_store()
+        for obs in sorted(results):
+            try:
+                portable(results[obs]).to_zarr(store, group=f"{RUNS}/{run_id}/{obs}", mode="w",
+                                               consolidated=False, zarr_format=3)
+            except Exception as e:
+                raise StoreError(f"store {url}: writing run {run_id} observable {obs} failed "
+                                 f"({type(e).__name__}: {e}).") from e
+        run_attrs.update(complete=True, store_write_s=round(time.perf_counter() - t0, 3))
+        b.write_atomic(doc_key, group_doc(run_attrs))
+    except BaseException:
+        try:
+            b.remove_run(run_id)
+        except Exception:
+            pass
+        raise
+    return True
+
+
+def is_complete(url: str, run_id: str, *, storage_options: dict | None = None) -> bool:
+    """True when ``runs/<run_id>`` exists and its run document says ``complete: true``.
+
+    A missing store or run gives False; an unreachable store raises StoreError.
+    """
+    check_name("run_id", run_id)
+    b = Backend(url, storage_options)
+    b.check_not_file()
+    return run_state(b, run_id)[0] == "complete"
+
+
+def migrate(url: str, *, storage_options: dict | None = None) -> int:
+    """Bring a store's root to this package's layout; return the layout version.
+
+    Layout 1 stores written before the attr existed get
+    ``reward_lens_spec_layout: 1`` added (other root attrs kept). A current
+    store is left alone. Raises StoreError for a missing/garbage root or a
+    store from a newer version.
+    """
+    b = Backend(url, storage_options)
+    b.check_not_file()
+    try:
+        doc = b.read_json(DOC)
+    except ValueError as e:
+        raise StoreError(f"store {url}: root zarr.json is not valid JSON ({e}).") from e
+    if doc is None:
+        raise StoreError(f"no result store at {url} (no zarr.json); nothing to migrate.")
+    attrs = dict(doc.get("attributes") or {})
+    version = attrs.get(LAYOUT_KEY)
+    if version is None:
+        doc["attributes"] = {**attrs, LAYOUT_KEY: LAYOUT_VERSION}
+        b.write_atomic(DOC, json.dumps(doc, indent=2, sort_keys=True).encode())
+        return LAYOUT_VERSION
+    return check_layout(b)

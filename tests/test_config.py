@@ -1,0 +1,111 @@
+"""Every config in the tree composes and plans; schema and plan errors name the key and the fix."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+
+from reward_lens_spec.cli import precheck_overrides
+from reward_lens_spec.errors import SpecError
+from reward_lens_spec.ops.bradley_terry import bt
+from reward_lens_spec.paths import conf_dir, group_options
+from reward_lens_spec.run import load_observable, plan_for
+from reward_lens_spec.spec import ObservableSpec, register_configs, validate
+
+register_configs()
+
+
+def composed(*overrides):
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("group", ["model", "dataset", "observable", "frame", "store"])
+def test_every_option_of_every_group_composes(group):
+    opts = group_options(group)
+    assert opts
+    for opt in opts:
+        over = [f"{group}={opt}"]
+        if opt == "jsonl":
+            over.append("dataset.path=pairs.jsonl")
+        run = validate(composed(*over))
+        assert run is not None
+
+
+def test_every_observable_plans_on_every_tiny_model():
+    for model in [m for m in group_options("model") if m.startswith("tiny")]:
+        for obs in group_options("observable"):
+            plan, _ = plan_for(validate(composed(f"model={model}", f"observable={obs}")))
+            assert plan.outputs
+
+
+@pytest.mark.parametrize("override,field,hint", [
+    ("model.bach_size=3", "model.bach_size", "batch_size"),
+    ("observable=scroe", "observable", "score"),
+    ("model=tiny_lama", "model", "tiny_llama"),
+    ("datset=diagnostic", "datset", "dataset"),
+])
+def test_precheck_names_key_and_suggests(override, field, hint):
+    with pytest.raises(SpecError) as err:
+        precheck_overrides([override])
+    assert err.value.field == field and f"Did you mean '{hint}'" in str(err.value)
+
+
+def test_schema_errors():
+    with pytest.raises(SpecError, match="model.dtype.*float32"):
+        precheck_overrides(["model.dtype=float64"])
+    with pytest.raises(SpecError, match="model.batch_size.*positive"):
+        precheck_overrides(["model.batch_size=-1"])
+    with pytest.raises(SpecError, match="model.batch_size.*type"):
+        precheck_overrides(["model.batch_size=many"])
+    with pytest.raises(SpecError, match="model.bach_size"):
+        validate({"model": {"bach_size": 3}})
+    with pytest.raises(SpecError, match="trust is computed by gates"):
+        validate(composed("+model.trust=calibrated"))
+
+
+def _plan_error(steps, outputs, model="tiny"):
+    obs = ObservableSpec(name="custom", steps=steps, outputs=outputs)
+    run = validate(composed(f"model={model}"))
+    run.observable = obs
+    with pytest.raises(SpecError) as err:
+        plan_for(run)
+    return str(err.value)
+
+
+def test_plan_validation_names_the_step_and_fix():
+    msg = _plan_error([{"name": "x", "op": "captur", "site": "resid"}], ["x"])
+    assert "steps.x.op" in msg and "Did you mean 'capture'" in msg
+    msg = _plan_error([{"name": "x", "op": "capture", "site": "resid", "sight": 1}], ["x"])
+    assert "sight" in msg and "Did you mean 'site'" in msg
+    msg = _plan_error([{"name": "x", "op": "capture"}], ["x"])
+    assert "missing params ['site']" in msg
+    msg = _plan_error([{"name": "h", "op": "capture", "site": "readout"},
+                       {"name": "p", "op": "bradley_terry", "input": "h"}], ["p"])
+    assert "steps.p" in msg and "diff" in msg
+    msg = _plan_error([{"name": "m", "op": "diff", "input": "nothing"}], ["m"])
+    assert "'nothing' is not an earlier step" in msg
+
+
+def test_layer_out_of_range_is_a_plan_error():
+    run = validate(composed("observable=patch", "observable.layers=[1,9]"))
+    with pytest.raises(SpecError, match=r"\[9\] out of range.*0\.\.3"):
+        plan_for(run)
+
+
+def test_bradley_terry_worked_example():
+    d = math.log(3)
+    assert bt(d, "p") == pytest.approx(0.75, abs=1e-12)
+    assert bt(d, "loss") == pytest.approx(0.287682, abs=1e-6)
+    assert bt(d, "grad") == pytest.approx(-0.25, abs=1e-12)
+    assert d - 0.1 * bt(d, "grad") - d == pytest.approx(0.025, abs=1e-12)     # one gradient step on Δ
+    a, b = np.array([5 + d, 5.0]), np.array([d, 0.0])
+    for q in ("p", "loss", "grad"):
+        assert bt(a[0] - a[1], q) == pytest.approx(bt(b[0] - b[1], q), abs=1e-12)
+
+
+def test_examples_are_observables_with_their_own_names():
+    for opt in [o for o in group_options("observable") if o.startswith("examples/")]:
+        assert load_observable(opt).name == opt.split("/")[-1]
