@@ -105,3 +105,11 @@ def test_late_mlp_patch_example_matches_direct_patching(tmp_path):
     direct = full.sel(component="mlp", layer=[2, 3]).sum("layer")
     xr.testing.assert_allclose(got["late_mlp_effect_total"].reset_coords(drop=True).squeeze(drop=True),
                                direct.reset_coords(drop=True).squeeze(drop=True), atol=1e-6)
+
+
+def test_multirun_sweep_with_joblib_writes_one_store(tmp_path):
+    res = cli(tmp_path, "-m", "model=tiny_llama,tiny_qwen2", "observable=score", "dataset.limit=3",
+              "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "hydra.sweep.dir=sweep")
+    assert res.returncode == 0, res.stderr
+    runs = open_store(str(tmp_path / "sweep" / "store.zarr")).runs()
+    assert sorted(runs["model"]) == ["tiny_llama", "tiny_qwen2"]
