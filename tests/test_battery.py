@@ -123,3 +123,23 @@ def test_layer_and_component_subsets():
     ds, _ = run_obs(wrap_model("tiny", model, tok), "patch", layers=[1, 3], components=["mlp"], pairs=2)
     assert ds["patch_effect"].shape == (2, 2, 1)
     assert list(ds.layer.values) == [1, 3]
+
+
+def test_dla_heads_sum_to_attention_dla(battery, family_lm):
+    ds, ctx = battery
+    layers = list(range(family_lm.n_layers))
+    per_layer = ds["dla_heads"].sum("head").sel(layer=layers).values
+    attn = ds["dla"].sel(component="attn", layer=layers).values
+    lm = family_lm
+    blocks = lm.model.get_submodule(lm.family.layers)
+    bias = [getattr(b.get_submodule(lm.family.o_proj), "bias", None) for b in blocks]
+    gap = np.zeros_like(attn)
+    if bias[0] is not None:                   # b_O belongs to no head: its frozen-norm projection is the gap
+        scale, _ = lm.norm.frozen(ctx.capture.sites["resid_post"][:, :, -1])
+        for l, b in enumerate(bias):
+            v = b.detach().double().numpy()
+            if lm.norm.kind == "layer":
+                v = v - v.mean()
+            w = (v * lm.norm.gain) @ lm.head.W[0].astype(np.float64)
+            gap[:, l] = w * (scale[:, 0] - scale[:, 1])
+    np.testing.assert_allclose(per_layer + gap, attn, rtol=1e-4, atol=1e-6)

@@ -23,7 +23,7 @@ from ..errors import CaptureError
 from .head import get_module
 from .padding import batches_by_length, pad_batch, readout_index
 
-LAYER_SITES = ("embed", "resid_pre", "resid_post", "attn_out", "mlp_out")
+LAYER_SITES = ("embed", "resid_pre", "resid_post", "attn_out", "mlp_out", "attn_z")
 SIDES = ("chosen", "rejected")
 _TOL = {"float32": 1e-4, "bfloat16": 6e-2, "float16": 1e-2}
 
@@ -66,6 +66,8 @@ class _Recorder:
                 self._post(get_module(layer, lm.family.attn), ("attn_out", layer_idx))
             if "mlp_out" in sites:
                 self._post(get_module(layer, lm.family.mlp), ("mlp_out", layer_idx))
+            if "attn_z" in sites:
+                self._pre(get_module(layer, lm.family.o_proj), ("attn_z", layer_idx))
         self._post(lm.norm.module, ("h", 0))
         self._post(get_module(lm.model, lm.family.head), ("logits", 0), keep_grad=False)
 
@@ -75,7 +77,7 @@ class _Recorder:
 
     def _pre(self, module, key):
         def hook(mod, args, kwargs):
-            x = args[0] if args else kwargs["hidden_states"]
+            x = args[0] if args else next(iter(kwargs.values()))
             self.buf[key] = self._take(x)
         self.handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
 
@@ -87,6 +89,13 @@ class _Recorder:
     def close(self):
         for h in self.handles:
             h.remove()
+
+
+def _width(lm, site: str) -> int:
+    if site != "attn_z":
+        return lm.d_model
+    o = get_module(get_module(lm.model, lm.family.layers)[0], lm.family.o_proj)
+    return int(o.weight.shape[0] if lm.family.o_proj_conv1d else o.weight.shape[1])
 
 
 def hf_pooled_index(input_ids: torch.Tensor, pad_id: int | None) -> torch.Tensor:
@@ -112,7 +121,7 @@ def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tok
     out = CaptureResult(pair_ids=list(encoded.pair_ids), h=np.zeros((n_pairs, 2, d), np.float32),
                         logits=np.zeros((n_pairs, 2, K), np.float32),
                         lengths=np.array([len(s) for s in seqs]).reshape(n_pairs, 2),
-                        sites={s: np.zeros((n_pairs, 2, 1 if s == "embed" else L, d), np.float32)
+                        sites={s: np.zeros((n_pairs, 2, 1 if s == "embed" else L, _width(lm, s)), np.float32)
                                for s in sites},
                         counts={"forward_passes": 0, "tokens": 0, "padded_tokens": 0})
     pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else lm.model.config.pad_token_id

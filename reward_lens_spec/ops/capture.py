@@ -5,6 +5,8 @@ Sites (TransformerLens vocabulary):
   resid       embed, then resid_post[l]      pair × side × layer × d_model   (layer −1 = embedding)
   components  what each component wrote      pair × side × layer × component × d_model
               (component ∈ {embed, attn, mlp}; NaN where a layer has no such component)
+  heads       what each attention head wrote pair × side × layer × head × d_model
+              (see ``models.attn_heads``; Σ over heads = attn_out minus any o_proj bias)
   resid_pre | resid_post | attn_out | mlp_out                pair × side × layer × d_model
 Gauge: activations live in the model's native frame (``frame:native:<model>``).
 """
@@ -19,8 +21,9 @@ from ..errors import SpecError
 from ..registry import register
 from .base import Operator, labelled
 
-_SITES = ("readout", "resid", "components", "resid_pre", "resid_post", "attn_out", "mlp_out")
-_RUNTIME = {"readout": set(), "resid": {"embed", "resid_post"}, "components": {"embed", "attn_out", "mlp_out"}}
+_SITES = ("readout", "resid", "components", "heads", "resid_pre", "resid_post", "attn_out", "mlp_out")
+_RUNTIME = {"readout": set(), "resid": {"embed", "resid_post"}, "components": {"embed", "attn_out", "mlp_out"},
+            "heads": {"attn_z"}}
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,8 @@ class Capture(Operator):
             return ("pair", "side", "d_model")
         if site == "components":
             return ("pair", "side", "layer", "component", "d_model")
+        if site == "heads":
+            return ("pair", "side", "layer", "head", "d_model")
         return ("pair", "side", "layer", "d_model")
 
     def gauge(self, in_gauges, info):
@@ -78,6 +83,12 @@ class Capture(Operator):
             arr = xr.DataArray(data, dims=("pair", "side", "layer", "component", "d_model"),
                                coords={**coords, "side": side, "layer": np.arange(-1, L),
                                        "component": ["embed", "attn", "mlp"], "unit": (("layer", "component"), unit)})
+        elif site == "heads":
+            from ..models.attn_heads import head_contributions
+            data = head_contributions(ctx.lm, cap.sites["attn_z"])
+            arr = xr.DataArray(data, dims=("pair", "side", "layer", "head", "d_model"),
+                               coords={**coords, "side": side, "layer": np.arange(data.shape[2]),
+                                       "head": np.arange(data.shape[3])})
         else:
             data = cap.sites[site]
             arr = xr.DataArray(data, dims=("pair", "side", "layer", "d_model"),

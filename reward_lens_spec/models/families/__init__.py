@@ -13,6 +13,8 @@ Conventions
   stream (for Gemma-2 that is the post-norm, not the attention itself).
 - ``embed`` is read as ``resid_pre`` of layer 0 (the residual stream after any
   embedding scale and learned positions), so it is what the first layer sees.
+- ``o_proj`` is the attention output projection; ``attn_z`` (its input at the
+  readout token) splits the attention output into per-head contributions.
 - ``norm`` describes the final norm: ``"rms"`` (``x / rms(x) * (offset + g)``)
   or ``"layer"`` (``(x - mean) / std * g + beta``).
 """
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 
 from ...errors import SpecError
 
-SITES = ("embed", "resid_pre", "resid_post", "attn_out", "mlp_out", "final_norm", "readout")
+SITES = ("embed", "resid_pre", "resid_post", "attn_out", "mlp_out", "attn_z", "final_norm", "readout")
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,9 @@ class Family:
     norm: str = "rms"              # "rms" | "layer"
     norm_offset: float = 0.0       # Gemma-2 RMSNorm scales by (1 + g)
     norm_eps_attr: str = "rms_norm_eps"
+    o_proj: str = "self_attn.o_proj"       # relative to a layer; its input z is the per-head concat
+    o_proj_conv1d: bool = False            # GPT-2's Conv1D stores W as (in, out)
+    attn_post_norm: str | None = None      # Gemma-2: RMSNorm between o_proj and the residual
     sites: tuple[str, ...] = SITES
 
     def has_site(self, site: str) -> bool:

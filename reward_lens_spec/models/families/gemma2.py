@@ -12,5 +12,5 @@ from . import Family
 TABLES = (
     Family(name="gemma2", model_types=("gemma2",), layers="model.layers",
            attn="post_attention_layernorm", mlp="post_feedforward_layernorm",
-           final_norm="model.norm", norm_offset=1.0),
+           final_norm="model.norm", norm_offset=1.0, attn_post_norm="post_attention_layernorm"),
 )

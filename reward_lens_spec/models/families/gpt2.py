@@ -8,5 +8,6 @@ from . import Family
 
 TABLES = (
     Family(name="gpt2", model_types=("gpt2",), layers="transformer.h", attn="attn", mlp="mlp",
-           final_norm="transformer.ln_f", norm="layer", norm_eps_attr="layer_norm_epsilon"),
+           final_norm="transformer.ln_f", norm="layer", norm_eps_attr="layer_norm_epsilon",
+           o_proj="attn.c_proj", o_proj_conv1d=True),
 )

@@ -9,5 +9,6 @@ from . import Family
 
 TABLES = (
     Family(name="gpt_neox", model_types=("gpt_neox",), layers="gpt_neox.layers", attn="attention",
-           mlp="mlp", final_norm="gpt_neox.final_layer_norm", norm="layer", norm_eps_attr="layer_norm_eps"),
+           mlp="mlp", final_norm="gpt_neox.final_layer_norm", norm="layer", norm_eps_attr="layer_norm_eps",
+           o_proj="attention.dense"),
 )
