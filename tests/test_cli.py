@@ -113,3 +113,18 @@ def test_multirun_sweep_with_joblib_writes_one_store(tmp_path):
     assert res.returncode == 0, res.stderr
     runs = open_store(str(tmp_path / "sweep" / "store.zarr")).runs()
     assert sorted(runs["model"]) == ["tiny_llama", "tiny_qwen2"]
+
+
+def test_submitit_local_sweep_and_slurm_config_composes(tmp_path):
+    res = cli(tmp_path, "-m", "model=tiny_gpt2", "observable=score,lens", "dataset.limit=2",
+              "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10", "hydra.sweep.dir=sw",
+              "store.url=lab.zarr")
+    assert res.returncode == 0, res.stderr
+    assert sorted(o for obs in open_store(str(tmp_path / "lab.zarr")).runs()["observables"] for o in obs) == ["lens", "score"]
+    from hydra import compose, initialize_config_dir
+    from reward_lens_spec.paths import conf_dir
+    from reward_lens_spec.spec import register_configs
+    register_configs()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["hydra/launcher=slurm"], return_hydra_config=True)
+    assert cfg.hydra.launcher.mem_gb == 32 and "slurm" in cfg.hydra.launcher._target_.lower()
