@@ -66,7 +66,8 @@ def plan_for(run, base_dir=None):
     obs = run.observable
     info = PlanInfo(family=family, n_layers=n_layers, n_objectives=k, objectives=objectives,
                     model_name=run.model.name, layers=tuple(obs.layers) if obs.layers is not None else None,
-                    components=tuple(obs.components) if obs.components else None, pairs=obs.pairs)
+                    components=tuple(obs.components) if obs.components else None, pairs=obs.pairs,
+                    gated=run.model.head.value == "gated")
     return build_plan(obs, info, load_observable), info
 
 

@@ -46,6 +46,11 @@ class Mode(str, Enum):
     validate = "validate"
 
 
+class HeadKind(str, Enum):
+    linear = "linear"
+    gated = "gated"
+
+
 class DatasetKind(str, Enum):
     diagnostic = "diagnostic"
     jsonl = "jsonl"
@@ -74,6 +79,7 @@ class ModelSpec:
     dtype: DType = DType.float32
     device: Device = Device.cpu
     num_labels: int = 1
+    head: HeadKind = HeadKind.linear
     objectives: list[str] = field(default_factory=list)
     batch_size: int = 16
     max_tokens: Optional[int] = None
@@ -224,7 +230,7 @@ def _spec_error(exc) -> SpecError:
     enum_opts = None
     if schema is not None and key in _keys_of(schema):
         ftype = {f.name: f.type for f in fields(schema)}[key]
-        for e in (DType, Device, Format, PaddingSide, Mode, DatasetKind, FrameKind):
+        for e in (DType, Device, Format, PaddingSide, Mode, DatasetKind, FrameKind, HeadKind):
             if e.__name__ in str(ftype):
                 enum_opts = [m.value for m in e]
     value = getattr(exc, "value", None) if hasattr(exc, "value") else None

@@ -14,11 +14,11 @@ from reward_lens_spec.run import compute, load_observable
 from tests.conftest import make_pairs
 
 
-def run_obs(lm, name, data=None, **restrict):
+def run_obs(lm, name, data=None, gated=False, **restrict):
     obs = load_observable(name)
     for k, v in restrict.items():
         setattr(obs, k, v)
-    info = PlanInfo(family=lm.family, n_layers=lm.n_layers, n_objectives=lm.head.n_objectives,
+    info = PlanInfo(family=lm.family, n_layers=lm.n_layers, n_objectives=lm.head.n_objectives, gated=gated,
                     objectives=lm.head.objectives, model_name=lm.name,
                     layers=tuple(obs.layers) if obs.layers is not None else None,
                     components=tuple(obs.components) if obs.components else None, pairs=obs.pairs)
@@ -143,3 +143,18 @@ def test_dla_heads_sum_to_attention_dla(battery, family_lm):
             w = (v * lm.norm.gain) @ lm.head.W[0].astype(np.float64)
             gap[:, l] = w * (scale[:, 0] - scale[:, 1])
     np.testing.assert_allclose(per_layer + gap, attn, rtol=1e-4, atol=1e-6)
+
+
+def test_gated_head_reads_its_own_gated_score_and_dla_still_sums():
+    from reward_lens_spec.models.gated_head import attach_gated_head
+    model, tok = build_tiny("tiny")
+    lm = wrap_model("gated", attach_gated_head(model, 4), tok)
+    assert lm.head.gate is not None and lm.head.n_objectives == 4 and lm.head.n_outputs == 1
+    ds, ctx = run_obs(lm, "battery", gated=True)
+    assert ds["reward"].dims == ("pair", "side")                       # the gated score, no objective dim
+    np.testing.assert_allclose(ds["reward"].values, ctx.capture.logits[..., 0], atol=1e-5)
+    rows = ctx.capture.h.astype(np.float64) @ lm.head.W.T.astype(np.float64)
+    assert not np.allclose(ds["reward"].values, rows.mean(-1), atol=1e-4)   # not a mean of rows
+    np.testing.assert_allclose(ds["dla"].sum(["layer", "component"]), ds["margin"], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(ds["lens"].sel(layer=lm.n_layers - 1), ds["margin"], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(ds["patch_restored"].sel(layer=lm.n_layers - 1, component="resid"), 1.0, atol=1e-4)

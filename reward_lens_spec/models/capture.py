@@ -117,7 +117,7 @@ def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tok
     """
     sites = tuple(s for s in LAYER_SITES if s in set(sites))
     seqs = [s for pair in zip(encoded.chosen, encoded.rejected) for s in pair]   # row 2i chosen, 2i+1 rejected
-    n_pairs, L, d, K = len(encoded.pair_ids), lm.n_layers, lm.d_model, lm.head.n_objectives
+    n_pairs, L, d, K = len(encoded.pair_ids), lm.n_layers, lm.d_model, lm.head.n_outputs
     out = CaptureResult(pair_ids=list(encoded.pair_ids), h=np.zeros((n_pairs, 2, d), np.float32),
                         logits=np.zeros((n_pairs, 2, K), np.float32),
                         lengths=np.array([len(s) for s in seqs]).reshape(n_pairs, 2),

@@ -9,6 +9,7 @@ token so that attribution becomes linear (direct linear attribution).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -18,19 +19,42 @@ from .families import Family
 
 @dataclass(frozen=True)
 class ReadoutHead:
-    """``W``: float32 (objective, d_model); ``b``: float32 (objective,); ``objectives``: names."""
+    """``W``: float32 (objective, d_model); ``b``: float32 (output,); ``objectives``: row names.
+
+    Linear heads output every row (``n_outputs = K``). A gated head (ArmoRM style:
+    a per-objective regression layer and a softmax gate over objectives, both
+    reading the pooled vector h) outputs one score ``Σ_k g_k(h) · W_k·h + b``;
+    ``gate(h)`` gives the weights (..., objective).
+    """
 
     W: np.ndarray
     b: np.ndarray
     objectives: tuple[str, ...]
+    gate: Callable[[np.ndarray], np.ndarray] | None = None
 
     @property
     def n_objectives(self) -> int:
         return self.W.shape[0]
 
+    @property
+    def n_outputs(self) -> int:
+        return 1 if self.gate is not None else self.W.shape[0]
+
+    def directions(self, h: np.ndarray) -> np.ndarray:
+        """Effective reward direction(s) at ``h`` (..., d_model): (..., output, d_model).
+
+        Linear: the rows of W. Gated: ``g(h)ᵀW`` — the gate frozen at ``h``.
+        """
+        if self.gate is None:
+            return np.broadcast_to(self.W, np.shape(h)[:-1] + self.W.shape)
+        return (self.gate(h) @ self.W)[..., None, :]
+
     def rewards(self, h: np.ndarray) -> np.ndarray:
-        """``h`` (..., d_model) → rewards (..., objective) in reward units, float32 math."""
-        return np.asarray(h, np.float32) @ self.W.T + self.b
+        """The model's own outputs at ``h`` (..., d_model) → (..., output), reward units, float32 math."""
+        h = np.asarray(h, np.float32)
+        if self.gate is None:
+            return h @ self.W.T + self.b
+        return ((self.gate(h) * (h @ self.W.T)).sum(-1, keepdims=True) + self.b).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -81,8 +105,15 @@ def _get(obj, path: str):
 
 
 def read_head(model, family: Family, objectives: tuple[str, ...] | None = None) -> ReadoutHead:
-    """Read ``W`` and ``b`` from the family's head module (no bias → zeros)."""
+    """Read ``W`` and ``b`` from the family's head module (no bias → zeros).
+
+    A head module with ``regression`` (Linear d→K) and ``gating`` (d→K logits)
+    submodules is read as a gated head (see ``models.gated_head``).
+    """
     lin = _get(model, family.head)
+    if hasattr(lin, "regression") and hasattr(lin, "gating"):
+        from .gated_head import read_gated
+        return read_gated(lin, objectives)
     W = lin.weight.detach().float().cpu().numpy().copy()
     b = (lin.bias.detach().float().cpu().numpy().copy() if getattr(lin, "bias", None) is not None
          else np.zeros(W.shape[0], np.float32))

@@ -93,7 +93,12 @@ def load_model(spec, base_dir: str | None = None) -> LoadedModel:
     if kind == "builtin":
         if loc not in TINY_CONFIGS:
             raise SpecError("model.source", f"unknown built-in model '{loc}'.", value=loc, options=TINY_CONFIGS)
-        model, tok = build_tiny(loc, seed=spec.seed, num_labels=spec.num_labels, padding_side=padding_side)
+        gated = str(getattr(spec.head, "value", spec.head)) == "gated"
+        model, tok = build_tiny(loc, seed=spec.seed, num_labels=1 if gated else spec.num_labels,
+                                padding_side=padding_side)
+        if gated:
+            from .gated_head import attach_gated_head
+            attach_gated_head(model, spec.num_labels, seed=spec.seed)
     else:
         kwargs = dict(num_labels=spec.num_labels, trust_remote_code=spec.trust_remote_code, dtype=_DTYPES[dtype])
         if spec.revision:
@@ -120,7 +125,12 @@ def load_model(spec, base_dir: str | None = None) -> LoadedModel:
             raise SpecError("model.source", f"could not load '{spec.source}': {str(exc).splitlines()[0]}",
                             fix=hint) from None
         tok.padding_side = padding_side
-    return wrap_model(spec.name, model, tok, dtype=dtype, device=device, objectives=tuple(spec.objectives) or None)
+    lm = wrap_model(spec.name, model, tok, dtype=dtype, device=device, objectives=tuple(spec.objectives) or None)
+    want_gated = str(getattr(spec.head, "value", spec.head)) == "gated"
+    if want_gated != (lm.head.gate is not None):
+        raise SpecError("model.head", f"model.head={'gated' if want_gated else 'linear'} but the loaded head is "
+                        f"{'gated' if lm.head.gate is not None else 'linear'}.", fix="set model.head to match the checkpoint.")
+    return lm
 
 
 def wrap_model(name: str, model, tokenizer, *, dtype: str = "float32", device: str = "cpu",

@@ -18,6 +18,7 @@ Targets are ``(site, layer)`` with site ∈ {resid_post, attn_out, mlp_out, read
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import numpy as np
@@ -52,7 +53,7 @@ def patch_readout(lm, encoded, cap, targets, pair_indices, *, mode: str = "denoi
     """
     base_side = 1 if mode == "denoise" else 0
     dev = next(lm.model.parameters()).device
-    out = np.zeros((len(pair_indices), len(targets), lm.head.n_objectives), np.float64)
+    out = np.zeros((len(pair_indices), len(targets), lm.head.n_outputs), np.float64)
     counts = {"forward_passes": 0, "tokens": 0}
     for pi, p in enumerate(pair_indices):
         ids = list((encoded.rejected if base_side else encoded.chosen)[p])
@@ -94,6 +95,18 @@ def patch_readout(lm, encoded, cap, targets, pair_indices, *, mode: str = "denoi
     return out, counts
 
 
+@contextlib.contextmanager
+def _quiet_transformers():
+    """Silence HF's note that pad detection is off with inputs_embeds: our readout comes from the mask."""
+    from transformers.utils import logging as hf_logging
+    old = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(old)
+
+
 def _replacer(items):
     rows = [r for r, _ in items]
     vals = torch.stack([v for _, v in items])
@@ -110,8 +123,7 @@ def attribution_patch(lm, encoded, cap, targets, pair_indices, *, mode: str = "d
     base_side = 1 if mode == "denoise" else 0
     dev = next(lm.model.parameters()).device
     seqs = [list((encoded.rejected if base_side else encoded.chosen)[p]) for p in pair_indices]
-    out = np.zeros((len(pair_indices), len(targets), lm.head.n_objectives), np.float64)
-    W = torch.as_tensor(lm.head.W, device=dev)
+    out = np.zeros((len(pair_indices), len(targets), lm.head.n_outputs), np.float64)
     counts = {"forward_passes": 0, "backward_passes": 0}
     modules = [(t, _module_for(lm, site, layer)) for t, (site, layer) in enumerate(targets)]
     for rows in batches_by_length([len(s) for s in seqs], batch_size):
@@ -119,18 +131,19 @@ def attribution_patch(lm, encoded, cap, targets, pair_indices, *, mode: str = "d
         kept: dict = {}
         handles = [m.register_forward_hook(lambda mod, a, o, t=t: kept.__setitem__(t, _first(o)))
                    for t, m in modules]
-        handles.append(lm.norm.module.register_forward_hook(lambda mod, a, o: kept.__setitem__("h", _first(o))))
+        head = get_module(lm.model, lm.family.head)        # the model's own head: linear or gated
+        handles.append(head.register_forward_hook(lambda mod, a, o: kept.__setitem__("r", _first(o))))
         try:
-            with torch.enable_grad():
+            with torch.enable_grad(), _quiet_transformers():
                 emb = lm.model.get_input_embeddings()(ids.to(dev)).detach().requires_grad_(True)
                 lm.model(inputs_embeds=emb, attention_mask=mask.to(dev), position_ids=pos.to(dev), use_cache=False)
                 ridx, ro = torch.arange(len(rows), device=dev), readout.to(dev)
-                h = kept["h"][ridx, ro].float()
+                r = kept["r"][ridx, ro].float()                 # (batch, output)
                 uniq = list(dict.fromkeys(id(kept[t]) for t in range(len(targets))))
                 tensors = {id(kept[t]): kept[t] for t in range(len(targets))}
-                for k in range(W.shape[0]):
-                    grads = torch.autograd.grad((h @ W[k]).sum(), [tensors[u] for u in uniq],
-                                                retain_graph=k < W.shape[0] - 1)
+                for k in range(r.shape[-1]):
+                    grads = torch.autograd.grad(r[:, k].sum(), [tensors[u] for u in uniq],
+                                                retain_graph=k < r.shape[-1] - 1)
                     g_of = dict(zip(uniq, grads))
                     for t, (site, layer) in enumerate(targets):
                         g = g_of[id(kept[t])][ridx, ro].float().cpu().numpy()
@@ -140,6 +153,7 @@ def attribution_patch(lm, encoded, cap, targets, pair_indices, *, mode: str = "d
                                 _source_act(cap, site, layer, p, base_side)
                             out[r, t, k] = float(g[j] @ delta)
                     counts["backward_passes"] += 1
+                del r
             counts["forward_passes"] += 1
         finally:
             for hd in handles:

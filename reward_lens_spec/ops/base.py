@@ -31,6 +31,11 @@ class PlanInfo:
     layers: Optional[tuple[int, ...]] = None        # observable.layers (interventions)
     components: Optional[tuple[str, ...]] = None    # observable.components
     pairs: Optional[int] = None                     # observable.pairs (first N pairs for re-runs)
+    gated: bool = False                             # head outputs one gated score over K rows
+
+    @property
+    def n_outputs(self) -> int:
+        return 1 if self.gated else self.n_objectives
 
     @property
     def native_frame(self) -> str:

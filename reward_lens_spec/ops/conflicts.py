@@ -1,6 +1,6 @@
 """conflicts: how often, and how strongly, objectives disagree on the same pairs.
 
-Input: a margin with ``pair`` and ``objective`` dims (e.g. ``project direction: head`` then
+Input: a margin with ``pair`` and ``objective`` dims (e.g. ``project direction: objectives`` then
 ``diff`` on a model with K > 1 head rows). Output ``objective × objective_b`` (other dims kept):
 
   statistic: sign_disagreement   fraction of pairs where the two objectives' margins have
@@ -68,10 +68,13 @@ class Conflicts(Operator):
         if "pair" not in in_dims[0]:
             raise SpecError(where, f"needs an input with a 'pair' dim, got dims {in_dims[0]}.",
                             fix="feed it a per-pair margin (project direction: head, then diff).")
+        if info.n_objectives < 2:
+            raise SpecError(where, f"the model has {info.n_objectives} head row; conflicts need at least two.",
+                            fix="use a model with model.num_labels ≥ 2.")
         if "objective" not in in_dims[0]:
             raise SpecError(where, f"needs an input with an 'objective' dim, got dims {in_dims[0]} "
                             f"(the model has {info.n_objectives} head row(s)).",
-                            fix="use a model with model.num_labels ≥ 2 and project with direction: head.")
+                            fix="project with direction: objectives (every head row) before diff.")
         return without(in_dims[0], "pair", "objective") + ("objective", "objective_b")
 
     def gauge(self, in_gauges, info):

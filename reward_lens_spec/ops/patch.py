@@ -62,7 +62,7 @@ class _PatchBase(Operator):
         if self.p.mode not in ("denoise", "noise"):
             raise SpecError(where + ".mode", f"unknown mode '{self.p.mode}'.", value=self.p.mode,
                             options=["denoise", "noise"])
-        return ("pair", "layer", "component") + (("objective",) if info.n_objectives > 1 else ())
+        return ("pair", "layer", "component") + (("objective",) if info.n_outputs > 1 else ())
 
     def gauge(self, in_gauges, info):
         return INVARIANT

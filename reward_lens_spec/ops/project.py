@@ -1,7 +1,10 @@
 """project: contract ``d_model`` with a direction — the reward readout ``w_r · x``.
 
 Directions:
-  head              every head row; adds an ``objective`` dim when the head has K > 1 rows
+  head              the model's own readout: every head row (an ``objective`` dim when K > 1);
+                    for a gated head, its gated score ``g(h_s)ᵀW`` with the gate frozen at each
+                    side's readout h (the input must keep ``side``), so components still sum exactly
+  objectives        every head row, always with an ``objective`` dim (a gated head's rows, ungated)
   objective:<name>  one head row ``w_r = W[k]``
   store:<url>#<run_id>/<observable>/<variable>   a d_model vector saved in a result store
 ``bias: true`` adds ``b`` (use it for rewards; margins need none, the bias cancels).
@@ -39,18 +42,21 @@ class Project(Operator):
         if d.startswith("objective:") and d.split(":", 1)[1] not in info.objectives:
             raise SpecError(where + ".direction", f"no objective '{d.split(':', 1)[1]}'.",
                             value=d.split(":", 1)[1], options=info.objectives)
-        if not (d == "head" or d.startswith(("objective:", "store:"))):
+        if not (d in ("head", "objectives") or d.startswith(("objective:", "store:"))):
             raise SpecError(where + ".direction", f"unknown direction '{d}'.", value=d,
-                            options=["head", "objective:<name>", "store:<url>#<run>/<observable>/<variable>"])
+                            options=["head", "objectives", "objective:<name>", "store:<url>#<run>/<observable>/<variable>"])
+        if d == "head" and info.gated:
+            need_dim(in_dims[0], "side", where, "a gated head's gate is frozen per side; project before diff")
         out = without(in_dims[0], "d_model")
-        return out + ("objective",) if d == "head" and info.n_objectives > 1 else out
+        many = (d == "head" and info.n_outputs > 1) or d == "objectives"
+        return out + ("objective",) if many else out
 
     def gauge(self, in_gauges, info):
         return INVARIANT
 
     def _direction(self, ctx):
         head, d = ctx.lm.head, self.p.direction
-        if d == "head":
+        if d in ("head", "objectives"):
             return head.W.astype(np.float64), head.b.astype(np.float64), list(head.objectives)
         if d.startswith("objective:"):
             k = head.objectives.index(d.split(":", 1)[1])
@@ -65,14 +71,27 @@ class Project(Operator):
         return vec, np.zeros(1), [var]
 
     def run(self, ctx, x):
+        if self.p.direction == "head" and ctx.lm.head.gate is not None:
+            return self._run_gated(ctx, x)
         W, b, names = self._direction(ctx)
         data = np.einsum("...d,kd->...k", np.asarray(x.values, np.float64), W)
         if self.p.bias:
             data = data + b
         dims = tuple(d for d in x.dims if d != "d_model")
         coords = {k: v for k, v in x.coords.items() if "d_model" not in v.dims}
-        if len(names) > 1:
+        if len(names) > 1 or self.p.direction == "objectives":
             arr = xr.DataArray(data, dims=dims + ("objective",), coords={**coords, "objective": names})
         else:
             arr = xr.DataArray(data[..., 0], dims=dims, coords=coords)
         return labelled(arr, "reward", INVARIANT)
+
+    def _run_gated(self, ctx, x):
+        head = ctx.lm.head
+        w = head.directions(ctx.capture.h)[..., 0, :].astype(np.float64)          # pair × side × d_model
+        xt = x.transpose("pair", "side", ..., "d_model")
+        data = np.einsum("ps...d,psd->ps...", np.asarray(xt.values, np.float64), w)
+        if self.p.bias:
+            data = data + float(head.b[0])
+        dims = tuple(d for d in xt.dims if d != "d_model")
+        coords = {k: v for k, v in xt.coords.items() if "d_model" not in v.dims}
+        return labelled(xr.DataArray(data, dims=dims, coords=coords), "reward", INVARIANT)
