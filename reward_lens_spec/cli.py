@@ -5,6 +5,10 @@
     reward-lens-spec validate [overrides...]   check and print the plan; loads no model
     reward-lens-spec ops                       list registered operators
     reward-lens-spec store ls|show|diff|export|gc|migrate url=...   catalog; loads no model
+    reward-lens-spec calibrate observable=dla [store.url=...]    scorecard on model organisms
+    reward-lens-spec freeze|adjudicate experiment=NAME [store.url=...]   preregistered studies
+    reward-lens-spec fit model=... dataset=... out=DIR         fit a Bradley–Terry head
+    reward-lens-spec report url=STORE run=ID out=DIR          plots from a store; no model
 
 Group choices and keys given on the command line are checked before Hydra
 composes anything, so a typo gets "did you mean" and a non-zero exit.
@@ -20,7 +24,7 @@ from .paths import conf_dir, group_options
 from .spec import GROUP_SCHEMAS, register_configs
 
 GROUPS = ("model", "dataset", "observable", "frame", "store", "experiment")
-SUBCOMMANDS = ("validate", "ops", "store")
+SUBCOMMANDS = ("validate", "ops", "store", "calibrate", "freeze", "adjudicate", "fit", "report")
 
 
 def precheck_overrides(args: list[str]) -> None:
@@ -113,6 +117,15 @@ def main(argv: list[str] | None = None) -> None:
         if argv and argv[0] == "store":
             from .store.catalog_cli import main as store_main
             raise SystemExit(store_main(argv[1:]))
+        if argv and argv[0] in ("calibrate", "freeze", "adjudicate"):
+            from .trust import cli as trust_cli
+            raise SystemExit(getattr(trust_cli, f"{argv[0]}_main")(argv[1:]))
+        if argv and argv[0] == "fit":
+            from .fit.cli import main as fit_main
+            raise SystemExit(fit_main(argv[1:]))
+        if argv and argv[0] == "report":
+            from .report.cli import main as report_main
+            raise SystemExit(report_main(argv[1:]))
         if argv and argv[0] == "ops":
             from .registry import list_operators
             for name, doc in list_operators().items():

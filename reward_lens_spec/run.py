@@ -143,9 +143,11 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     from .models.loading import load_model
     from .store import is_complete, write_run
     from .trust.gates import compute_trust
+    from .trust.studies import check_run
 
     t0 = time.perf_counter()
     plan, info = plan_for(run, base_dir)                      # every spec error before any model loads
+    study = check_run(run, store_url, storage_options=dict(run.store.storage_options))   # edited study: refused
     ds = run.dataset
     pairs = load_pairs(ds.kind.value, path=ds.path, fields=dict(ds.fields) or None, limit=ds.limit,
                        dimensions=ds.dimensions, base_dir=base_dir)
@@ -156,7 +158,7 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
                 "template": m.template if m.format.value == "plain" else None, "objectives": list(m.objectives)}
     hash_parts = {"model_fingerprint": fp, "dataset_checksum": pairs.checksum,
                   "observable": canonical_observable(run.observable), "numerics": numerics,
-                  "package_version": __version__}
+                  "package_version": __version__, "study_hash": study["study_hash"] if study else None}
     run_id = f"{run.observable.name}-{spec_hash(hash_parts)[:20]}"
     so = dict(run.store.storage_options)
     if not run.store.force and is_complete(store_url, run_id, storage_options=so):
@@ -174,7 +176,8 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
         "excluded": {k: list(v) for k, v in enc.excluded.items()}, "observable": run.observable.name,
         "observable_version": run.observable.version, "versions": _versions(), "git_sha": _git_sha(),
         "seed": run.seed, "device": lm.device, "dtype": lm.dtype, "wall_s": round(wall, 3),
-        "counts": ctx.counts, "trust": compute_trust(run, store_url),
+        "counts": ctx.counts, "trust": compute_trust(run, store_url, model_family=lm.family.name),
+        "study_hash": study["study_hash"] if study else None,
         "gauge": {v: str(result[v].attrs.get("gauge", "")) for v in result.data_vars},
     }
     write_run(store_url, run_id, {run.observable.name: result}, attrs, storage_options=so, force=run.store.force)

@@ -1,0 +1,299 @@
+"""Preregistered studies: freeze predictions before data, run, adjudicate against the frozen copy.
+
+A study is an experiment file ``conf/experiment/<name>.yaml`` (Hydra ``# @package
+_global_``, selected with ``+experiment=<name>``; its ``experiment:`` node is the
+study — see ``example_dla_mlp.yaml``): ``name``, ``version``, ``design`` (config
+keys the run must have, nested like the config: ``{model: {name: tiny_llama}}``)
+and ``hypotheses``, each with ``predictions``: ``{id, metric: {variable, select,
+reduce}, comparator, threshold}``. ``variable`` is an output of the run's
+observable; ``select`` picks coordinates (``unit: mlp_L1`` matches the ``unit``
+coord, any other key selects that dim's labels); ``reduce`` ∈ ``REDUCTIONS`` over
+every remaining finite cell; ``comparator`` ∈ ``> < >= <=``.
+
+The study hash is sha256 of the canonical JSON of the whole study (any edit
+changes it); its id is ``<name>-<hash[:12]>``. Lifecycle (preregistration, after
+Nosek et al. 2018, *The preregistration revolution*, PNAS):
+
+1. ``freeze`` stores the study (run ``study-…``, observable ``study``); it reads no
+   data and refuses when runs of the study already exist;
+2. a run whose ``experiment`` is a frozen study is registered (``check_run``); a
+   study edited after freezing is refused (``SpecError``) unless the edit is
+   frozen as a dated amendment (``amend=True``);
+3. ``adjudicate`` scores each prediction on the study's runs with the FROZEN copy
+   from the store, never the file, and stores the outcome (run ``adjudication-…``;
+   trust ``adjudicated`` when every run was registered).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime, timezone
+
+import numpy as np
+import xarray as xr
+import yaml
+
+from ..errors import SpecError, StoreError
+
+COMPARATORS = {">": np.greater, "<": np.less, ">=": np.greater_equal, "<=": np.less_equal}
+REDUCTIONS = {"mean": np.mean, "median": np.median, "sum": np.sum, "min": np.min, "max": np.max,
+              "fraction_positive": lambda x: np.mean(x > 0)}
+_LEVEL = {"exploratory": 0, "calibrated": 1, "registered": 2, "adjudicated": 3}
+
+
+def load_study(experiment) -> dict:
+    """A study dict from a name (``conf/experiment/<name>.yaml``) or a mapping; validated."""
+    from omegaconf import OmegaConf
+
+    from ..paths import conf_dir, group_options
+    if isinstance(experiment, str):
+        path = conf_dir() / "experiment" / f"{experiment}.yaml"
+        if not path.is_file():
+            raise SpecError("experiment", f"unknown experiment '{experiment}'.", value=experiment,
+                            options=group_options("experiment"))
+        raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+        raw.pop("defaults", None)
+        study = raw.get("experiment", raw)
+    else:
+        study = OmegaConf.to_container(experiment, resolve=True) if OmegaConf.is_config(experiment) \
+            else json.loads(json.dumps(dict(experiment)))
+    validate_study(study)
+    return study
+
+
+def validate_study(study: dict) -> None:
+    """Raise ``SpecError`` (``experiment.<key>``) unless ``study`` has the schema in the module doc."""
+    if not isinstance(study, dict) or not isinstance(study.get("name"), str) or not study["name"]:
+        raise SpecError("experiment.name", "a study needs a name.", fix="add `name: my_study` under experiment:.")
+    hyps = study.get("hypotheses")
+    if not isinstance(hyps, list) or not hyps:
+        raise SpecError("experiment.hypotheses", "a study needs at least one hypothesis with predictions.")
+    seen = set()
+    for i, h in enumerate(hyps):
+        preds = h.get("predictions") if isinstance(h, dict) else None
+        if not isinstance(preds, list) or not preds:
+            raise SpecError(f"experiment.hypotheses[{i}].predictions", "each hypothesis needs predictions.")
+        for j, p in enumerate(preds):
+            where = f"experiment.hypotheses[{i}].predictions[{j}]"
+            m = p.get("metric") if isinstance(p, dict) else None
+            if not isinstance(m, dict) or not isinstance(m.get("variable"), str):
+                raise SpecError(where + ".metric", "needs a metric with a `variable` (an output variable).")
+            for key, val, opts in (("metric.reduce", m.get("reduce", "mean"), REDUCTIONS),
+                                   ("comparator", p.get("comparator"), COMPARATORS)):
+                if val not in opts:
+                    raise SpecError(f"{where}.{key}", f"unknown {key.split('.')[-1]}.", value=val, options=opts)
+            if not isinstance(p.get("threshold"), (int, float)) or isinstance(p.get("threshold"), bool):
+                raise SpecError(where + ".threshold", "needs a number.")
+            pid = p.get("id") or f"H{i + 1}.P{j + 1}"
+            if pid in seen:
+                raise SpecError(where + ".id", f"duplicate prediction id '{pid}'.")
+            seen.add(pid)
+
+
+def study_hash(study: dict) -> str:
+    """sha256 hex of the canonical JSON (sorted keys, no spaces) of the study."""
+    return hashlib.sha256(json.dumps(study, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def study_id(study: dict) -> str:
+    return f"{study['name']}-{study_hash(study)[:12]}"
+
+
+def predictions(study: dict) -> list[dict]:
+    """Flat list of predictions, each with ``id`` and ``hypothesis`` filled in."""
+    out = []
+    for i, h in enumerate(study["hypotheses"]):
+        for j, p in enumerate(h["predictions"]):
+            out.append({**p, "id": p.get("id") or f"H{i + 1}.P{j + 1}", "hypothesis": h.get("id", f"H{i + 1}")})
+    return out
+
+
+def _open(store_url, storage_options=None):
+    from ..store import open_store
+    try:
+        return open_store(store_url, storage_options=storage_options)
+    except StoreError:      # no store yet: nothing frozen, no runs
+        return None
+
+
+def frozen_studies(store_url: str, name: str | None = None, *, storage_options=None) -> list[dict]:
+    """Attrs of every frozen study in the store (optionally one name), oldest first."""
+    st = _open(store_url, storage_options)
+    if st is None:
+        return []
+    out = [st.provenance(r) for r in st.runs(observable="study")["run_id"]]
+    return [a for a in out if a.get("kind") == "study" and (name is None or a.get("study_name") == name)]
+
+
+def runs_of_study(store_url: str, shash: str, *, storage_options=None) -> list[dict]:
+    """Attrs of complete result runs that executed the study with hash ``shash`` (oldest first)."""
+    st = _open(store_url, storage_options)
+    if st is None:
+        return []
+    out = []
+    for run_id in st.runs()["run_id"]:
+        a = st.provenance(run_id)
+        if a.get("kind") in ("study", "scorecard", "adjudication"):
+            continue
+        h = a.get("study_hash")
+        if h is None and a.get("config_yaml"):
+            exp = (yaml.safe_load(a["config_yaml"]) or {}).get("experiment")
+            h = study_hash(exp) if isinstance(exp, dict) else None
+        if h == shash:
+            out.append(a)
+    return out
+
+
+def freeze(experiment, store_url: str, *, amend: bool = False, storage_options=None) -> dict:
+    """Hash and store a study before any of its data exists; return its frozen record (attrs).
+
+    Reads no data. Idempotent for an unchanged study (the first freeze is kept).
+    Raises ``SpecError`` when runs of this study already exist (too late to
+    preregister), or when another version of the study name is frozen and
+    ``amend`` is false.
+    """
+    from ..store import write_run
+
+    study = load_study(experiment)
+    h, name = study_hash(study), study["name"]
+    earlier = frozen_studies(store_url, name, storage_options=storage_options)
+    for a in earlier:
+        if a["study_hash"] == h:
+            return {**a, "reused": True}
+    if earlier and not amend:
+        raise SpecError("experiment", f"study '{name}' is already frozen with different content "
+                        f"(hash {earlier[-1]['study_hash'][:12]}, now {h[:12]}).",
+                        fix="restore the frozen content, or freeze the edit as a dated amendment with amend=true.")
+    if runs_of_study(store_url, h, storage_options=storage_options):
+        raise SpecError("experiment", f"runs of study '{name}' ({h[:12]}) are already in the store: freezing "
+                        "now would not be a preregistration.", fix="freeze a study before running it.")
+    preds = predictions(study)
+    ds = xr.Dataset({"threshold": ("prediction", [float(p["threshold"]) for p in preds], {"units": "as the metric"})},
+                    coords={"prediction": [p["id"] for p in preds],
+                            "comparator": ("prediction", [p["comparator"] for p in preds])})
+    attrs = {"kind": "study", "study_name": name, "study_hash": h, "spec_hash": h, "study_id": study_id(study),
+             "study": study, "amends": [a["study_hash"] for a in earlier],
+             "frozen_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+             "config_yaml": yaml.safe_dump({"experiment": study}, sort_keys=True)}
+    rid = f"study-{name}-{h[:16]}"
+    write_run(store_url, rid, {"study": ds}, attrs, storage_options=storage_options)
+    return {**frozen_studies(store_url, name, storage_options=storage_options)[-1], "reused": False}
+
+
+def check_design(run, study: dict) -> None:
+    """Raise ``SpecError`` naming the key where the run's config differs from ``study['design']``."""
+    def walk(node, obj, prefix):
+        for k, want in node.items():
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if not hasattr(obj, k):
+                raise SpecError(f"experiment.design.{key}", "no such config key.")
+            got = getattr(obj, k)
+            if isinstance(want, dict):
+                walk(want, got, key)
+                continue
+            got = getattr(got, "value", got)
+            if got != want and not (isinstance(got, (list, tuple)) and list(got) == want):
+                raise SpecError(key, f"study '{study['name']}' was preregistered with {key}={want!r}; "
+                                f"this run has {got!r}.", fix=f"drop the override or set {key}={want}.")
+    walk(study.get("design") or {}, run, "")
+
+
+def check_run(run, store_url: str, *, storage_options=None) -> dict | None:
+    """The frozen record this run executes, or None (no study, or a study never frozen).
+
+    Raises ``SpecError`` when the run's study was frozen but its content has
+    changed since (hash mismatch, no matching amendment), or when the run's
+    config departs from the study's ``design``.
+    """
+    if not run.experiment:
+        return None
+    study = load_study(dict(run.experiment))
+    h = study_hash(study)
+    frozen = frozen_studies(store_url, study["name"], storage_options=storage_options)
+    if not frozen:
+        return None
+    match = [a for a in frozen if a["study_hash"] == h]
+    if not match:
+        raise SpecError("experiment", f"study '{study['name']}' was edited after it was frozen (frozen "
+                        f"{', '.join(a['study_hash'][:12] for a in frozen)}; now {h[:12]}): runs under it are refused.",
+                        fix=f"restore the frozen file, or `reward-lens-spec freeze experiment={study['name']} "
+                            "amend=true` to record the edit as a dated amendment.")
+    check_design(run, study)
+    return match[0]
+
+
+def metric_value(pred: dict, ds: xr.Dataset) -> float:
+    """Evaluate ``pred['metric']`` on a result Dataset; NaN when nothing finite is left."""
+    m = pred["metric"]
+    var = m["variable"]
+    if var not in ds:
+        raise SpecError(f"experiment.predictions.{pred['id']}.metric.variable", f"the run has no '{var}'.",
+                        value=var, options=list(ds.data_vars))
+    da = ds[var]
+    for k, v in (m.get("select") or {}).items():
+        if k == "unit" and "unit" in da.coords:
+            da = da.where(da.coords["unit"] == v)
+        elif k in da.dims:
+            da = da.sel({k: v if isinstance(v, list) else [v]})
+        else:
+            raise SpecError(f"experiment.predictions.{pred['id']}.metric.select.{k}", f"'{var}' has no dim '{k}'.",
+                            value=k, options=list(da.dims) + (["unit"] if "unit" in da.coords else []))
+    vals = np.asarray(da.values, np.float64).ravel()
+    vals = vals[np.isfinite(vals)]
+    return float(REDUCTIONS[m.get("reduce", "mean")](vals)) if vals.size else float("nan")
+
+
+def adjudicate(experiment: str, store_url: str, *, run_ids=None, shash: str | None = None,
+               force: bool = False, storage_options=None) -> dict:
+    """Score the FROZEN predictions of study ``experiment`` (a name) on its runs; store and return the record.
+
+    Runs: ``run_ids``, else every complete run of the frozen study created after it
+    was frozen. Per prediction: ``confirmed`` (holds on every run), ``refuted``,
+    or ``undetermined`` (metric not finite). Raises ``SpecError`` when the study
+    was never frozen, or no run of it exists.
+    """
+    from ..store import open_store, write_run
+
+    name = experiment if isinstance(experiment, str) else load_study(experiment)["name"]
+    frozen = [a for a in frozen_studies(store_url, name, storage_options=storage_options)
+              if shash is None or a["study_hash"].startswith(shash)]
+    if not frozen:
+        raise SpecError("experiment", f"study '{name}' is not frozen in {store_url}.",
+                        fix=f"reward-lens-spec freeze experiment={name} store.url=... (before running it).")
+    rec = frozen[-1]
+    study, h = rec["study"], rec["study_hash"]
+    runs = [a for a in runs_of_study(store_url, h, storage_options=storage_options)
+            if a["created"] > rec["frozen_at"] and (not run_ids or a["run_id"] in run_ids)]
+    missing = sorted(set(run_ids or ()) - {a["run_id"] for a in runs})
+    if missing:
+        raise SpecError("runs", f"run(s) {missing} did not execute frozen study {rec['study_id']} after it was frozen.")
+    if not runs:
+        raise SpecError("experiment", f"no run of study {rec['study_id']} since it was frozen.",
+                        fix=f"run it first: reward-lens-spec +experiment={name}")
+    st = open_store(store_url, storage_options=storage_options)
+    preds = predictions(study)
+    loaded = {a["run_id"]: xr.merge(list(st.load(a["run_id"], lazy=False).values()), compat="override")
+              for a in runs}
+    values = np.array([[metric_value(p, loaded[a["run_id"]]) for a in runs] for p in preds])
+    holds = np.array([[bool(COMPARATORS[p["comparator"]](v, p["threshold"])) for v in row]
+                      for p, row in zip(preds, values)])
+    outcome = {p["id"]: ("undetermined" if not np.isfinite(values[i]).all() else
+                         "confirmed" if holds[i].all() else "refuted") for i, p in enumerate(preds)}
+    lowest = min(_LEVEL.get(a.get("trust"), 0) for a in runs)
+    trust = "adjudicated" if lowest >= _LEVEL["registered"] else [k for k, v in _LEVEL.items() if v == lowest][0]
+    ids = sorted(a["run_id"] for a in runs)
+    ds = xr.Dataset({"value": (("prediction", "run"), values, {"units": "as the metric"}),
+                     "holds": (("prediction", "run"), holds, {"units": "bool"})},
+                    coords={"prediction": np.array([p["id"] for p in preds], dtype=str),
+                            "run": np.array([a["run_id"] for a in runs], dtype=str)})
+    attrs = {"kind": "adjudication", "study_name": name, "study_hash": h, "spec_hash": h,
+             "study_id": rec["study_id"], "frozen_at": rec["frozen_at"], "runs": ids, "outcome": outcome,
+             "predictions": [{k: p[k] for k in ("id", "hypothesis", "metric", "comparator", "threshold")}
+                             for p in preds],
+             "values": {p["id"]: [v if np.isfinite(v) else None for v in values[i].tolist()]
+                        for i, p in enumerate(preds)},
+             "trust": trust, "run_trust": {a["run_id"]: a.get("trust") for a in runs},
+             "config_yaml": yaml.safe_dump({"adjudicate": {"study_id": rec["study_id"], "runs": ids}})}
+    rid = f"adjudication-{name}-{h[:12]}-{hashlib.sha256(' '.join(ids).encode()).hexdigest()[:8]}"
+    write_run(store_url, rid, {"adjudication": ds}, attrs, storage_options=storage_options, force=force)
+    return {**attrs, "run_id": rid}
