@@ -70,14 +70,17 @@ sys.path[:0] = [cfg["repo"], cfg["tests"]]
 import xarray as xr
 from test_store import make_results, make_attrs
 from reward_lens_spec.store import write_run
-if cfg.get("slow_marker"):
-    orig = xr.Dataset.to_zarr
+if cfg.get("slow_marker"):  # sleep after the first observable's data is stored
+    from reward_lens_spec.store._backend import Backend
+    owner = Backend if cfg.get("slow_hook") == "put_many" else xr.Dataset
+    name = cfg.get("slow_hook", "to_zarr")
+    orig = getattr(owner, name)
     def slow(self, *a, **k):
         out = orig(self, *a, **k)
         open(cfg["slow_marker"], "w").close()
         time.sleep(60)
         return out
-    xr.Dataset.to_zarr = slow
+    setattr(owner, name, slow)
 if cfg.get("barrier"):
     open(os.path.join(cfg["barrier"], "ready_" + cfg["run_id"]), "w").close()
     t0 = time.time()
@@ -94,6 +97,17 @@ def spawn_writer(**cfg) -> subprocess.Popen:
     cfg.update(repo=REPO, tests=TESTS)
     return subprocess.Popen([sys.executable, "-c", WRITER, json.dumps(cfg)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def assert_overlapping(store, run_ids) -> None:
+    """Each run's write interval [created, created + store_write_s] overlaps another's."""
+    spans = []
+    for r in run_ids:
+        p = store.provenance(r)
+        start = pd.Timestamp(p["created"])
+        spans.append((start, start + pd.Timedelta(seconds=p["store_write_s"])))
+    for i, (a0, a1) in enumerate(spans):
+        assert any(a0 < b1 and b0 < a1 for j, (b0, b1) in enumerate(spans) if j != i), spans
 
 
 def run_concurrently(url: str, n: int, barrier, storage_options=None) -> None:
@@ -131,6 +145,11 @@ def test_round_trip_readable_with_plain_xarray(url):
     assert {k: doc[k] for k in attrs} == attrs
     prov = open_store(url).provenance("r1")
     assert json.loads(json.dumps(prov)) == prov and prov["git_sha"] is None
+    shared = [os.path.join(url, "zarr.json"), os.path.join(url, "runs", "zarr.json")]
+    before = [os.stat(p).st_mtime_ns for p in shared]
+    time.sleep(0.01)
+    write_run(url, "r2", make_results(2), make_attrs(2))
+    assert [os.stat(p).st_mtime_ns for p in shared] == before  # shared metadata never rewritten
 
 
 def test_bad_attrs_and_names_refused(url):
@@ -190,11 +209,12 @@ def test_runs_filters_and_load(url):
 def test_concurrent_writers_into_one_new_store(url, tmp_path):
     barrier = tmp_path / "barrier"
     barrier.mkdir()
-    run_concurrently(url, 6, barrier)  # the store does not exist yet: 6 racing creators
+    run_concurrently(url, 4, barrier)  # the store does not exist yet: 4 racing creators
     store = open_store(url)
-    assert sorted(store.runs().run_id) == [f"run{i}" for i in range(6)]
+    assert sorted(store.runs().run_id) == [f"run{i}" for i in range(4)]
     assert store.incomplete() == []
-    for i in range(6):
+    assert_overlapping(store, [f"run{i}" for i in range(4)])
+    for i in range(4):
         for obs, want in make_results(i).items():
             assert_same(store.load(f"run{i}", obs), want)
     assert json.load(open(os.path.join(url, "zarr.json")))["attributes"] == {
@@ -220,6 +240,25 @@ def test_sigkill_mid_write_leaves_no_result(url, tmp_path):
     assert write_run(url, "victim", make_results(3), make_attrs(3)) is True
     assert sorted(store.runs().run_id) == ["good", "victim"] and store.incomplete() == []
     assert_same(store.load("victim", "score"), make_results(3)["score"])
+
+
+def test_failed_or_interrupted_write_is_not_a_result(url, monkeypatch):
+    bad = make_results(0)
+    bad["score"].attrs["unserialisable"] = {1, 2}
+    with pytest.raises(StoreError, match="run r observable score"):
+        write_run(url, "r", bad, make_attrs(0))
+    store = open_store(url)
+    assert store.incomplete() == [] and store.runs().empty  # own partial group cleaned up
+    import reward_lens_spec.store.writer as writer
+    portable = writer.portable
+
+    def gc_meanwhile(ds):  # another process garbage-collects while this one writes
+        store.remove_incomplete()
+        return portable(ds)
+    monkeypatch.setattr(writer, "portable", gc_meanwhile)
+    with pytest.raises(StoreError, match="removed or taken over"):
+        write_run(url, "r", make_results(0), make_attrs(0))
+    assert store.runs().empty and not is_complete(url, "r")
 
 
 def test_remove_incomplete_never_touches_complete(url):

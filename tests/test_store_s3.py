@@ -91,6 +91,9 @@ def test_s3_round_trip_catalog_and_reuse(s3):
                                                                           storage_options=so)
     assert write_run(url, "r1", make_results(5), make_attrs(5), storage_options=so, force=True)
     assert_same(store.load("r1", "score"), make_results(5)["score"])
+    copied = store.load("r0")  # dask-backed: streamed by to_zarr, not staged in memory
+    assert write_run(url, "copy", copied, make_attrs(0), storage_options=so)
+    assert_same(store.load("copy", "lens"), make_results(0)["lens"])
 
 
 def test_s3_concurrent_writers(s3, tmp_path):
@@ -114,13 +117,14 @@ def test_s3_sigkill_and_corrupt_run_are_isolated(s3, tmp_path):
     store._b.fs.pipe_file(store._b.path("runs/bad/zarr.json"), b"garbage{")
     marker = tmp_path / "sleeping"
     proc = spawn_writer(url=url, run_id="victim", seed=2, slow_marker=str(marker),
-                        storage_options=so)
+                        slow_hook="put_many", storage_options=so)
     deadline = time.time() + 120
     while not marker.exists():
         assert proc.poll() is None and time.time() < deadline, proc.communicate()[1].decode()
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
+    assert store._b.fs.exists(store._b.path("runs/victim/lens/raw/zarr.json"))  # partial data
     assert list(store.runs().run_id) == ["good"]
     assert store.incomplete() == ["bad", "victim"] and store.corrupt() == ["bad"]
     assert write_run(url, "victim", make_results(2), make_attrs(2), storage_options=so) is True

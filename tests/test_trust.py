@@ -267,7 +267,7 @@ def test_end_to_end_example_study(tmp_path, dla_card, capsys):
     assert freeze_main(["experiment=example_dla_mlp", f"store.url={url}"]) == 0
     register_configs()
     with initialize_config_dir(str(conf_dir()), version_base="1.3"):
-        cfg = compose("config", overrides=["+experiment=example_dla_mlp", "dataset.limit=16"])
+        cfg = compose("config", overrides=["experiment=example_dla_mlp", "dataset.limit=16"])
     run = validate(cfg)
     out = execute(run, resolved_yaml=OmegaConf.to_yaml(cfg), base_dir=str(tmp_path), store_url=url,
                   progress=False)

@@ -86,9 +86,7 @@ class Backend:
         """Bytes at ``key``, or None when absent; StoreError when unreachable."""
         try:
             return self.fs.cat_file(self.path(key))
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except IsADirectoryError:
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
         except Exception as e:  # network, permissions, bad credentials
             raise self._fail(f"read {key}", e) from e
@@ -121,6 +119,13 @@ class Backend:
                 self.fs.pipe_file(target, data)
         except Exception as e:
             raise self._fail(f"write {key}", e) from e
+
+    def put_many(self, files: dict[str, bytes]) -> None:
+        """Upload ``{absolute path: bytes}`` (object stores batch these concurrently)."""
+        try:
+            self.fs.pipe(files)
+        except Exception as e:
+            raise self._fail(f"upload {len(files)} objects", e) from e
 
     def create_exclusive(self, key: str, data: bytes) -> bool:
         """Write ``key`` only if absent; True if this call created it.

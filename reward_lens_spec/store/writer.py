@@ -12,15 +12,19 @@ One run = one group ``runs/<run_id>`` written by exactly one process:
 3. **data**: each observable's Dataset goes to ``runs/<run_id>/<observable>``
    via ``Dataset.to_zarr(mode="w", consolidated=False)`` (never consolidated:
    xarray consolidates at the store root, which would rewrite shared metadata).
-4. **complete**: the run document is replaced atomically by one with
+4. **complete**: if the run document still names this writer (nobody removed
+   or took over the run meanwhile), it is replaced atomically by one with
    ``complete: true``. Readers list only runs whose document says so, so a
    writer killed at any point leaves nothing a reader mistakes for a result.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import time
+import uuid
 from datetime import datetime, timezone
 
 import xarray as xr
@@ -30,7 +34,7 @@ from reward_lens_spec.store._attrs import check_json_safe, portable
 from reward_lens_spec.store._backend import (DOC, LAYOUT_KEY, LAYOUT_VERSION, RUNS, Backend,
                                              group_doc)
 
-RESERVED = ("run_id", "observables", "created", "complete", "store_write_s")
+RESERVED = ("run_id", "observables", "created", "complete", "store_write_s", "writer")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,199}$")
 
 
@@ -89,6 +93,32 @@ def run_state(b: Backend, run_id: str) -> tuple[str, dict | None]:
     return ("complete" if attrs.get("complete") is True else "incomplete"), attrs
 
 
+def _write_observable(b: Backend, ds: xr.Dataset, group: str) -> None:
+    """Write one observable's Dataset as the Zarr group ``group`` (inside its run).
+
+    Local stores and dask-backed (streamed) datasets are written in place by
+    ``to_zarr``. An in-memory dataset bound for an object store is encoded into
+    a memory store first and its objects uploaded in one concurrent batch: the
+    same bytes, far fewer round trips than zarr's per-array parent checks.
+    """
+    kw = dict(mode="w", consolidated=False, zarr_format=3)
+    if b.local or any(v.chunks is not None for v in ds.variables.values()):
+        ds.to_zarr(b.zarr_store(), group=group, **kw)
+        return
+    import zarr.storage
+
+    staged: dict = {}
+    ds.to_zarr(zarr.storage.MemoryStore(store_dict=staged), group=group, **kw)
+    prefix = group + "/"
+    files = {b.path(k): v.to_bytes() for k, v in staged.items() if k.startswith(prefix)}
+    b.put_many(files)
+
+
+def _owned(b: Backend, run_id: str, writer: str) -> bool:
+    """True when the run document still names ``writer`` (this process) as its writer."""
+    return (run_state(b, run_id)[1] or {}).get("writer") == writer
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
@@ -127,25 +157,29 @@ def write_run(url: str, run_id: str, results: dict, attrs: dict, *,
         return False
     t0 = time.perf_counter()
     doc_key = f"{RUNS}/{run_id}/{DOC}"
+    writer = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     run_attrs = {**attrs, "run_id": run_id, "observables": sorted(results),
-                 "created": _now(), "complete": False}
+                 "created": _now(), "complete": False, "writer": writer}
     try:
         if state != "absent":
             b.remove_run(run_id)
         b.write_atomic(doc_key, group_doc(run_attrs))
-        store = b.zarr_store()
         for obs in sorted(results):
             try:
-                portable(results[obs]).to_zarr(store, group=f"{RUNS}/{run_id}/{obs}", mode="w",
-                                               consolidated=False, zarr_format=3)
+                _write_observable(b, portable(results[obs]), f"{RUNS}/{run_id}/{obs}")
             except Exception as e:
                 raise StoreError(f"store {url}: writing run {run_id} observable {obs} failed "
                                  f"({type(e).__name__}: {e}).") from e
+        if not _owned(b, run_id, writer):
+            raise StoreError(f"store {url}: run {run_id} was removed or taken over by another "
+                             "writer while this process wrote it; not marking it complete. "
+                             "Fix: give each job its own run_id, and gc only with older_than=.")
         run_attrs.update(complete=True, store_write_s=round(time.perf_counter() - t0, 3))
         b.write_atomic(doc_key, group_doc(run_attrs))
     except BaseException:
-        try:
-            b.remove_run(run_id)
+        try:  # clean up our own partial group only, never another writer's
+            if _owned(b, run_id, writer):
+                b.remove_run(run_id)
         except Exception:
             pass
         raise

@@ -1,7 +1,7 @@
 """Preregistered studies: freeze predictions before data, run, adjudicate against the frozen copy.
 
 A study is an experiment file ``conf/experiment/<name>.yaml`` (Hydra ``# @package
-_global_``, selected with ``+experiment=<name>``; its ``experiment:`` node is the
+_global_``, selected with ``experiment=<name>``; its ``experiment:`` node is the
 study — see ``example_dla_mlp.yaml``): ``name``, ``version``, ``design`` (config
 keys the run must have, nested like the config: ``{model: {name: tiny_llama}}``)
 and ``hypotheses``, each with ``predictions``: ``{id, metric: {variable, select,
@@ -269,7 +269,7 @@ def adjudicate(experiment: str, store_url: str, *, run_ids=None, shash: str | No
         raise SpecError("runs", f"run(s) {missing} did not execute frozen study {rec['study_id']} after it was frozen.")
     if not runs:
         raise SpecError("experiment", f"no run of study {rec['study_id']} since it was frozen.",
-                        fix=f"run it first: reward-lens-spec +experiment={name}")
+                        fix=f"run it first: reward-lens-spec experiment={name}")
     st = open_store(store_url, storage_options=storage_options)
     preds = predictions(study)
     loaded = {a["run_id"]: xr.merge(list(st.load(a["run_id"], lazy=False).values()), compat="override")
