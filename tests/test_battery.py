@@ -158,3 +158,20 @@ def test_gated_head_reads_its_own_gated_score_and_dla_still_sums():
     np.testing.assert_allclose(ds["dla"].sum(["layer", "component"]), ds["margin"], rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(ds["lens"].sel(layer=lm.n_layers - 1), ds["margin"], rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(ds["patch_restored"].sel(layer=lm.n_layers - 1, component="resid"), 1.0, atol=1e-4)
+
+
+def test_all_position_patching_needs_aligned_pairs_and_restores_fully():
+    from reward_lens_spec.errors import SpecError
+    from reward_lens_spec.spec import ObservableSpec
+    model, tok = build_tiny("tiny")
+    lm = wrap_model("tiny", model, tok)
+    steps = [{"name": "pe", "op": "patch", "quantity": "restored", "positions": "all"}]
+    aligned = [Pair(id=f"a{i}", prompt=f"prompt {i}", chosen=f"answer {i}A", rejected=f"answer {i}B")
+               for i in range(3)]
+    obs = ObservableSpec(name="all_pos", steps=steps, outputs=["pe"])
+    info = PlanInfo(family=lm.family, n_layers=lm.n_layers, n_objectives=1, objectives=("reward",))
+    ds, _, _ = compute(lm, aligned, build_plan(obs, info), info, batch_size=4)
+    # every position of any layer's residual carries all the chosen side's information downstream
+    np.testing.assert_allclose(ds["pe"].sel(component="resid"), 1.0, atol=1e-4)
+    with pytest.raises(SpecError, match="observable.positions.*equal"):
+        compute(lm, make_pairs(3), build_plan(obs, info), info, batch_size=4)

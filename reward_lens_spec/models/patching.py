@@ -159,3 +159,72 @@ def attribution_patch(lm, encoded, cap, targets, pair_indices, *, mode: str = "d
             for hd in handles:
                 hd.remove()
     return out, counts
+
+
+def misaligned_pairs(encoded, pair_indices) -> list[str]:
+    """Pairs whose two sides tokenize to different lengths (cannot be patched position by position)."""
+    return [encoded.pair_ids[p] for p in pair_indices if len(encoded.chosen[p]) != len(encoded.rejected[p])]
+
+
+@torch.inference_mode()
+def patch_all_positions(lm, encoded, targets, pair_indices, *, mode: str = "denoise", chunk: int = 32):
+    """Patch a site at EVERY position (sides must tokenize to equal length): (pair, target, output).
+
+    One forward of the source side keeps each target's full-sequence output; then the
+    base side runs once per chunk of targets, row 0 unpatched (checked against the capture).
+    Raises ``SpecError`` (``observable.positions``) naming the misaligned pairs.
+    """
+    from ..errors import SpecError
+
+    bad = misaligned_pairs(encoded, pair_indices)
+    if bad:
+        raise SpecError("observable.positions", f"positions=all needs both sides of a pair to tokenize to equal "
+                        f"length; {len(bad)} pair(s) do not: {bad[:10]}.",
+                        fix="use positions=readout, or select pairs of equal length (dataset.limit / a filtered file).")
+    base_side = 1 if mode == "denoise" else 0
+    dev = next(lm.model.parameters()).device
+    out = np.zeros((len(pair_indices), len(targets), lm.head.n_outputs), np.float64)
+    counts = {"forward_passes": 0, "tokens": 0}
+    for pi, p in enumerate(pair_indices):
+        base = list((encoded.rejected if base_side else encoded.chosen)[p])
+        src = list((encoded.chosen if base_side else encoded.rejected)[p])
+        T = len(base)
+        src_acts: dict = {}
+        hooks = [_module_for(lm, s, l).register_forward_hook(
+            lambda m, a, o, k=(s, l): src_acts.__setitem__(k, _first(o)[0].clone())) for s, l in set(targets)]
+        try:
+            lm.model(input_ids=torch.tensor([src], device=dev), position_ids=torch.arange(T, device=dev)[None])
+        finally:
+            for h in hooks:
+                h.remove()
+        counts["forward_passes"] += 1
+        counts["tokens"] += T
+        for start in range(0, len(targets), chunk):
+            part = targets[start:start + chunk]
+            n = len(part) + 1
+            by_module: dict = {}
+            for row, key in enumerate(part, start=1):
+                by_module.setdefault(key, []).append(row)
+            hbuf: dict = {}
+            handles = [_module_for(lm, s, l).register_forward_hook(_full_replacer(rows, src_acts[(s, l)]))
+                       for (s, l), rows in by_module.items()]
+            handles.append(lm.norm.module.register_forward_hook(
+                lambda m, a, o: hbuf.__setitem__("h", _first(o)[:, -1].float().cpu().numpy())))
+            try:
+                lm.model(input_ids=torch.tensor([base] * n, device=dev),
+                         position_ids=torch.arange(T, device=dev)[None].expand(n, T))
+            finally:
+                for h in handles:
+                    h.remove()
+            counts["forward_passes"] += 1
+            counts["tokens"] += n * T
+            out[pi, start:start + len(part)] = lm.head.rewards(hbuf["h"])[1:]
+    return out, counts
+
+
+def _full_replacer(rows, value):
+    def hook(mod, args, output):
+        x = _first(output).clone()
+        x[rows] = value.to(x.dtype)
+        return (x,) + tuple(output[1:]) if isinstance(output, tuple) else x
+    return hook

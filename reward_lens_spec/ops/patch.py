@@ -6,7 +6,9 @@ activation patched in; ``noise`` the reverse. Quantities:
   effect    r_patched − r_base (reward units)
   restored  (r_patched − r_base) / (r_source − r_base)  (fraction; NaN for a zero margin)
 ``observable.layers``, ``observable.components`` and ``observable.pairs`` (first
-N pairs) restrict the grid. Exact patching re-runs only the readout token
+N pairs) restrict the grid. ``positions: all`` (opt-in) patches every position
+instead, allowed only for pairs whose sides tokenize to equal length: a
+misaligned pair is an error, never a silent truncation. Exact patching re-runs only the readout token
 against the cached prefix (see ``models.patching``); attribution patching is
 gradient × activation difference, first order, labelled approximate.
 Both steps of one grid share one set of re-runs (memoised per run).
@@ -30,6 +32,7 @@ class PatchParams:
     quantity: str = "effect"
     mode: str = "denoise"
     components: tuple = ("resid", "attn", "mlp")
+    positions: str = "readout"      # "readout" | "all" (every position; sides must tokenize to equal length)
 
 
 class _PatchBase(Operator):
@@ -59,6 +62,11 @@ class _PatchBase(Operator):
         if self.p.quantity not in ("effect", "restored"):
             raise SpecError(where + ".quantity", f"unknown quantity '{self.p.quantity}'.",
                             value=self.p.quantity, options=["effect", "restored"])
+        if self.p.positions not in ("readout", "all"):
+            raise SpecError(where + ".positions", f"unknown position mode '{self.p.positions}'.",
+                            value=self.p.positions, options=["readout", "all"])
+        if self.p.positions == "all" and self.approximate:
+            raise SpecError(where + ".positions", "attribution patching reads the readout position only.")
         if self.p.mode not in ("denoise", "noise"):
             raise SpecError(where + ".mode", f"unknown mode '{self.p.mode}'.", value=self.p.mode,
                             options=["denoise", "noise"])
@@ -75,7 +83,7 @@ class _PatchBase(Operator):
         n = len(ctx.encoded.pair_ids) if ctx.info.pairs is None else min(ctx.info.pairs, len(ctx.encoded.pair_ids))
         pidx = list(range(n))
         targets = [(_COMP[c], l) for l in layers for c in comps]
-        key = (self.name, self.p.mode, tuple(targets), n)
+        key = (self.name, self.p.mode, self.p.positions, tuple(targets), n)
         if key not in ctx.memo:
             ctx.memo[key], counts = self._compute(ctx, targets, pidx)
             ctx.add_counts(self.name, counts)
@@ -109,7 +117,9 @@ class Patch(_PatchBase):
     name = "patch"
 
     def _compute(self, ctx, targets, pidx):
-        from ..models.patching import patch_readout
+        from ..models.patching import patch_all_positions, patch_readout
+        if self.p.positions == "all":
+            return patch_all_positions(ctx.lm, ctx.encoded, targets, pidx, mode=self.p.mode)
         return patch_readout(ctx.lm, ctx.encoded, ctx.capture, targets, pidx, mode=self.p.mode)
 
 
