@@ -359,3 +359,10 @@ def test_catalog_cli(url, tmp_path, capsys):
             f"rc = main(['ls', 'url={url}']); assert 'torch' not in sys.modules; sys.exit(rc)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0 and "r0" in proc.stdout, proc.stderr
+
+
+def test_a_filter_that_matches_nothing_keeps_the_columns(tmp_path):
+    url = str(tmp_path / "s.zarr")
+    write_run(url, "only-run", {"score": xr.Dataset({"m": ("pair", np.zeros(2))})}, {"model": "m"})
+    empty = open_store(url).runs(observable="scorecard")
+    assert len(empty) == 0 and "run_id" in empty.columns

@@ -94,12 +94,14 @@ class Store:
         df = pd.DataFrame(rows, columns=list(COLUMNS))
         df["created"] = pd.to_datetime(df["created"], utc=True, errors="coerce")
         for k, v in filters.items():
+            # masks are cast to bool: on an empty frame map() yields an object-dtype Series,
+            # which pandas would read as a column selection and drop every column
             if k == "observable":
-                df = df[df["observables"].map(lambda obs: v in obs)]
+                df = df.loc[df["observables"].map(lambda obs: v in obs).astype(bool)]
             elif k == "created":
-                df = df[df["created"] == pd.to_datetime(v, utc=True)]
+                df = df.loc[(df["created"] == pd.to_datetime(v, utc=True)).astype(bool)]
             else:
-                df = df[df[k].map(lambda x: x == v)]
+                df = df.loc[df[k].map(lambda x: x == v).astype(bool)]
         return df.sort_values(["created", "run_id"]).reset_index(drop=True)
 
     def incomplete(self) -> list[str]:
