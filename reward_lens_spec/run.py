@@ -41,7 +41,7 @@ def describe_model(spec, base_dir=None) -> tuple:
     import transformers as tf
 
     from .models.families import family_for
-    from .models.loading import resolve_source
+    from .models.loading import gguf_for, resolve_source
     from .models.tiny import TINY_CONFIGS, tiny_config
 
     kind, loc = resolve_source(spec.source, base_dir)
@@ -51,7 +51,8 @@ def describe_model(spec, base_dir=None) -> tuple:
         cfg = tiny_config(loc)
     else:
         try:
-            cfg = tf.AutoConfig.from_pretrained(loc, **({"gguf_file": spec.gguf_file} if spec.gguf_file else {}))
+            gguf = gguf_for(spec, kind, loc)
+            cfg = tf.AutoConfig.from_pretrained(loc, **({"gguf_file": gguf} if gguf else {}))
         except (OSError, ValueError) as exc:
             raise SpecError("model.source", f"cannot read the model config at '{spec.source}': "
                             f"{str(exc).splitlines()[0]}") from None

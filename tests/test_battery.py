@@ -121,7 +121,8 @@ def test_attribution_patching_is_exact_where_the_path_is_linear():
 def test_layer_and_component_subsets():
     model, tok = build_tiny("tiny")
     ds, _ = run_obs(wrap_model("tiny", model, tok), "patch", layers=[1, 3], components=["mlp"], pairs=2)
-    assert ds["patch_effect"].shape == (2, 2, 1)
+    assert ds["patch_effect"].shape == (5, 2, 1)                 # one pair axis; unpatched pairs are NaN
+    assert int(np.isfinite(ds["patch_effect"]).all(["layer", "component"]).sum()) == 2
     assert list(ds.layer.values) == [1, 3]
 
 
@@ -175,3 +176,13 @@ def test_all_position_patching_needs_aligned_pairs_and_restores_fully():
     np.testing.assert_allclose(ds["pe"].sel(component="resid"), 1.0, atol=1e-4)
     with pytest.raises(SpecError, match="observable.positions.*equal"):
         compute(lm, make_pairs(3), build_plan(obs, info), info, batch_size=4)
+
+
+def test_battery_with_a_patched_subset_keeps_one_pair_axis():
+    model, tok = build_tiny("tiny")
+    ds, _ = run_obs(wrap_model("tiny", model, tok), "battery", pairs=2)
+    assert ds.sizes["pair"] == 5
+    grid = ds["patch_effect"].sel(layer=[0, 1, 2, 3], component=["resid", "attn", "mlp"])
+    assert np.isfinite(grid.isel(pair=[0, 1])).all()
+    assert np.isnan(grid.isel(pair=[2, 3, 4])).all()
+    assert np.isfinite(ds["margin"]).all()

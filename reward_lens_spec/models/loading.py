@@ -82,6 +82,18 @@ def resolve_source(source: str, base_dir: str | None = None) -> tuple[str, str]:
     return "hub", source
 
 
+def gguf_for(spec, kind: str, loc: str) -> str | None:
+    """``model.gguf_file`` unless the folder is a plain HF checkpoint without that file.
+
+    A fitted model saved from a GGUF base (``config.json`` + safetensors) is loaded as a
+    folder even when the model config still names the GGUF file.
+    """
+    g = getattr(spec, "gguf_file", None)
+    if g and kind == "folder" and not (Path(loc) / g).exists() and (Path(loc) / "config.json").exists():
+        return None
+    return g
+
+
 def load_model(spec, base_dir: str | None = None) -> LoadedModel:
     """Load the model described by ``spec`` (a ``ModelSpec``)."""
     import transformers as tf
@@ -100,15 +112,16 @@ def load_model(spec, base_dir: str | None = None) -> LoadedModel:
             from .gated_head import attach_gated_head
             attach_gated_head(model, spec.num_labels, seed=spec.seed)
     else:
+        gguf = gguf_for(spec, kind, loc)
         kwargs = dict(num_labels=spec.num_labels, trust_remote_code=spec.trust_remote_code, dtype=_DTYPES[dtype])
         if spec.revision:
             kwargs["revision"] = spec.revision
         if spec.attn_implementation:
             kwargs["attn_implementation"] = spec.attn_implementation
-        if spec.gguf_file:
-            kwargs["gguf_file"] = spec.gguf_file
-            if not (kind != "folder" or (Path(loc) / spec.gguf_file).exists()):
-                raise SpecError("model.gguf_file", f"{spec.gguf_file} not found in {loc}.")
+        if gguf:
+            kwargs["gguf_file"] = gguf
+            if not (kind != "folder" or (Path(loc) / gguf).exists()):
+                raise SpecError("model.gguf_file", f"{gguf} not found in {loc}.")
             for need in ("gguf", "accelerate"):
                 if importlib.util.find_spec(need) is None:
                     raise SpecError("model.gguf_file", f"loading GGUF needs the '{need}' package.",
@@ -117,7 +130,7 @@ def load_model(spec, base_dir: str | None = None) -> LoadedModel:
             kwargs["use_safetensors"] = None if spec.allow_pickle else True
         try:
             tok = tf.AutoTokenizer.from_pretrained(loc, trust_remote_code=spec.trust_remote_code,
-                                                   **({"gguf_file": spec.gguf_file} if spec.gguf_file else {}))
+                                                   **({"gguf_file": gguf} if gguf else {}))
             model = tf.AutoModelForSequenceClassification.from_pretrained(loc, **kwargs)
         except OSError as exc:
             hint = ("weights are not safetensors: set model.allow_pickle=true only if you trust the file."

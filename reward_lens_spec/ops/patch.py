@@ -95,7 +95,12 @@ class _PatchBase(Operator):
         if self.p.quantity == "restored":
             with np.errstate(divide="ignore", invalid="ignore"):
                 data = np.where(src != base, data / (src - base), np.nan)
-        coords = ctx.pair_coords(pidx)
+        # pairs beyond observable.pairs stay NaN, so every variable of a run shares one pair axis
+        n_all = len(ctx.encoded.pair_ids)
+        full = np.full((n_all,) + data.shape[1:], np.nan)
+        full[pidx] = data
+        data = full
+        coords = ctx.pair_coords()
         dims = ("pair", "layer", "component")
         if data.shape[-1] > 1:
             arr = xr.DataArray(data, dims=dims + ("objective",),
