@@ -92,3 +92,14 @@ def test_only_needed_positions_are_kept(encoded_for):
     cap = capture(lm, encoded_for(lm), ("resid_post",), batch_size=4)
     assert cap.sites["resid_post"].shape == (5, 2, lm.n_layers, lm.d_model)
     assert cap.counts["forward_passes"] == 3          # 10 sequences, batches of 4
+
+
+def test_identical_sides_run_once_and_give_exactly_zero_margin():
+    lm = tiny_lm("tiny")
+    ps = make_pairs(3) + [Pair(id="same", prompt="Say hi", chosen="hi there", rejected="hi there")]
+    enc = encode_pairs(lm.tokenizer, ps)
+    for bs in (1, 3, 8):
+        cap = capture(lm, enc, ("resid_post",), batch_size=bs)
+        assert cap.logits[3, 0, 0] - cap.logits[3, 1, 0] == 0.0
+        np.testing.assert_array_equal(cap.sites["resid_post"][3, 0], cap.sites["resid_post"][3, 1])
+    assert capture(lm, enc, (), batch_size=1).counts["forward_passes"] == 7     # 8 sides, 7 distinct

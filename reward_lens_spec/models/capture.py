@@ -109,7 +109,10 @@ def hf_pooled_index(input_ids: torch.Tensor, pad_id: int | None) -> torch.Tensor
 @torch.inference_mode()
 def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tokens: int | None = None,
             padding_side: str = "left", readout_fn=None, progress: bool = False) -> CaptureResult:
-    """Run every side of ``encoded`` (an ``EncodedPairs``) once; return a ``CaptureResult``.
+    """Run every distinct side of ``encoded`` (an ``EncodedPairs``) once; return a ``CaptureResult``.
+
+    Identical token sequences (e.g. a pair whose chosen equals its rejected) run once and
+    share their activations, so such a pair's margin is exactly 0 whatever the batching.
 
     ``sites``: subset of ``LAYER_SITES``. ``readout_fn(attention_mask) -> LongTensor[B]``
     overrides the readout (tests use it to prove the self-check fires).
@@ -127,7 +130,12 @@ def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tok
     pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else lm.model.config.pad_token_id
     device = next(lm.model.parameters()).device
     rec = _Recorder(lm, sites)
-    batches = batches_by_length([len(s) for s in seqs], batch_size, max_tokens)
+    first: dict[tuple, int] = {}
+    owners: dict[int, list[int]] = {}
+    for r, sq in enumerate(seqs):                        # row -> first row with the same token ids
+        owners.setdefault(first.setdefault(tuple(sq), r), []).append(r)
+    uniq = sorted(owners)
+    batches = [[uniq[i] for i in b] for b in batches_by_length([len(seqs[u]) for u in uniq], batch_size, max_tokens)]
     try:
         it = batches
         if progress:
@@ -140,15 +148,17 @@ def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tok
             rec.readout, rec.buf = readout, {}
             res = lm.model(input_ids=ids.to(device), attention_mask=mask.to(device),
                            position_ids=pos.to(device), use_cache=False)
-            pair_idx, side_idx = np.array(rows) // 2, np.array(rows) % 2
+            src = np.array([j for j, r in enumerate(rows) for _ in owners[r]])
+            dst = np.array([o for r in rows for o in owners[r]])
+            pair_idx, side_idx = dst // 2, dst % 2
             h = rec.buf[("h", 0)].numpy()
             _self_check(lm, rows, out.pair_ids, h, rec.buf[("logits", 0)].numpy(), res.logits,
                         hf_pooled_index(ids, lm.model.config.pad_token_id), readout_index(mask))
-            out.h[pair_idx, side_idx] = h
-            out.logits[pair_idx, side_idx] = rec.buf[("logits", 0)].numpy()
+            out.h[pair_idx, side_idx] = h[src]
+            out.logits[pair_idx, side_idx] = rec.buf[("logits", 0)].numpy()[src]
             for (site, layer), val in rec.buf.items():
                 if site in out.sites:
-                    out.sites[site][pair_idx, side_idx, layer] = val.numpy()
+                    out.sites[site][pair_idx, side_idx, layer] = val.numpy()[src]
             out.counts["forward_passes"] += 1
             out.counts["tokens"] += int(mask.sum())
             out.counts["padded_tokens"] += int(mask.numel())
