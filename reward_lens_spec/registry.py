@@ -119,10 +119,13 @@ def expand_steps(obs, resolve_include) -> tuple[list[dict], list[str]]:
     return steps, outputs
 
 
+def _no_includes(name: str):
+    raise SpecError("observable.include", f"cannot resolve '{name}': no observable resolver was given.")
+
+
 def build_plan(obs, info: PlanInfo, resolve_include=None) -> Plan:
     """Validate ``obs`` (an ``ObservableSpec``) against ``info``; return the ``Plan``."""
-    raw_steps, outputs = expand_steps(obs, resolve_include or (lambda n: (_ for _ in ()).throw(
-        SpecError("observable.include", f"cannot resolve '{n}'."))))
+    raw_steps, outputs = expand_steps(obs, resolve_include or _no_includes)
     if not raw_steps:
         raise SpecError(f"observable.{obs.name}.steps", "an observable needs at least one step.")
     steps: dict[str, Step] = {}

@@ -1,6 +1,8 @@
 """Runtime invariants on a tiny random model of every family (float32)."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -9,6 +11,7 @@ from reward_lens_spec.data import Pair
 from reward_lens_spec.errors import CaptureError
 from reward_lens_spec.models.capture import capture
 from reward_lens_spec.models.formatting import encode_pairs
+from reward_lens_spec.models.head import read_head
 from tests.conftest import make_pairs, tiny_lm
 
 SITES = ("embed", "resid_post", "attn_out", "mlp_out")
@@ -80,8 +83,7 @@ def test_float16_overflow_is_an_error_not_a_nan():
     lm = tiny_lm("tiny", dtype="float16")
     with torch.no_grad():
         lm.model.score.weight.mul_(1e6)           # rewards far beyond float16's range
-    lm = type(lm)(**{**lm.__dict__, "head": __import__("reward_lens_spec.models.head", fromlist=["x"]).read_head(
-        lm.model, lm.family)})
+    lm = dataclasses.replace(lm, head=read_head(lm.model, lm.family))      # re-read the scaled head
     enc = encode_pairs(lm.tokenizer, make_pairs(2))
     with pytest.raises(CaptureError, match="non-finite"):
         capture(lm, enc, (), batch_size=2)

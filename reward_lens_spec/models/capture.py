@@ -69,7 +69,7 @@ class _Recorder:
             if "attn_z" in sites:
                 self._pre(get_module(layer, lm.family.o_proj), ("attn_z", layer_idx))
         self._post(lm.norm.module, ("h", 0))
-        self._post(get_module(lm.model, lm.family.head), ("logits", 0), keep_grad=False)
+        self._post(get_module(lm.model, lm.family.head), ("logits", 0))
 
     def _take(self, t):
         rows = torch.arange(t.shape[0], device=t.device)
@@ -81,7 +81,7 @@ class _Recorder:
             self.buf[key] = self._take(x)
         self.handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
 
-    def _post(self, module, key, keep_grad=True):
+    def _post(self, module, key):
         def hook(mod, args, out):
             self.buf[key] = self._take(_first(out))
         self.handles.append(module.register_forward_hook(hook))

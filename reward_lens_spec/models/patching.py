@@ -72,25 +72,13 @@ def patch_readout(lm, encoded, cap, targets, pair_indices, *, mode: str = "denoi
             for row, (site, layer) in enumerate(part, start=1):
                 src = torch.as_tensor(_source_act(cap, site, layer, p, 1 - base_side))
                 by_module.setdefault((site, layer), []).append((row, src))
-            handles, hbuf = [], {}
-            for (site, layer), items in by_module.items():
-                handles.append(_module_for(lm, site, layer).register_forward_hook(_replacer(items)))
-            handles.append(lm.norm.module.register_forward_hook(
-                lambda m, a, o: hbuf.__setitem__("h", _first(o)[:, -1].float().cpu().numpy())))
-            try:
-                lm.model(input_ids=torch.tensor([[ids[-1]]] * n, device=dev),
-                         attention_mask=torch.ones((n, T), dtype=torch.long, device=dev),
-                         position_ids=torch.full((n, 1), T - 1, device=dev), cache=c, use_cache=True)
-            finally:
-                for h in handles:
-                    h.remove()
+            hooks = [(_module_for(lm, site, layer), _replacer(items)) for (site, layer), items in by_module.items()]
+            r = _patched_rewards(lm, hooks, input_ids=torch.tensor([[ids[-1]]] * n, device=dev),
+                                 attention_mask=torch.ones((n, T), dtype=torch.long, device=dev),
+                                 position_ids=torch.full((n, 1), T - 1, device=dev), cache=c, use_cache=True)
             counts["forward_passes"] += 1
             counts["tokens"] += n
-            r = lm.head.rewards(hbuf["h"])
-            ref = cap.logits[p, base_side]
-            if np.abs(r[0] - ref).max() > 1e-3 * (1 + np.abs(ref).max()) and lm.dtype == "float32":
-                raise CaptureError(f"{lm.name}: the unpatched cached re-run of pair {encoded.pair_ids[p]} "
-                                   f"gives {r[0]} but the capture gave {ref}; patching results would be wrong.")
+            _check_unpatched(lm, r[0], cap.logits[p, base_side], encoded.pair_ids[p])
             out[pi, start:start + len(part)] = r[1:]
     return out, counts
 
@@ -167,7 +155,7 @@ def misaligned_pairs(encoded, pair_indices) -> list[str]:
 
 
 @torch.inference_mode()
-def patch_all_positions(lm, encoded, targets, pair_indices, *, mode: str = "denoise", chunk: int = 32):
+def patch_all_positions(lm, encoded, cap, targets, pair_indices, *, mode: str = "denoise", chunk: int = 32):
     """Patch a site at EVERY position (sides must tokenize to equal length): (pair, target, output).
 
     One forward of the source side keeps each target's full-sequence output; then the
@@ -205,21 +193,35 @@ def patch_all_positions(lm, encoded, targets, pair_indices, *, mode: str = "deno
             by_module: dict = {}
             for row, key in enumerate(part, start=1):
                 by_module.setdefault(key, []).append(row)
-            hbuf: dict = {}
-            handles = [_module_for(lm, s, l).register_forward_hook(_full_replacer(rows, src_acts[(s, l)]))
-                       for (s, l), rows in by_module.items()]
-            handles.append(lm.norm.module.register_forward_hook(
-                lambda m, a, o: hbuf.__setitem__("h", _first(o)[:, -1].float().cpu().numpy())))
-            try:
-                lm.model(input_ids=torch.tensor([base] * n, device=dev),
-                         position_ids=torch.arange(T, device=dev)[None].expand(n, T))
-            finally:
-                for h in handles:
-                    h.remove()
+            hooks = [(_module_for(lm, s, l), _full_replacer(rows, src_acts[(s, l)])) for (s, l), rows in by_module.items()]
+            r = _patched_rewards(lm, hooks, input_ids=torch.tensor([base] * n, device=dev),
+                                 position_ids=torch.arange(T, device=dev)[None].expand(n, T))
             counts["forward_passes"] += 1
             counts["tokens"] += n * T
-            out[pi, start:start + len(part)] = lm.head.rewards(hbuf["h"])[1:]
+            _check_unpatched(lm, r[0], cap.logits[p, base_side], encoded.pair_ids[p])
+            out[pi, start:start + len(part)] = r[1:]
     return out, counts
+
+
+def _patched_rewards(lm, hooks, **model_kwargs) -> np.ndarray:
+    """One forward with ``(module, hook)`` pairs attached; rewards (row, output) read at the last position."""
+    hbuf: dict = {}
+    handles = [m.register_forward_hook(h) for m, h in hooks]
+    handles.append(lm.norm.module.register_forward_hook(
+        lambda m, a, o: hbuf.__setitem__("h", _first(o)[:, -1].float().cpu().numpy())))
+    try:
+        lm.model(**model_kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    return lm.head.rewards(hbuf["h"])
+
+
+def _check_unpatched(lm, got, ref, pair_id) -> None:
+    """Row 0 of every patched forward is unpatched: it must reproduce the captured base reward."""
+    if lm.dtype == "float32" and np.abs(got - ref).max() > 1e-3 * (1 + np.abs(ref).max()):
+        raise CaptureError(f"{lm.name}: the unpatched re-run of pair {pair_id} gives {got} but the capture "
+                           f"gave {ref}; patching results would be wrong.")
 
 
 def _full_replacer(rows, value):

@@ -124,7 +124,7 @@ class Patch(_PatchBase):
     def _compute(self, ctx, targets, pidx):
         from ..models.patching import patch_all_positions, patch_readout
         if self.p.positions == "all":
-            return patch_all_positions(ctx.lm, ctx.encoded, targets, pidx, mode=self.p.mode)
+            return patch_all_positions(ctx.lm, ctx.encoded, ctx.capture, targets, pidx, mode=self.p.mode)
         return patch_readout(ctx.lm, ctx.encoded, ctx.capture, targets, pidx, mode=self.p.mode)
 
 
