@@ -21,7 +21,7 @@ import torch
 
 from ..errors import CaptureError
 from .head import get_module
-from .padding import batches_by_length, pad_batch, readout_index
+from .padding import batches_by_length, pad_batch
 
 LAYER_SITES = ("embed", "resid_pre", "resid_post", "attn_out", "mlp_out", "attn_z")
 SIDES = ("chosen", "rejected")
@@ -53,7 +53,7 @@ class _Recorder:
     """Registers hooks that keep ``out[row, readout[row]]`` for the current batch."""
 
     def __init__(self, lm, sites):
-        self.lm, self.sites, self.handles, self.readout, self.buf = lm, sites, [], None, {}
+        self.lm, self.sites, self.handles, self.index, self.buf = lm, sites, [], None, {}
         layers = get_module(lm.model, lm.family.layers)
         if "embed" in sites:
             self._pre(layers[0], ("embed", 0))
@@ -71,9 +71,13 @@ class _Recorder:
         self._post(lm.norm.module, ("h", 0))
         self._post(get_module(lm.model, lm.family.head), ("logits", 0))
 
+    def start(self, readout: torch.Tensor, device) -> None:
+        """Begin a batch: (row, readout) index pair built once, used by every hook."""
+        self.index = (torch.arange(readout.shape[0], device=device), readout.to(device))
+        self.buf = {}
+
     def _take(self, t):
-        rows = torch.arange(t.shape[0], device=t.device)
-        return t[rows, self.readout.to(t.device)].detach().float().cpu()
+        return t[self.index].detach().float().cpu()
 
     def _pre(self, module, key):
         def hook(mod, args, kwargs):
@@ -143,9 +147,10 @@ def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tok
             it = tqdm(batches, desc=f"capture {lm.name}", unit="batch")
         for rows in it:
             ids, mask, pos, readout = pad_batch([seqs[r] for r in rows], pad_id, padding_side)
+            last_attended = readout                          # from the mask (padding.pad_batch)
             if readout_fn is not None:
                 readout = readout_fn(mask)
-            rec.readout, rec.buf = readout, {}
+            rec.start(readout, device)
             res = lm.model(input_ids=ids.to(device), attention_mask=mask.to(device),
                            position_ids=pos.to(device), use_cache=False)
             src = np.array([j for j, r in enumerate(rows) for _ in owners[r]])
@@ -153,7 +158,7 @@ def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tok
             pair_idx, side_idx = dst // 2, dst % 2
             h = rec.buf[("h", 0)].numpy()
             _self_check(lm, rows, out.pair_ids, h, rec.buf[("logits", 0)].numpy(), res.logits,
-                        hf_pooled_index(ids, lm.model.config.pad_token_id), readout_index(mask))
+                        hf_pooled_index(ids, lm.model.config.pad_token_id), last_attended)
             out.h[pair_idx, side_idx] = h[src]
             out.logits[pair_idx, side_idx] = rec.buf[("logits", 0)].numpy()[src]
             for (site, layer), val in rec.buf.items():

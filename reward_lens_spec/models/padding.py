@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from ..errors import SpecError
@@ -39,20 +40,18 @@ def pad_batch(seqs: list[list[int]], pad_id: int | None, side: str = "left"
         raise SpecError("model.batch", "a row has no tokens, so it has no readout token.",
                         fix="drop empty pairs before batching.")
     fill = 0 if pad_id is None else int(pad_id)
-    B, T = len(seqs), max(len(s) for s in seqs)
-    input_ids = torch.full((B, T), fill, dtype=torch.long)
-    mask = torch.zeros((B, T), dtype=torch.long)
+    lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
+    B, T = len(seqs), int(lengths.max())
+    input_ids = np.full((B, T), fill, dtype=np.int64)
+    mask = np.zeros((B, T), dtype=np.int64)
     for b, s in enumerate(seqs):
-        row = torch.as_tensor(list(s), dtype=torch.long)
-        if side == "left":
-            input_ids[b, T - len(s):] = row
-            mask[b, T - len(s):] = 1
-        else:
-            input_ids[b, :len(s)] = row
-            mask[b, :len(s)] = 1
-    position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
-    readout = readout_index(mask)
-    return input_ids, mask, position_ids, readout
+        cols = slice(T - len(s), T) if side == "left" else slice(0, len(s))
+        input_ids[b, cols] = s
+        mask[b, cols] = 1
+    position_ids = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
+    readout = T - 1 - np.argmax(mask[:, ::-1], axis=1)         # rightmost attended token (every row has one)
+    return (torch.from_numpy(input_ids), torch.from_numpy(mask), torch.from_numpy(position_ids),
+            torch.from_numpy(readout))
 
 
 def readout_index(attention_mask: torch.Tensor) -> torch.Tensor:
