@@ -9,6 +9,8 @@
     reward-lens-spec freeze|adjudicate experiment=NAME [store.url=...]   preregistered studies
     reward-lens-spec fit model=... dataset=... out=DIR         fit a Bradley–Terry head
     reward-lens-spec report url=STORE run=ID out=DIR          plots from a store; no model
+    reward-lens-spec compare url=STORE a=RUN b=RUN [vars=...]  two models' runs: margins; directions
+                                                             only in one shared frame; no model
 
 Group choices and keys given on the command line are checked before Hydra
 composes anything, so a typo gets "did you mean" and a non-zero exit.
@@ -24,7 +26,7 @@ from .paths import conf_dir, group_options
 from .spec import GROUP_SCHEMAS, register_configs
 
 GROUPS = ("model", "dataset", "observable", "frame", "store", "experiment")
-SUBCOMMANDS = ("validate", "ops", "store", "calibrate", "freeze", "adjudicate", "fit", "report")
+SUBCOMMANDS = ("validate", "ops", "store", "calibrate", "freeze", "adjudicate", "fit", "report", "compare")
 
 
 def precheck_overrides(args: list[str]) -> None:
@@ -53,7 +55,7 @@ def precheck_overrides(args: list[str]) -> None:
             if sub not in names:
                 raise SpecError(key, "unknown key.", value=sub, options=names)
             if "," not in value or value.startswith("["):        # a sweep is checked per job
-                validate(OmegaConf.from_dotlist([f"{key}={value}"]))
+                validate(OmegaConf.from_dotlist([f"{key}={value}"]), partial=True)
         elif not rest and head not in ("mode", "seed") and head not in GROUPS:
             raise SpecError(key, "unknown key.", value=head, options=("mode", "seed") + GROUPS)
 
@@ -123,6 +125,9 @@ def main(argv: list[str] | None = None) -> None:
         if argv and argv[0] == "fit":
             from .fit.cli import main as fit_main
             raise SystemExit(fit_main(argv[1:]))
+        if argv and argv[0] == "compare":
+            from .compare.cli import main as compare_main
+            raise SystemExit(compare_main(argv[1:]))
         if argv and argv[0] == "report":
             from .report.cli import main as report_main
             raise SystemExit(report_main(argv[1:]))

@@ -69,6 +69,9 @@ def plan_for(run, base_dir=None):
                     model_name=run.model.name, layers=tuple(obs.layers) if obs.layers is not None else None,
                     components=tuple(obs.components) if obs.components else None, pairs=obs.pairs,
                     gated=run.model.head.value == "gated")
+    if run.frame.partner:                                     # a typo in the partner fails before any load
+        from .spec import group_config
+        group_config("model", run.frame.partner, key="frame.partner", base_dir=base_dir)
     return build_plan(obs, info, load_observable), info
 
 
@@ -103,6 +106,12 @@ def _git_sha() -> str | None:
         return None
 
 
+def frame_dependent(plan) -> list[str]:
+    """The plan's outputs whose numbers depend on the frame (gauge ``frame:...`` or ``mixed:...``)."""
+    from .frames.gate import is_frame_dependent
+    return [s.name for s in plan.steps if s.name in plan.outputs and is_frame_dependent(s.gauge)]
+
+
 @dataclass
 class Outcome:
     run_id: str
@@ -113,11 +122,14 @@ class Outcome:
 
 
 def compute(lm, pairs, plan, info, *, fmt="plain", template="User: {prompt}\nAssistant: {response}",
-            max_length=512, batch_size=16, max_tokens=None, padding_side="left", progress=False):
+            max_length=512, batch_size=16, max_tokens=None, padding_side="left", progress=False, frame=None):
     """Encode ``pairs``, run the one shared capture pass for ``plan``, then every step.
 
-    Returns ``(xr.Dataset of the plan's outputs, RunContext, EncodedPairs)``.
+    Frame-dependent outputs are then expressed in ``frame`` (a ``frames.Frame``; ``None`` =
+    native, see ``frames.express``). Returns ``(xr.Dataset of the plan's outputs, RunContext,
+    EncodedPairs)``.
     """
+    from .frames.express import express
     from .context import RunContext
     from .models.capture import capture
     from .models.formatting import encode_pairs
@@ -134,12 +146,13 @@ def compute(lm, pairs, plan, info, *, fmt="plain", template="User: {prompt}\nAss
     for step in plan.steps:
         values[step.name] = step.op.run(ctx, *[values[s] for s in step.inputs])
         values[step.name].attrs.setdefault("gauge", step.gauge)
-    return xr.Dataset({o: values[o] for o in plan.outputs}), ctx, enc
+    return express(xr.Dataset({o: values[o] for o in plan.outputs}), frame, info.model_name), ctx, enc
 
 
 def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress: bool = True) -> Outcome:
     """Run one composed, validated config (``RunConfig``) end to end; see the module docstring."""
     from .data import load_pairs
+    from .frames.resolve import resolve_frame
     from .models.fingerprint import model_fingerprint
     from .models.loading import load_model
     from .store import is_complete, write_run
@@ -157,16 +170,20 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     m = run.model
     numerics = {"dtype": m.dtype.value, "max_length": m.max_length, "format": m.format.value,
                 "template": m.template if m.format.value == "plain" else None, "objectives": list(m.objectives)}
-    hash_parts = {"model_fingerprint": fp, "dataset_checksum": pairs.checksum,
+    hash_parts = {"model_fingerprint": fp, "model_name": m.name, "dataset_checksum": pairs.checksum,
                   "observable": canonical_observable(run.observable), "numerics": numerics,
                   "package_version": __version__, "study_hash": study["study_hash"] if study else None}
+    # fitted once, stored, reused; skipped when every output is gauge-invariant (equal in every frame)
+    frame = resolve_frame(run, lm, fp, store_url, base_dir) if frame_dependent(plan) else None
+    if frame is not None:
+        hash_parts["frame"] = frame.id
     run_id = f"{run.observable.name}-{spec_hash(hash_parts)[:20]}"
     so = dict(run.store.storage_options)
     if not run.store.force and is_complete(store_url, run_id, storage_options=so):
         return Outcome(run_id, store_url, True, None, plan)
     result, ctx, enc = compute(lm, pairs, plan, info, fmt=m.format.value, template=m.template,
                                max_length=m.max_length, batch_size=m.batch_size, max_tokens=m.max_tokens,
-                               padding_side=m.padding_side.value, progress=progress)
+                               padding_side=m.padding_side.value, progress=progress, frame=frame)
     wall = time.perf_counter() - t0
     attrs = {
         "config_yaml": resolved_yaml, "spec_hash": spec_hash(hash_parts), "model": m.name, "model_fingerprint": fp,
@@ -180,6 +197,8 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
         "counts": ctx.counts, "trust": compute_trust(run, store_url, model_family=lm.family.name),
         "study_hash": study["study_hash"] if study else None,
         "gauge": {v: str(result[v].attrs.get("gauge", "")) for v in result.data_vars},
+        "frame": {"kind": run.frame.name.value, "id": frame.id if frame is not None else None,
+                  "frame_dependent_outputs": frame_dependent(plan)},
     }
     write_run(store_url, run_id, {run.observable.name: result}, attrs, storage_options=so, force=run.store.force)
     return Outcome(run_id, store_url, False, result, plan)

@@ -128,9 +128,20 @@ class ObservableSpec:
 
 @dataclass
 class FrameSpec:
+    """The frame frame-dependent outputs are expressed in (see ``reward_lens_spec.frames``).
+
+    ``reference``: dataset the frame is fitted on (a ``conf/dataset`` option or a YAML path;
+    null = this run's dataset); ``reference_limit`` pairs, both sides. ``partner``: the other
+    model of a shared frame (a ``conf/model`` option or a YAML path). ``id``: use this stored
+    frame (full id or a unique prefix of >= 8 hex digits) instead of fitting one.
+    """
+
     name: FrameKind = FrameKind.native
     reference_limit: int = 256
     shrinkage: str = "ledoit_wolf"
+    reference: Optional[str] = None
+    partner: Optional[str] = None
+    id: Optional[str] = None
 
 
 @dataclass
@@ -197,11 +208,13 @@ def _find_trust(node, prefix: str = "") -> str | None:
     return None
 
 
-def validate(cfg: DictConfig | dict) -> RunConfig:
+def validate(cfg: DictConfig | dict, *, partial: bool = False) -> RunConfig:
     """Merge ``cfg`` into the ``RunConfig`` schema; return the typed object.
 
     Raises ``SpecError`` naming the key for unknown keys (with the closest
     valid key), wrong types, bad Enum values and a ``trust`` key anywhere.
+    ``partial``: ``cfg`` is one command-line override, not a composed config, so
+    checks that relate several keys (e.g. ``frame.partner`` needs ``frame=shared``) wait.
     """
     raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     raw.pop("hydra", None)
@@ -215,7 +228,7 @@ def validate(cfg: DictConfig | dict) -> RunConfig:
     except (ConfigKeyError, ValidationError) as exc:
         raise _spec_error(exc) from None
     obj = OmegaConf.to_object(merged)
-    _check_values(obj)
+    _check_values(obj, partial)
     return obj
 
 
@@ -240,7 +253,7 @@ def _spec_error(exc) -> SpecError:
     return SpecError(full or key, f"wrong type: {msg}")
 
 
-def _check_values(run: RunConfig) -> None:
+def _check_values(run: RunConfig, partial: bool = False) -> None:
     m = run.model
     for key in ("batch_size", "max_length", "num_labels"):
         if getattr(m, key) <= 0:
@@ -250,6 +263,54 @@ def _check_values(run: RunConfig) -> None:
         raise SpecError("model.max_tokens", f"must be positive or null, got {m.max_tokens}.")
     if run.dataset.limit is not None and run.dataset.limit <= 0:
         raise SpecError("dataset.limit", f"must be positive or null, got {run.dataset.limit}.")
+    _check_frame(run.frame, partial)
     if m.format == Format.plain and "{response}" not in m.template:
         raise SpecError("model.template", "a plain template must contain {response}.",
                         fix="e.g. 'User: {prompt}\\nAssistant: {response}'.")
+
+
+def _check_frame(f: FrameSpec, partial: bool) -> None:
+    from .frames.covariance import check_shrinkage
+
+    check_shrinkage(f.shrinkage, "frame.shrinkage")
+    if f.reference_limit < 2:
+        raise SpecError("frame.reference_limit", f"must be at least 2, got {f.reference_limit}.",
+                        fix="a frame needs reference activations from at least 2 pairs (both sides); use 256 or more.")
+    if partial:
+        return
+    if f.name == FrameKind.shared and not f.partner and not f.id:
+        raise SpecError("frame.partner", "a shared frame is fitted for two models; the other one is not named.",
+                        fix="add frame.partner=<model option or model YAML path>, e.g. frame=shared frame.partner=tiny_llama "
+                            "(or frame.id=<stored shared frame id>).")
+    if f.name != FrameKind.shared and f.partner:
+        raise SpecError("frame.partner", f"frame.partner is only used by frame=shared, not frame={f.name.value}.",
+                        fix="drop frame.partner, or use frame=shared.")
+    if f.name == FrameKind.native and f.id:
+        raise SpecError("frame.id", "frame=native is the model's own basis; it is not fitted or stored.",
+                        fix="use frame=whitened or frame=shared with frame.id, or drop frame.id.")
+
+
+def group_config(group: str, ref: str, *, key: str, base_dir: str | None = None):
+    """One group's config, typed by its schema: an option of ``conf/<group>/`` or a YAML file path.
+
+    ``key`` is the config key that named it (for errors, e.g. ``frame.partner``). Raises
+    ``SpecError`` naming ``key`` for an unknown option / missing file (listing the options) or a
+    config that does not fit the schema.
+    """
+    from pathlib import Path
+
+    from .paths import conf_dir, group_options
+
+    path = conf_dir() / group / f"{ref}.yaml"
+    if not path.is_file():
+        cand = Path(ref) if Path(ref).is_absolute() or base_dir is None else Path(base_dir) / ref
+        if ref.endswith((".yaml", ".yml")) and cand.is_file():
+            path = cand
+        else:
+            raise SpecError(key, f"no {group} config '{ref}'.", value=ref, options=group_options(group),
+                            fix=f"name an option of conf/{group}/ or the path of a {group} YAML file.")
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(GROUP_SCHEMAS[group]), OmegaConf.load(path))
+        return OmegaConf.to_object(merged)
+    except (ConfigKeyError, ValidationError) as exc:
+        raise SpecError(key, f"{path} is not a valid {group} config: {str(exc).splitlines()[0]}") from None

@@ -30,6 +30,10 @@ def test_every_option_of_every_group_composes(group):
         over = [f"{group}={opt}"]
         if opt == "jsonl":
             over.append("dataset.path=pairs.jsonl")
+        if opt == "shared":                           # a shared frame needs its second model
+            with pytest.raises(SpecError, match="frame.partner"):
+                validate(composed(*over))
+            over.append("frame.partner=tiny_llama")
         run = validate(composed(*over))
         assert run is not None
 

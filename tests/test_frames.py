@@ -15,6 +15,7 @@ from reward_lens_spec.frames import (as_direction, compare_directions, fit_share
 from reward_lens_spec.models.capture import capture
 from reward_lens_spec.models.formatting import encode_pairs
 from reward_lens_spec.models.loading import wrap_model
+from reward_lens_spec.models.reparam import rotate_residual
 from reward_lens_spec.models.tiny import build_tiny
 from reward_lens_spec.ops.base import PlanInfo
 from reward_lens_spec.ops.margin_agreement import compare_margins
@@ -104,27 +105,10 @@ def test_gate_rules():
 
 # ------------------------------------------------------------------ exact re-parameterization
 
-@torch.no_grad()
-def _unit_gain_rotated(lm_name: str, Q: np.ndarray):
-    """tiny_llama with every RMSNorm gain 1 and its residual basis rotated by Q (x ↦ Qx).
-
-    RMSNorm with unit gain commutes with rotations (‖Qx‖ = ‖x‖); writers into the residual
-    (embeddings, o_proj, down_proj) are left-multiplied by Q, readers (q/k/v, gate/up, score)
-    right-multiplied by Qᵀ. Llama has no biases, so the function computed is unchanged.
-    """
+def _rotated(lm_name: str, Q: np.ndarray):
+    """tiny_llama (seed 3), norm gains folded, residual basis rotated by Q: the same function."""
     model, tok = build_tiny("tiny_llama", seed=3)
-    q = torch.as_tensor(Q, dtype=torch.float32)
-    for name, p in model.named_parameters():
-        if p.ndim == 1:
-            assert name.endswith("norm.weight"), name
-            p.fill_(1.0)
-        elif name.endswith("embed_tokens.weight"):
-            p.copy_(p @ q.T)
-        elif name.endswith(("o_proj.weight", "down_proj.weight")):
-            p.copy_(q @ p)
-        else:
-            assert p.shape[1] == D, name
-            p.copy_(p @ q.T)
+    rotate_residual(model, Q)
     return wrap_model(lm_name, model, tok)
 
 
@@ -139,7 +123,7 @@ def short_pairs(n: int) -> list[Pair]:
 @pytest.fixture(scope="module")
 def reparam():
     Q = ortho_group.rvs(D, random_state=7)
-    lm_a, lm_b = _unit_gain_rotated("a", np.eye(D)), _unit_gain_rotated("b", Q)
+    lm_a, lm_b = _rotated("a", np.eye(D)), _rotated("b", Q)
     enc = encode_pairs(lm_a.tokenizer, short_pairs(40))
     return Q, lm_a, lm_b, capture(lm_a, enc, (), batch_size=16), capture(lm_b, enc, (), batch_size=16)
 

@@ -114,6 +114,31 @@ class Frame:
         """Readout covectors ``w`` (..., d) of ``model`` (e.g. head rows) → frame coordinates."""
         return self._map(w, model, 0.5, False)
 
+    def direction_from_frame(self, u, model: str):
+        """Inverse of ``direction_to_frame``: frame covectors ``u`` (..., d) → ``model``'s native basis.
+
+        ``w = u Rᵀ Σ̂^{-1/2}``. A DataArray must carry this frame's gauge; the result carries
+        ``frame:native:<model>``. Raises ``GaugeError`` for a DataArray in another frame.
+        """
+        i = self._index(model)
+        arr = np.asarray(u.values if isinstance(u, xr.DataArray) else u, dtype=np.float64)
+        if arr.shape[-1] != self.d:
+            raise SpecError("frame.d_model", f"vectors have {arr.shape[-1]} entries, frame has d={self.d}.")
+        if isinstance(u, xr.DataArray) and u.attrs.get("gauge") != self.gauge:
+            raise GaugeError(f"variable '{u.name}' has gauge {u.attrs.get('gauge')!r}, not {self.gauge}; only "
+                             "vectors in this frame can be mapped back. Fix: load the frame the vector was stored in.")
+        if self.kind != "native":
+            if self.rotation[i] is not None:
+                arr = arr @ self.rotation[i].T
+            arr = spectral_power(arr, self.basis[i], self.eigval[i], self.iso[i], -0.5)
+        if not isinstance(u, xr.DataArray):
+            return arr
+        out = xr.DataArray(arr, dims=u.dims, coords={k: v for k, v in u.coords.items() if "d_model" not in v.dims},
+                           name=u.name)
+        out.attrs = {**{k: v for k, v in u.attrs.items() if k != "frame_id"}, "gauge": native_gauge(model),
+                     "model": model}
+        return out
+
     def covariance(self, model: str) -> np.ndarray:
         """Dense shrunk covariance Σ̂ (d × d) of ``model``'s reference activations (small d only)."""
         i = self._index(model)

@@ -55,8 +55,8 @@ def require_shared_frame(*arrays, names: list[str] | None = None, op: str = "thi
             raise GaugeError(
                 f"{op}: variable '{first[0]}' is in {first[1]} but '{other[0]}' is in {other[1]}. "
                 "Directions, activations and cosines are only comparable inside one frame. "
-                f"Fix: fit a shared frame for {' and '.join(models)} on the same reference inputs "
-                "(frame=shared; reward_lens_spec.frames.fit_shared) and map both into it "
-                "(Frame.direction_to_frame / Frame.to_frame), or compare gauge-invariant margins instead "
-                "(compare_margins).")
+                f"Fix: fit a shared frame for {' and '.join(models)} on the same reference inputs and express "
+                "both in it (config: frame=shared frame.partner=<the other model> in both runs; Python: "
+                "frames.fit_shared, then Frame.direction_to_frame / Frame.to_frame), or compare only "
+                "gauge-invariant variables such as margins (compare: vars=margin; Python: compare_margins).")
     return first[1]

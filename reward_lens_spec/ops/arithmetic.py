@@ -15,6 +15,9 @@ from ..errors import SpecError
 from ..registry import register
 from .base import Operator
 
+# point ± vector is a point, point − point a vector, vector ± vector a vector (frames.express)
+_AFFINE = {("sub", "point", "point"): "vector", ("sub", "point", "vector"): "point", ("add", "point", "vector"): "point",
+           ("add", "vector", "point"): "point", ("add", "vector", "vector"): "vector", ("sub", "vector", "vector"): "vector"}
 _HOW = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv}
 
 
@@ -46,6 +49,9 @@ class Combine(Operator):
         units = self.p.units or (x.attrs.get("units", "") if self.p.how in ("add", "sub") else
                                  f"{x.attrs.get('units', '')}{'·' if self.p.how == 'mul' else '/'}{y.attrs.get('units', '')}")
         out.attrs = {"units": units, "gauge": self.gauge([x.attrs.get("gauge"), y.attrs.get("gauge")], None)}
+        affine = _AFFINE.get((self.p.how, x.attrs.get("affine"), y.attrs.get("affine")))
+        if affine:
+            out.attrs["affine"] = affine
         return out
 
 
@@ -71,4 +77,6 @@ class Scale(Operator):
         by = ctx.info.n_layers if self.p.by == "n_layers" else self.p.by
         out = x / by
         out.attrs = {**x.attrs, "units": self.p.units or x.attrs.get("units", "")}
+        if out.attrs.get("affine") == "point":
+            del out.attrs["affine"]                     # a scaled position is neither (frames.express)
         return out

@@ -8,7 +8,9 @@ Sites (TransformerLens vocabulary):
   heads       what each attention head wrote pair × side × layer × head × d_model
               (see ``models.attn_heads``; Σ over heads = attn_out minus any o_proj bias)
   resid_pre | resid_post | attn_out | mlp_out                pair × side × layer × d_model
-Gauge: activations live in the model's native frame (``frame:native:<model>``).
+Gauge: activations live in the model's native frame (``frame:native:<model>``). ``affine`` attr:
+``point`` for positions in the residual stream (readout, resid*), ``vector`` for what components
+wrote (components, heads, attn_out, mlp_out); ``frames.express`` centres points only.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from ..registry import register
 from .base import Operator, labelled
 
 _SITES = ("readout", "resid", "components", "heads", "resid_pre", "resid_post", "attn_out", "mlp_out")
+_WRITES = ("components", "heads", "attn_out", "mlp_out")
 _RUNTIME = {"readout": set(), "resid": {"embed", "resid_post"}, "components": {"embed", "attn_out", "mlp_out"},
             "heads": {"attn_z"}}
 
@@ -93,4 +96,6 @@ class Capture(Operator):
             data = cap.sites[site]
             arr = xr.DataArray(data, dims=("pair", "side", "layer", "d_model"),
                                coords={**coords, "side": side, "layer": np.arange(data.shape[2])})
-        return labelled(arr, "activation", ctx.info.native_frame, f"{site} at the readout token")
+        out = labelled(arr, "activation", ctx.info.native_frame, f"{site} at the readout token")
+        out.attrs["affine"] = "vector" if site in _WRITES else "point"
+        return out

@@ -26,4 +26,6 @@ class Cumsum(Operator):
     def run(self, ctx, x):
         out = x.fillna(0).cumsum(self.p.dim)
         out.attrs = dict(x.attrs)
+        if out.attrs.get("affine") == "point":
+            del out.attrs["affine"]                     # running sums of positions are neither (frames.express)
         return out

@@ -24,4 +24,6 @@ class Diff(Operator):
     def run(self, ctx, x):
         out = x.sel(side="chosen", drop=True) - x.sel(side="rejected", drop=True)
         out.attrs = dict(x.attrs)
+        if "affine" in out.attrs:
+            out.attrs["affine"] = "vector"              # point − point is a displacement
         return out

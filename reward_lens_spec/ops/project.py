@@ -6,7 +6,10 @@ Directions:
                     side's readout h (the input must keep ``side``), so components still sum exactly
   objectives        every head row, always with an ``objective`` dim (a gated head's rows, ungated)
   objective:<name>  one head row ``w_r = W[k]``
-  store:<url>#<run_id>/<observable>/<variable>   a d_model vector saved in a result store
+  store:<url>#<run_id>/<observable>/<variable>   a d_model direction saved in a result store: in this
+                    model's native frame, or in a whitened/shared frame fitted for it (mapped back
+                    to native, ``frames.express.native_direction``); another model's basis is a
+                    ``GaugeError``
 ``bias: true`` adds ``b`` (use it for rewards; margins need none, the bias cancels).
 Units: reward units. Gauge: a projection of an activation on a direction of the
 same model is a scalar readout, invariant under a change of basis.
@@ -63,8 +66,11 @@ class Project(Operator):
             return head.W[k:k + 1].astype(np.float64), head.b[k:k + 1].astype(np.float64), [head.objectives[k]]
         url, _, ref = d.split(":", 1)[1].partition("#")
         run_id, obs, var = ref.split("/")
+        from ..frames.express import native_direction
         from ..store import open_store
-        vec = np.asarray(open_store(url).load(run_id, obs, lazy=False)[var].values, np.float64).reshape(1, -1)
+        stored = open_store(url).load(run_id, obs, lazy=False)[var]
+        stored = native_direction(stored, url, ctx.info.model_name, "observable.steps.direction")
+        vec = np.asarray(stored.values, np.float64).reshape(1, -1)
         if vec.shape[1] != head.W.shape[1]:
             raise SpecError("observable.steps.direction", f"stored vector has {vec.shape[1]} entries, model d_model "
                             f"is {head.W.shape[1]}.")

@@ -50,4 +50,6 @@ class Reduce(Operator):
         else:
             out = getattr(target, self.p.how)(**kw)
         out.attrs = dict(x.attrs)
+        if self.p.how == "sum" and out.attrs.get("affine") == "point":
+            del out.attrs["affine"]                     # a sum of positions is neither (frames.express)
         return out

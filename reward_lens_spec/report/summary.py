@@ -4,6 +4,12 @@ from __future__ import annotations
 import numpy as np
 
 
+def _short(gauge: str) -> str:
+    """``frame:whitened:<64 hex>`` → ``frame:whitened:<12 hex>`` (ids are long; 12 digits identify)."""
+    head, _, tail = gauge.rpartition(":")
+    return f"{head}:{tail[:12]}" if head and len(tail) == 64 else gauge
+
+
 def print_summary(outcome) -> None:
     """Print one line per output variable (dims, units, mean over finite cells) and the store path."""
     if outcome.reused:
@@ -11,12 +17,13 @@ def print_summary(outcome) -> None:
               "(store.force=true recomputes)")
         return
     ds = outcome.result
-    print(f"{'variable':<28} {'dims':<34} {'units':<12} {'mean':>10}")
+    print(f"{'variable':<28} {'dims':<34} {'units':<12} {'mean':>10}  gauge")
     for name, var in ds.data_vars.items():
         vals = np.asarray(var.values, dtype=float)
         fin = vals[np.isfinite(vals)]
         mean = f"{fin.mean():10.4f}" if fin.size else f"{'(no finite)':>10}"
-        print(f"{name:<28} {' × '.join(var.dims):<34} {str(var.attrs.get('units', '')):<12} {mean}")
+        print(f"{name:<28} {' × '.join(var.dims):<34} {str(var.attrs.get('units', '')):<12} {mean}  "
+              f"{_short(str(var.attrs.get('gauge', '')))}")
     if "margin" in ds:
         m = np.asarray(ds["margin"].values, float)
         m = m[np.isfinite(m)]

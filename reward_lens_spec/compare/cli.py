@@ -1,0 +1,81 @@
+"""``reward-lens-spec compare url=STORE a=RUN b=RUN [vars=margin,w_r] [n_boot= n_perm= n_null= seed= ci=]``.
+
+Compares two stored runs of two models on the same pairs (``compare.runs``), stores the result as
+run ``compare-<hash>`` and prints one line per statistic. Needs no model. Returns 0, or 2 after
+printing the error (unknown key, a missing run, a ``GaugeError`` naming the variable and the fix).
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from ..errors import RewardLensError, SpecError, did_you_mean
+
+KEYS = ("url", "a", "b", "vars", "n_boot", "n_perm", "n_null", "seed", "ci")
+USAGE = "reward-lens-spec compare url=STORE a=RUN_ID b=RUN_ID [vars=margin,w_r]"
+
+
+def parse(argv: list[str]) -> dict:
+    """``key=value`` arguments → dict; ``SpecError`` naming a bad key or value."""
+    args: dict = {}
+    for a in argv:
+        key, eq, value = a.partition("=")
+        if not eq or key not in KEYS:
+            raise SpecError(key or a, f"unknown argument.{did_you_mean(key, KEYS)}", options=KEYS, fix=USAGE)
+        args[key] = value
+    for key in ("url", "a", "b"):
+        if not args.get(key):
+            raise SpecError(key, "is required.", fix=USAGE)
+    for key, cast in (("n_boot", int), ("n_perm", int), ("n_null", int), ("seed", int), ("ci", float)):
+        if key in args:
+            try:
+                args[key] = cast(args[key])
+            except ValueError:
+                raise SpecError(key, f"must be a {cast.__name__}, got {args[key]!r}.") from None
+    if "ci" in args and not 0 < args["ci"] < 1:
+        raise SpecError("ci", f"must lie in (0, 1), got {args['ci']}.")
+    args["vars"] = [v for v in args.get("vars", "").split(",") if v] or None
+    return args
+
+
+def _fmt(x) -> str:
+    x = float(x)
+    return f"{x:.4f}" if np.isfinite(x) else "nan"
+
+
+def _lines(name: str, ds) -> list[str]:
+    out = []
+    extra = [d for d in ds["estimate" if "estimate" in ds else "cosine"].dims if d != "statistic"]
+    cells = ds.stack(_c=extra) if extra else ds.expand_dims(_c=[0])
+    for i in range(cells.sizes["_c"]):
+        c = cells.isel(_c=i)
+        where = ", ".join(f"{d}={c[d].item()}" for d in extra)
+        label = f"{name}{f' [{where}]' if where else ''}"
+        if "estimate" in ds:
+            for s in c["statistic"].values:
+                r = c.sel(statistic=s)
+                out.append(f"{label:<32} {str(s):<9} {_fmt(r['estimate']):>8}  CI [{_fmt(r['ci_low'])}, "
+                           f"{_fmt(r['ci_high'])}]  p_perm {_fmt(r['p_perm'])}  n={int(c['n_pairs'])}")
+        else:
+            q = c["null_abs_cosine"]
+            out.append(f"{label:<32} {'cosine':<9} {_fmt(c['cosine']):>8}  null |cos| q{q['quantile'].values[-1]:.2f} "
+                       f"{_fmt(q.values[-1])}  p {_fmt(c['p_value'])}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .runs import CompareParams, compare_runs
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parse(argv)
+        params = CompareParams(**{k: args[k] for k in ("n_boot", "n_perm", "n_null", "seed", "ci") if k in args})
+        rid, results, written = compare_runs(args["url"], args["a"], args["b"], args["vars"], params)
+    except RewardLensError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for name in sorted(results):
+        print("\n".join(_lines(name, results[name])))
+    print(f"{'stored' if written else 'already stored (reused)'}: {args['url']} run {rid}")
+    return 0
