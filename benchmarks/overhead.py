@@ -1,0 +1,55 @@
+"""Section 1: the battery's capture pass against bare forwards of the same model on the same batches."""
+from __future__ import annotations
+
+import time
+
+from common import encode, med
+from common import _sync
+
+
+def capture_overhead(lm, pairs, batch_size: int, repeats: int, fmt: str = "plain") -> dict:
+    """Battery capture pass vs bare forwards on identical length-sorted, left-padded batches.
+    Both use ``use_cache=False``; bare and capture alternate (order flipped every repeat); each
+    sample loops enough times to last >= 0.3 s. Returns seconds per pass and the ratios."""
+    import torch
+
+    from reward_lens_spec.models.capture import capture
+    from reward_lens_spec.models.padding import batches_by_length, pad_batch
+    from reward_lens_spec.ops.base import PlanInfo
+    from reward_lens_spec.registry import build_plan
+    from reward_lens_spec.run import load_observable
+    obs = load_observable("battery")
+    info = PlanInfo(family=lm.family, n_layers=lm.n_layers, n_objectives=lm.head.n_objectives,
+                    objectives=lm.head.objectives, model_name=lm.name)
+    sites = build_plan(obs, info, load_observable).sites
+    enc = encode(lm, pairs, fmt)
+    seqs = [s for pair in zip(enc.chosen, enc.rejected) for s in pair]
+    batches = batches_by_length([len(s) for s in seqs], batch_size)
+    dev = next(lm.model.parameters()).device
+    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else lm.model.config.pad_token_id
+    pre = [tuple(t.to(dev) for t in pad_batch([seqs[r] for r in rows], pad, "left")[:2]) for rows in batches]
+
+    def bare():
+        with torch.inference_mode():
+            for ids, mask in pre:
+                lm.model(input_ids=ids, attention_mask=mask, use_cache=False)
+
+    def cap():
+        capture(lm, enc, sites, batch_size=batch_size)
+
+    def timed(fn, k):
+        _sync(lm)
+        t0 = time.perf_counter()
+        for _ in range(k):
+            fn()
+        _sync(lm)
+        return (time.perf_counter() - t0) / k
+
+    bare(), cap()
+    k = max(1, round(0.3 / max(timed(bare, 1), 1e-4)))
+    tb, tc = [], []
+    for i in range(repeats):
+        for fn, acc in ([(bare, tb), (cap, tc)] if i % 2 == 0 else [(cap, tc), (bare, tb)]):
+            acc.append(timed(fn, k))
+    return {"pairs": len(enc.pair_ids), "batches": len(batches), "bare": med(tb), "capture": med(tc),
+            "ratio": med(tc) / med(tb), "ratio_med": med([c / b for c, b in zip(tc, tb)]), "sites": sorted(sites)}
