@@ -87,7 +87,8 @@ def render(args, facts, cap_rows, comps, scaling, store_rows, frames, notes, wal
         L.append("")
     model = next((s["model"] for s in scaling if "model" in s), "?")
     L += ["## 3. Scaling with the number of pairs (battery, fresh subprocess per size)", "",
-          f"Model: `{model}` (a folder: the reward-lens tiny model saved above).", "",
+          f"Model: `{model}` (" + ("a folder: the reward-lens tiny model saved above" if os.sep in str(model)
+                                   else "built in") + ").", "",
           "| pairs | batch size | wall (median) | per pair | peak RSS while computing | RSS before compute "
           "| process peak RSS (getrusage) | forwards |",
           "|---|---|---|---|---|---|---|---|"]

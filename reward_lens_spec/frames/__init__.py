@@ -1,9 +1,12 @@
 """Frames (native, whitened, shared), the gauge gate and cross-model direction comparison.
 
 See ``fit`` (Frame, fit_whitened, fit_shared), ``covariance`` (shrinkage estimators),
-``io`` (save_frame / load_frame in the result store), ``gate`` (require_shared_frame) and
-``compare`` (compare_directions). Gauge-invariant cross-model comparison of margins lives in
-``reward_lens_spec.ops.margin_agreement.compare_margins``.
+``io`` (save_frame / load_frame in the result store), ``gate`` (require_shared_frame),
+``compare`` (compare_directions), ``resolve`` (the run's ``frame=`` config → a fitted, stored,
+reused Frame) and ``express`` (a run's outputs mapped into its frame; stored directions mapped
+back for projection). Gauge-invariant cross-model comparison of margins lives in
+``reward_lens_spec.ops.margin_agreement.compare_margins``; two stored runs are compared by
+``reward_lens_spec.compare``.
 """
 from .compare import as_direction, compare_directions
 from .covariance import Spectrum, shrunk_spectrum
