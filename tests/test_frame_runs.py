@@ -35,12 +35,12 @@ FAST = CompareParams(n_boot=200, n_perm=200, n_null=500)
 def root(tmp_path_factory):
     root = tmp_path_factory.mktemp("reparam")
     Q = ortho_group.rvs(D, random_state=7)
-    for name, rot in (("a", np.eye(D)), ("b", Q)):
-        model, tok = build_tiny("tiny_llama", seed=3)
+    for name, rot, k in (("a", np.eye(D), 1), ("b", Q, 1), ("a2", np.eye(D), 2), ("b2", Q, 2)):
+        model, tok = build_tiny("tiny_llama", seed=3, num_labels=k)
         rotate_residual(model, rot)
         model.save_pretrained(root / name)
         tok.save_pretrained(root / name)
-        (root / f"{name}.yaml").write_text(f"name: {name}\nsource: {root / name}\n")
+        (root / f"{name}.yaml").write_text(f"name: {name}\nsource: {root / name}\nnum_labels: {k}\n")
     return root
 
 
@@ -55,7 +55,7 @@ def run(root, *overrides, store="store.zarr"):
 
 
 def model_args(name, root):
-    return [f"model.name={name}", f"model.source={root / name}"]
+    return [f"model.name={name}", f"model.source={root / name}", f"model.num_labels={2 if name.endswith('2') else 1}"]
 
 
 def test_native_runs_agree_on_margins_and_the_gate_refuses_raw_directions(root):
@@ -94,6 +94,18 @@ def test_shared_frame_fitted_once_and_directions_coincide(root):
     assert float(w["null_abs_cosine"].sel(quantile=0.99)) < 0.5 and w["cosine"].attrs["gauge"] == gauge
     prov = st.provenance(rid)
     assert prov["runs"] == [ra, rb] and prov["trust"] == "exploratory" and prov["gauge"]["w_r"] == gauge
+
+
+def test_two_objectives_are_compared_cell_by_cell(root):
+    ra, a = run(root, *model_args("a2", root), "frame=shared", f"frame.partner={root / 'b2.yaml'}", store="k2.zarr")
+    rb, b = run(root, *model_args("b2", root), "frame=shared", f"frame.partner={root / 'a2.yaml'}", store="k2.zarr")
+    assert a["margin"].dims == ("pair", "objective") and a["w_r"].dims == ("objective", "d_model")
+    _, res, _ = compare_runs(str(root / "k2.zarr"), ra, rb, params=FAST)
+    assert res["margin"]["estimate"].dims == ("objective", "statistic")
+    np.testing.assert_allclose(res["margin"]["estimate"], 1.0, atol=1e-5)
+    assert res["w_r"]["cosine"].dims == ("objective",) and res["w_r"]["p_value"].dims == ("objective",)
+    np.testing.assert_allclose(res["w_r"]["cosine"], 1.0, atol=1e-6)
+    assert res["w_r"]["null_abs_cosine"].dims == ("objective", "quantile")
 
 
 def test_shared_frame_direction_projects_onto_the_other_model(root):
