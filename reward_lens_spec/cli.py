@@ -95,6 +95,10 @@ def _run_task(cfg) -> None:
         from .run import plan_for
         plan, _ = plan_for(run, base_dir)
         print(plan.describe())
+        if run.frame.name.value != "native":
+            from .run import frame_dependent
+            src = f"stored frame {run.frame.id}" if run.frame.id else "fitted at run time or reused from the store"
+            print(f"frame={run.frame.name.value} ({src}): outputs expressed in it: {frame_dependent(plan) or 'none'}")
         print("plan OK (no model was loaded)")
         return
     from .report.summary import print_summary

@@ -36,11 +36,10 @@ def load_observable(name: str) -> ObservableSpec:
     return OmegaConf.to_object(merged)
 
 
-def describe_model(spec, base_dir=None) -> tuple:
-    """``(family, n_layers, n_objectives)`` from the model config alone (no weights)."""
+def model_config(spec, base_dir=None):
+    """The transformers config of ``spec`` (a ``ModelSpec``), read without weights."""
     import transformers as tf
 
-    from .models.families import family_for
     from .models.loading import gguf_for, resolve_source
     from .models.tiny import TINY_CONFIGS, tiny_config
 
@@ -56,6 +55,14 @@ def describe_model(spec, base_dir=None) -> tuple:
         except (OSError, ValueError) as exc:
             raise SpecError("model.source", f"cannot read the model config at '{spec.source}': "
                             f"{str(exc).splitlines()[0]}") from None
+    return cfg
+
+
+def describe_model(spec, base_dir=None) -> tuple:
+    """``(family, n_layers, n_objectives)`` from the model config alone (no weights)."""
+    from .models.families import family_for
+
+    cfg = model_config(spec, base_dir)
     n_layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer")
     return family_for(cfg.model_type), int(n_layers), int(spec.num_labels)
 
@@ -69,10 +76,32 @@ def plan_for(run, base_dir=None):
                     model_name=run.model.name, layers=tuple(obs.layers) if obs.layers is not None else None,
                     components=tuple(obs.components) if obs.components else None, pairs=obs.pairs,
                     gated=run.model.head.value == "gated")
-    if run.frame.partner:                                     # a typo in the partner fails before any load
-        from .spec import group_config
-        group_config("model", run.frame.partner, key="frame.partner", base_dir=base_dir)
+    check_frame_configs(run, base_dir)
     return build_plan(obs, info, load_observable), info
+
+
+def _width(cfg) -> int:
+    return int(getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd"))
+
+
+def check_frame_configs(run, base_dir=None) -> None:
+    """Plan-time checks of ``frame.partner`` / ``frame.reference`` (configs only, no weights)."""
+    from .spec import group_config
+
+    f = run.frame
+    if f.reference:
+        group_config("dataset", f.reference, key="frame.reference", base_dir=base_dir)
+    if f.partner:
+        partner = group_config("model", f.partner, key="frame.partner", base_dir=base_dir)
+        if partner.name == run.model.name:
+            raise SpecError("frame.partner", f"the partner model has the same name as this model ('{partner.name}'); "
+                            "a shared frame tells its two models apart by name.",
+                            fix="give one of them another model.name, or pick another partner.")
+        da, db = _width(model_config(run.model, base_dir)), _width(model_config(partner, base_dir))
+        if da != db:
+            raise SpecError("frame.partner", f"'{run.model.name}' has d_model {da} but partner '{partner.name}' has "
+                            f"{db}; a shared frame aligns two residual streams of one width (orthogonal Procrustes).",
+                            fix="pick a partner model of the same d_model.")
 
 
 def canonical_observable(obs) -> dict:
@@ -107,9 +136,13 @@ def _git_sha() -> str | None:
 
 
 def frame_dependent(plan) -> list[str]:
-    """The plan's outputs whose numbers depend on the frame (gauge ``frame:...`` or ``mixed:...``)."""
-    from .frames.gate import is_frame_dependent
-    return [s.name for s in plan.steps if s.name in plan.outputs and is_frame_dependent(s.gauge)]
+    """Outputs the run's frame re-expresses: native-frame vectors (a ``d_model`` dim; ``frames.express``).
+
+    Other outputs are gauge-invariant, or frame-dependent but computed and labelled in one basis
+    by their operator (e.g. ``objective_geometry``'s cosines); no run frame changes them.
+    """
+    return [s.name for s in plan.steps if s.name in plan.outputs and s.gauge.startswith("frame:native:")
+            and "d_model" in s.dims]
 
 
 @dataclass
@@ -173,8 +206,8 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     hash_parts = {"model_fingerprint": fp, "model_name": m.name, "dataset_checksum": pairs.checksum,
                   "observable": canonical_observable(run.observable), "numerics": numerics,
                   "package_version": __version__, "study_hash": study["study_hash"] if study else None}
-    # fitted once, stored, reused; skipped when every output is gauge-invariant (equal in every frame)
-    frame = resolve_frame(run, lm, fp, store_url, base_dir) if frame_dependent(plan) else None
+    # fitted once, stored, reused; skipped when no output is a vector the frame would re-express
+    frame = resolve_frame(run, lm, store_url, base_dir) if frame_dependent(plan) else None
     if frame is not None:
         hash_parts["frame"] = frame.id
     run_id = f"{run.observable.name}-{spec_hash(hash_parts)[:20]}"
@@ -184,6 +217,9 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     result, ctx, enc = compute(lm, pairs, plan, info, fmt=m.format.value, template=m.template,
                                max_length=m.max_length, batch_size=m.batch_size, max_tokens=m.max_tokens,
                                padding_side=m.padding_side.value, progress=progress, frame=frame)
+    from .frames import Frame, save_frame
+    for made in [v for v in ctx.memo.values() if isinstance(v, Frame)]:   # operators' own frames: stored too,
+        save_frame(made, store_url, storage_options=so)                    # so every gauge label resolves
     wall = time.perf_counter() - t0
     attrs = {
         "config_yaml": resolved_yaml, "spec_hash": spec_hash(hash_parts), "model": m.name, "model_fingerprint": fp,
@@ -197,8 +233,9 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
         "counts": ctx.counts, "trust": compute_trust(run, store_url, model_family=lm.family.name),
         "study_hash": study["study_hash"] if study else None,
         "gauge": {v: str(result[v].attrs.get("gauge", "")) for v in result.data_vars},
-        "frame": {"kind": run.frame.name.value, "id": frame.id if frame is not None else None,
-                  "frame_dependent_outputs": frame_dependent(plan)},
+        "frame": {"requested": run.frame.name.value, "id": frame.id if frame is not None else None,
+                  "expressed_outputs": [v for v in result.data_vars
+                                        if frame is not None and result[v].attrs.get("gauge") == frame.gauge]},
     }
     write_run(store_url, run_id, {run.observable.name: result}, attrs, storage_options=so, force=run.store.force)
     return Outcome(run_id, store_url, False, result, plan)

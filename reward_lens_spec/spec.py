@@ -280,14 +280,19 @@ def _check_frame(f: FrameSpec, partial: bool) -> None:
         return
     if f.name == FrameKind.shared and not f.partner and not f.id:
         raise SpecError("frame.partner", "a shared frame is fitted for two models; the other one is not named.",
-                        fix="add frame.partner=<model option or model YAML path>, e.g. frame=shared frame.partner=tiny_llama "
+                        fix="add frame.partner=<another conf/model option or a model YAML path> "
                             "(or frame.id=<stored shared frame id>).")
     if f.name != FrameKind.shared and f.partner:
         raise SpecError("frame.partner", f"frame.partner is only used by frame=shared, not frame={f.name.value}.",
                         fix="drop frame.partner, or use frame=shared.")
-    if f.name == FrameKind.native and f.id:
-        raise SpecError("frame.id", "frame=native is the model's own basis; it is not fitted or stored.",
-                        fix="use frame=whitened or frame=shared with frame.id, or drop frame.id.")
+    if f.name == FrameKind.native and (f.id or f.reference):
+        key = "frame.id" if f.id else "frame.reference"
+        raise SpecError(key, "frame=native is the model's own basis; it is not fitted or stored.",
+                        fix=f"use frame=whitened or frame=shared with {key}, or drop {key}.")
+    if f.id and (f.partner or f.reference):
+        key = "frame.partner" if f.partner else "frame.reference"
+        raise SpecError(key, f"frame.id names a stored frame, so {key} (a setting for fitting one) would be ignored.",
+                        fix=f"drop {key}, or drop frame.id to fit a frame.")
 
 
 def group_config(group: str, ref: str, *, key: str, base_dir: str | None = None):
@@ -309,8 +314,18 @@ def group_config(group: str, ref: str, *, key: str, base_dir: str | None = None)
         else:
             raise SpecError(key, f"no {group} config '{ref}'.", value=ref, options=group_options(group),
                             fix=f"name an option of conf/{group}/ or the path of a {group} YAML file.")
+    import yaml
+
+    from .errors import did_you_mean
     try:
         merged = OmegaConf.merge(OmegaConf.structured(GROUP_SCHEMAS[group]), OmegaConf.load(path))
         return OmegaConf.to_object(merged)
+    except yaml.YAMLError as exc:
+        raise SpecError(key, f"{path} is not valid YAML ({str(exc).splitlines()[0]}).",
+                        fix=f"fix the YAML of that {group} config.") from None
     except (ConfigKeyError, ValidationError) as exc:
-        raise SpecError(key, f"{path} is not a valid {group} config: {str(exc).splitlines()[0]}") from None
+        bad = str(getattr(exc, "key", "") or "")
+        names = _keys_of(GROUP_SCHEMAS[group])
+        hint = did_you_mean(bad, names) if bad else ""
+        raise SpecError(key, f"{path} is not a valid {group} config: {str(exc).splitlines()[0]}.{hint}",
+                        options=names) from None

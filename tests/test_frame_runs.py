@@ -173,3 +173,61 @@ def test_compare_cli_prints_and_refuses(root):
     assert "margin" in ok.stdout and "pearson" in ok.stdout and "stored:" in ok.stdout
     typo = subprocess.run(cmd + ["vars=margn"], capture_output=True, text=True, timeout=300)
     assert typo.returncode == 2 and "Did you mean 'margin'" in typo.stderr
+
+
+def test_frames_key_on_the_body_not_the_head(root):
+    from reward_lens_spec.frames.resolve import body_fingerprint
+    from reward_lens_spec.models.fingerprint import model_fingerprint
+    from reward_lens_spec.models.loading import wrap_model
+    import torch
+    model, tok = build_tiny("tiny_llama", seed=3)
+    lm = wrap_model("m", model, tok)
+    body, full = body_fingerprint(lm), model_fingerprint(model, tok)
+    with torch.no_grad():
+        model.score.weight.mul_(2.0)                                  # a new head: same activations
+    assert body_fingerprint(lm) == body and model_fingerprint(model, tok) != full
+    with torch.no_grad():
+        model.model.norm.weight.add_(1.0)                             # a new body: new activations
+    assert body_fingerprint(lm) != body
+
+
+def test_compare_refuses_what_it_cannot_mean(root):
+    url = str(root / "refuse.zarr")
+    ra, _ = run(root, *model_args("a", root), "frame=shared", f"frame.partner={root / 'b.yaml'}",
+                "frame.reference_limit=8", store="refuse.zarr")          # 16 activations for d_model 64
+    rb, _ = run(root, *model_args("b", root), "frame=shared", f"frame.partner={root / 'a.yaml'}",
+                "frame.reference_limit=8", store="refuse.zarr")
+    with pytest.raises(SpecError, match="frame.reference_limit above 32"):
+        compare_runs(url, ra, rb, params=FAST)
+    with pytest.raises(SpecError, match="same run"):
+        compare_runs(url, ra, ra, ["margin"], FAST)
+    frame_run = next(iter(open_store(url).runs(observable="frame")["run_id"]))
+    with pytest.raises(SpecError, match="not a model's run"):
+        compare_runs(url, ra, frame_run, params=FAST)
+    rc, _ = run(root, *model_args("b", root), "dataset.limit=30", store="refuse.zarr")
+    with pytest.raises(SpecError, match="different datasets"):
+        compare_runs(url, ra, rc, ["margin"], FAST)
+
+
+def test_frame_settings_are_checked_before_any_model_loads(root, tmp_path):
+    from transformers import LlamaConfig
+
+    from reward_lens_spec.run import plan_for
+    LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2).save_pretrained(tmp_path / "narrow")        # a config, no weights
+    (tmp_path / "narrow.yaml").write_text(f"name: narrow\nsource: {tmp_path / 'narrow'}\n")
+    register_configs()
+
+    def plan(*over):
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=["observable=reward_direction", *over])
+        return plan_for(validate(cfg), str(tmp_path))
+
+    with pytest.raises(SpecError, match=r"frame.partner.*d_model 64.*32"):
+        plan("frame=shared", f"frame.partner={tmp_path / 'narrow.yaml'}")
+    with pytest.raises(SpecError, match="frame.reference"):
+        plan("frame=whitened", "frame.reference=no_such_set")
+    with pytest.raises(SpecError, match="frame.partner"):
+        plan("frame=shared", "frame.id=0123456789ab", "frame.partner=tiny_llama")
+    with pytest.raises(SpecError, match="frame.partner"):
+        plan("frame=shared", "frame.partner=tiny")                            # the model itself

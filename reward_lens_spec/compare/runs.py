@@ -15,8 +15,10 @@ For each variable the two runs share (or those named):
 
 The result is stored as run ``compare-<hash>`` (one observable per variable) with provenance (both
 run ids, models, fingerprints, dataset checksum, parameters) and ``trust`` = the lower of the two
-runs' levels. Raises ``SpecError`` (unknown run or variable, different datasets, nothing to
-compare), ``GaugeError`` (frames), ``StoreError``; nothing is written when any variable fails.
+runs' levels. Raises ``SpecError`` (unknown or identical runs, a frame or comparison run, an unknown
+variable, pair-dim variables from different datasets, a shared frame fitted on fewer activations
+than dims, nothing to compare), ``GaugeError`` (frames), ``StoreError``; nothing is written when
+any variable fails.
 """
 from __future__ import annotations
 
@@ -69,8 +71,10 @@ def _cells(arr: xr.DataArray, keep: tuple[str, ...]):
 def _per_cell(a: xr.DataArray, b: xr.DataArray, keep: tuple[str, ...], fn) -> xr.Dataset:
     """Apply ``fn(cell_a, cell_b) -> Dataset`` to aligned cells; concat back over the other dims."""
     rest = [d for d in a.dims if d not in keep]
-    if sorted(rest) != sorted(d for d in b.dims if d not in keep):
-        raise SpecError("vars", f"'{a.name}' has dims {a.dims} in run a but {b.dims} in run b.")
+    if sorted(a.dims) != sorted(b.dims):
+        raise SpecError("vars", f"'{a.name}' has dims {a.dims} in run a but {b.dims} in run b.",
+                        fix="compare runs whose heads have the same objectives (model.num_labels), or other vars.")
+    b = b.transpose(*a.dims)                          # cells of a and b pair up in one order
     a, b = xr.align(a, b, join="inner", exclude=set(keep))
     if any(a.sizes[d] == 0 for d in rest):
         raise SpecError("vars", f"'{a.name}': the runs share no coordinates along {rest}.")
@@ -103,8 +107,12 @@ def _check_frame(name, a, b, prov_a, prov_b, url, so) -> str:
     """Pass the gauge gate for a frame-dependent variable; return the shared gauge."""
     from ..frames.io import load_frame
 
-    gauge = require_shared_frame(a, b, names=[f"{name} (run a)", f"{name} (run b)"], op="compare")
     models = {prov_a.get("model"), prov_b.get("model")}
+    if len(models) == 1 and gauge_of(a) != gauge_of(b):
+        raise GaugeError(f"compare: '{name}' is in {gauge_of(a)} in run a but {gauge_of(b)} in run b, for the one "
+                         f"model '{prov_a.get('model')}'. Fix: run both with the same frame (e.g. frame=whitened), "
+                         "or compare only invariant variables (vars=margin).")
+    gauge = require_shared_frame(a, b, names=[f"{name} (run a)", f"{name} (run b)"], op="compare")
     if gauge.startswith("frame:native:"):
         if prov_a.get("model_fingerprint") != prov_b.get("model_fingerprint"):
             raise GaugeError(f"compare: '{name}' is in {gauge} in both runs, but the two runs' models share a name "
@@ -114,6 +122,10 @@ def _check_frame(name, a, b, prov_a, prov_b, url, so) -> str:
                         "a null drawn under the activations' covariance, which a native-frame run does not store.",
                         fix="rerun both with frame=whitened (one model) or frame=shared (two models).")
     frame = load_frame(url, gauge.rsplit(":", 1)[1], storage_options=so)
+    if frame.provenance.get("underdetermined"):
+        raise SpecError(f"vars.{name}", f"shared frame {frame.id[:12]} was fitted from {frame.provenance.get('n_pairs')} "
+                        f"pairs for d_model {frame.d}: its alignment is fixed only on the data's span, so a cosine "
+                        "there means nothing.", fix=f"refit with frame.reference_limit above {frame.d // 2}.")
     if not models <= set(frame.models):
         raise GaugeError(f"compare: '{name}' is in frame {frame.id[:12]}, fitted for {list(frame.models)}, not for "
                          f"both models {sorted(map(str, models))}. Fix: frame=shared with frame.partner=<the other "
@@ -139,14 +151,17 @@ def compare_runs(url: str, run_a: str, run_b: str, variables=None, params: Compa
             from ..errors import did_you_mean
             raise SpecError(key, f"no complete run '{rid}' in {url}.{did_you_mean(rid, sorted(known))}",
                             fix="list runs with `reward-lens-spec store ls url=...`.")
+    if run_a == run_b:
+        raise SpecError("b", f"a and b are the same run ({run_a}).", fix="name two runs, one per model.")
     prov_a, prov_b = st.provenance(run_a), st.provenance(run_b)
-    if prov_a.get("dataset_checksum") != prov_b.get("dataset_checksum"):
-        raise SpecError("b", f"runs {run_a} and {run_b} were computed on different datasets (checksums "
-                        f"{str(prov_a.get('dataset_checksum'))[:12]} vs {str(prov_b.get('dataset_checksum'))[:12]}); "
-                        "margins are compared pair by pair.", fix="run both models on the same dataset config.")
+    for key, rid, prov in (("a", run_a, prov_a), ("b", run_b, prov_b)):
+        if prov.get("observable") in ("frame", OBSERVABLE):
+            raise SpecError(key, f"run {rid} is a stored {prov.get('observable')}, not a model's run.",
+                            fix="name runs of observables (e.g. observable=reward_direction).")
+    same_data = prov_a.get("dataset_checksum") == prov_b.get("dataset_checksum")
     va, vb = _variables(st, run_a), _variables(st, run_b)
     shared = sorted(set(va) & set(vb))
-    names = list(variables) if variables else shared
+    names = list(dict.fromkeys(variables)) if variables else shared
     for n in names:
         if n not in shared:
             from ..errors import did_you_mean
@@ -161,6 +176,11 @@ def compare_runs(url: str, run_a: str, run_b: str, variables=None, params: Compa
         a, b = va[n].rename(n), vb[n].rename(n)
         if not (is_frame_dependent(gauge_of(a)) or is_frame_dependent(gauge_of(b))):
             if "pair" in a.dims and "pair" in b.dims:
+                if not same_data:
+                    raise SpecError("b", f"runs {run_a} and {run_b} were computed on different datasets (checksums "
+                                    f"{str(prov_a.get('dataset_checksum'))[:12]} vs "
+                                    f"{str(prov_b.get('dataset_checksum'))[:12]}); '{n}' is compared pair by pair.",
+                                    fix="run both models on the same dataset config, or compare directions only.")
                 results[n], gauges[n] = _margins(a, b, params), "invariant"
             else:
                 skipped[n] = "invariant but has no pair dim: nothing to correlate"

@@ -13,18 +13,26 @@ Reuse: a frame's *fit key* is the sha256 of what determines the fit (kind, each 
 content fingerprint, the reference dataset checksum, reference_limit, shrinkage, and each model's
 formatting numerics). A stored frame with the same fit key is loaded, not refitted;
 ``frame.id`` names a stored frame directly. A stored frame is checked against this model (its name
-and fingerprint must be among those it was fitted for). Errors: ``SpecError`` naming the
-``frame.*`` key and the fix.
+and body fingerprint — the weights without the head, ``body_fingerprint`` — must be among those
+it was fitted for; a model with a new head keeps its frames). Errors: ``SpecError`` naming the
+``frame.*`` key and the fix; a ``UserWarning`` for an underdetermined shared frame.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 
 import numpy as np
 
 from ..errors import SpecError, StoreError
 from .fit import Frame, fit_shared, fit_whitened
+
+
+def body_fingerprint(lm) -> str:
+    """Fingerprint of ``lm`` without its head: what its activations, and so a frame, depend on."""
+    from ..models.fingerprint import model_fingerprint
+    return model_fingerprint(lm.model, lm.tokenizer, without_head=lm.family.head)
 
 
 def _numerics(spec) -> dict:
@@ -41,8 +49,14 @@ def _reference_pairs(run, base_dir):
                                                                  base_dir=base_dir)
     # reference_limit, not the dataset's own limit, sets how many pairs: runs of one dataset at
     # different dataset.limit share one frame
-    loaded = load_pairs(ds.kind.value, path=ds.path, fields=dict(ds.fields) or None, limit=f.reference_limit,
-                        dimensions=ds.dimensions, base_dir=base_dir)
+    try:
+        loaded = load_pairs(ds.kind.value, path=ds.path, fields=dict(ds.fields) or None, limit=f.reference_limit,
+                            dimensions=ds.dimensions, base_dir=base_dir)
+    except SpecError as exc:
+        where = "frame.reference" if f.reference is not None else "dataset"
+        raise SpecError(where, f"the frame's reference dataset '{ds.name}' cannot be loaded ({exc}).",
+                        fix="set frame.reference to a conf/dataset option that needs no path, or to a dataset "
+                            "YAML file naming its path.") from None
     return ds.name, loaded
 
 
@@ -83,6 +97,19 @@ def _find(store_url: str, key: str, so: dict) -> Frame | None:
     return None
 
 
+def _load_by_id(store_url: str, fid: str, so: dict) -> Frame:
+    from .io import load_frame
+
+    fid = fid[len("frame-"):] if fid.startswith("frame-") else fid
+    if len(fid) < 8 or any(c not in "0123456789abcdef" for c in fid):
+        raise SpecError("frame.id", f"'{fid}' is not a frame id: give at least 8 hex digits of one.",
+                        fix="list stored frames with `reward-lens-spec store ls url=...` (runs named frame-<id>).")
+    try:
+        return load_frame(store_url, fid, storage_options=so)
+    except StoreError as exc:
+        raise SpecError("frame.id", str(exc), fix="name a frame stored in this run's store.url.") from None
+
+
 def _check_covers(frame: Frame, model: str, fingerprint: str, kind: str) -> Frame:
     if frame.kind != kind:
         raise SpecError("frame.id", f"stored frame {frame.id[:12]} is a {frame.kind} frame, not {kind}.",
@@ -96,31 +123,26 @@ def _check_covers(frame: Frame, model: str, fingerprint: str, kind: str) -> Fram
     return frame
 
 
-def resolve_frame(run, lm, fingerprint: str, store_url: str, base_dir: str | None = None) -> Frame | None:
+def resolve_frame(run, lm, store_url: str, base_dir: str | None = None) -> Frame | None:
     """The run's frame (``None`` for native); fits, stores and reuses as the module doc says."""
-    from ..models.fingerprint import model_fingerprint
     from ..models.loading import load_model
     from ..spec import group_config
-    from .io import load_frame, save_frame
+    from .io import save_frame
 
     f, kind = run.frame, run.frame.name.value
     if kind == "native":
         return None
     so = dict(run.store.storage_options)
-    name = run.model.name
+    name, fingerprint = run.model.name, body_fingerprint(lm)
     if f.id:
-        return _check_covers(load_frame(store_url, f.id, storage_options=so), name, fingerprint, kind)
+        return _check_covers(_load_by_id(store_url, f.id, so), name, fingerprint, kind)
     ref_name, ref_pairs = _reference_pairs(run, base_dir)
     models = [(name, fingerprint, _numerics(run.model))]
     partner = None
     if kind == "shared":
         pspec = group_config("model", f.partner, key="frame.partner", base_dir=base_dir)
-        if pspec.name == name:
-            raise SpecError("frame.partner", f"the partner model has the same name as this model ('{name}'); a "
-                            "shared frame tells its two models apart by name.",
-                            fix="give one of them another model.name.")
         partner = load_model(pspec, base_dir)
-        models.append((pspec.name, model_fingerprint(partner.model, partner.tokenizer), _numerics(pspec)))
+        models.append((pspec.name, body_fingerprint(partner), _numerics(pspec)))
     key = fit_key(kind, models, ref_pairs.checksum, f.reference_limit, f.shrinkage)
     found = _find(store_url, key, so)
     if found is not None:
@@ -142,5 +164,9 @@ def resolve_frame(run, lm, fingerprint: str, store_url: str, base_dir: str | Non
         a, b = sorted(acts)
         frame = fit_shared(acts[a], acts[b], models=(a, b), shrinkage=f.shrinkage,
                            provenance={**prov, "n_pairs": len(ids)})
+        if frame.provenance["underdetermined"]:
+            warnings.warn(f"shared frame {frame.id[:12]}: {2 * len(ids)} reference activations for d_model "
+                          f"{frame.d}: the alignment is fixed only on the data's span, and `compare` will refuse "
+                          f"its directions. Raise frame.reference_limit above {frame.d // 2}.", stacklevel=2)
     save_frame(frame, store_url, storage_options=so)
     return frame

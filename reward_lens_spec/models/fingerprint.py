@@ -94,11 +94,21 @@ def tokenizer_dict(tokenizer) -> dict:
             "probe_ids": [int(i) for i in probe]}
 
 
-def model_fingerprint(model, tokenizer) -> str:
-    """sha256 hex digest (64 chars) of weights, config and tokenizer; see module doc."""
+_HEAD_CONFIG = ("num_labels", "id2label", "label2id", "problem_type")
+
+
+def model_fingerprint(model, tokenizer, *, without_head: str | None = None) -> str:
+    """sha256 hex digest (64 chars) of weights, config and tokenizer; see module doc.
+
+    ``without_head``: the head module's name (e.g. ``score``): leave out its tensors and the
+    label config, so a body with a new head keeps its fingerprint. Frames use this (activations,
+    and so a frame, do not depend on the head); ``reward_lens_spec.frames.resolve``.
+    """
     h = hashlib.sha256()
-    _put(h, "reward_lens_spec.fingerprint.v1")
+    _put(h, "reward_lens_spec.fingerprint.v1" + (".body" if without_head else ""))
     state = model.state_dict(keep_vars=True)
+    if without_head:
+        state = {k: v for k, v in state.items() if not (k == without_head or k.startswith(without_head + "."))}
     seen: dict = {}
     for name in sorted(state):
         t = state[name]
@@ -109,6 +119,9 @@ def model_fingerprint(model, tokenizer) -> str:
         if key is not None:
             seen[key] = name
         _hash_tensor(h, name, t)
-    _put(h, "config:" + json.dumps(config_dict(model), sort_keys=True, default=str))
+    cfg = config_dict(model)
+    if without_head:
+        cfg = {k: v for k, v in cfg.items() if k not in _HEAD_CONFIG}
+    _put(h, "config:" + json.dumps(cfg, sort_keys=True, default=str))
     _put(h, "tokenizer:" + json.dumps(tokenizer_dict(tokenizer), sort_keys=True, default=str))
     return h.hexdigest()

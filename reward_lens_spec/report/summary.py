@@ -24,9 +24,12 @@ def print_summary(outcome) -> None:
         mean = f"{fin.mean():10.4f}" if fin.size else f"{'(no finite)':>10}"
         print(f"{name:<28} {' × '.join(var.dims):<34} {str(var.attrs.get('units', '')):<12} {mean}  "
               f"{_short(str(var.attrs.get('gauge', '')))}")
-    if "margin" in ds:
-        m = np.asarray(ds["margin"].values, float)
-        m = m[np.isfinite(m)]
-        print(f"pairs: {m.size}; chosen preferred (margin > 0): {(m > 0).mean():.3f}")
+    if "margin" in ds and "pair" in ds["margin"].dims:
+        margin = ds["margin"].transpose("pair", ...)
+        m = np.asarray(margin.values, float).reshape(margin.sizes["pair"], -1)
+        shares = [f"{(col[np.isfinite(col)] > 0).mean():.3f}" if np.isfinite(col).any() else "n/a" for col in m.T]
+        label = (f" per objective ({', '.join(map(str, margin['objective'].values))})"
+                 if "objective" in margin.dims else "")
+        print(f"pairs: {margin.sizes['pair']}; chosen preferred (margin > 0){label}: {', '.join(shares)}")
     print(f"store: {outcome.store_url}")
     print(f"run id: {outcome.run_id}")
