@@ -154,6 +154,9 @@ class Outcome:
     plan: object
 
 
+KEEP_PREFIX_MAX = 64      # patched rows whose prefix KV cache the capture pass keeps (capture(keep_prefix=))
+
+
 def compute(lm, pairs, plan, info, *, fmt="plain", template="User: {prompt}\nAssistant: {response}",
             max_length=512, batch_size=16, max_tokens=None, padding_side="left", progress=False, frame=None):
     """Encode ``pairs``, run the one shared capture pass for ``plan``, then every step.
@@ -171,8 +174,11 @@ def compute(lm, pairs, plan, info, *, fmt="plain", template="User: {prompt}\nAss
                        model_name=lm.name)
     if not enc.pair_ids:
         raise SpecError("dataset", "no pair is left to score after exclusions.", fix="check dataset.limit and filters.")
+    n = len(enc.pair_ids)
+    rows = {2 * p + side for step in plan.steps for p, side in step.op.prefix_rows(info, n)}
+    keep = sorted(rows) if len(rows) <= KEEP_PREFIX_MAX else []     # one KV cache per row is held
     cap = capture(lm, enc, plan.sites, batch_size=batch_size, max_tokens=max_tokens, padding_side=padding_side,
-                  progress=progress)
+                  progress=progress, keep_prefix=keep)
     ctx = RunContext(lm=lm, pairs=pairs, encoded=enc, capture=cap, info=info)
     ctx.add_counts("capture", cap.counts)
     values: dict[str, xr.DataArray] = {}

@@ -55,8 +55,13 @@ def test_denoising_the_final_residual_restores_the_margin(battery, family_lm):
 
 def test_battery_shares_one_capture_pass(battery):
     _, ctx = battery
-    assert ctx.counts["capture.forward_passes"] == 3           # 10 sequences in batches of 4, once
-    assert ctx.counts["patch.forward_passes"] == 2 * 5          # prefix + one batched token run per pair
+    # 5 chosen sides in batches of 4; each rejected side (patched: denoise) as a KV-cached prefix
+    # plus its last token, the prefix cache kept for patching: every token runs once
+    assert ctx.counts["capture.forward_passes"] == 2 + 2 * 5
+    enc = ctx.encoded
+    assert ctx.counts["capture.tokens"] == sum(len(s) for s in enc.chosen + enc.rejected)
+    assert ctx.counts["patch.forward_passes"] == 5              # one batched readout-token run per pair
+    assert len(ctx.capture.prefixes) == 5
 
 
 def test_crystallization_is_first_half_crossing(battery, family_lm):

@@ -14,6 +14,7 @@ Sites (TransformerLens vocabulary): ``resid_pre``/``resid_post`` (layer),
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,6 +44,7 @@ class CaptureResult:
     lengths: np.ndarray
     sites: dict[str, np.ndarray] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
+    prefixes: dict = field(default_factory=dict)    # token ids (tuple) -> KV cache of all but the last token
 
 
 def _first(x):
@@ -53,7 +55,7 @@ class _Recorder:
     """Registers hooks that keep ``out[row, readout[row]]`` for the current batch."""
 
     def __init__(self, lm, sites):
-        self.lm, self.sites, self.handles, self.index, self.buf = lm, sites, [], None, {}
+        self.lm, self.sites, self.handles, self.index, self.buf, self.active = lm, sites, [], None, {}, True
         layers = get_module(lm.model, lm.family.layers)
         if "embed" in sites:
             self._pre(layers[0], ("embed", 0))
@@ -81,13 +83,15 @@ class _Recorder:
 
     def _pre(self, module, key):
         def hook(mod, args, kwargs):
-            x = args[0] if args else next(iter(kwargs.values()))
-            self.buf[key] = self._take(x)
+            if self.active:
+                x = args[0] if args else next(iter(kwargs.values()))
+                self.buf[key] = self._take(x)
         self.handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
 
     def _post(self, module, key):
         def hook(mod, args, out):
-            self.buf[key] = self._take(_first(out))
+            if self.active:
+                self.buf[key] = self._take(_first(out))
         self.handles.append(module.register_forward_hook(hook))
 
     def close(self):
@@ -112,7 +116,7 @@ def hf_pooled_index(input_ids: torch.Tensor, pad_id: int | None) -> torch.Tensor
 
 @torch.inference_mode()
 def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tokens: int | None = None,
-            padding_side: str = "left", readout_fn=None, progress: bool = False) -> CaptureResult:
+            padding_side: str = "left", readout_fn=None, progress: bool = False, keep_prefix=()) -> CaptureResult:
     """Run every distinct side of ``encoded`` (an ``EncodedPairs``) once; return a ``CaptureResult``.
 
     Identical token sequences (e.g. a pair whose chosen equals its rejected) run once and
@@ -120,6 +124,10 @@ def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tok
 
     ``sites``: subset of ``LAYER_SITES``. ``readout_fn(attention_mask) -> LongTensor[B]``
     overrides the readout (tests use it to prove the self-check fires).
+    ``keep_prefix``: rows (2·pair + side) that activation patching will re-run. Each runs alone as
+    its prefix (all tokens but the last, KV-cached) and then its last token; the prefix's cache is
+    kept in ``prefixes`` so ``models.patching.patch_readout`` need not recompute it (memory: one
+    KV cache per row, so callers keep this list short).
     Raises ``CaptureError`` on a self-check mismatch or a non-finite score.
     """
     sites = tuple(s for s in LAYER_SITES if s in set(sites))
@@ -138,21 +146,27 @@ def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tok
     owners: dict[int, list[int]] = {}
     for r, sq in enumerate(seqs):                        # row -> first row with the same token ids
         owners.setdefault(first.setdefault(tuple(sq), r), []).append(r)
-    uniq = sorted(owners)
+    keep = set() if readout_fn is not None else {tuple(seqs[r]) for r in keep_prefix if len(seqs[r]) > 1}
+    solo = [u for u in sorted(owners) if tuple(seqs[u]) in keep]
+    uniq = [u for u in sorted(owners) if tuple(seqs[u]) not in keep]
     batches = [[uniq[i] for i in b] for b in batches_by_length([len(seqs[u]) for u in uniq], batch_size, max_tokens)]
     try:
-        it = batches
+        it = [(False, b) for b in batches] + [(True, [u]) for u in solo]
         if progress:
             from tqdm.auto import tqdm
-            it = tqdm(batches, desc=f"capture {lm.name}", unit="batch")
-        for rows in it:
-            ids, mask, pos, readout = pad_batch([seqs[r] for r in rows], pad_id, padding_side)
-            last_attended = readout                          # from the mask (padding.pad_batch)
-            if readout_fn is not None:
-                readout = readout_fn(mask)
-            rec.start(readout, device)
-            res = lm.model(input_ids=ids.to(device), attention_mask=mask.to(device),
-                           position_ids=pos.to(device), use_cache=False)
+            it = tqdm(it, desc=f"capture {lm.name}", unit="batch")
+        for alone, rows in it:
+            if alone:
+                ids, mask, res = _prefix_then_last(lm, rec, seqs[rows[0]], device, out)
+                last_attended = readout = torch.zeros(1, dtype=torch.long)
+            else:
+                ids, mask, pos, readout = pad_batch([seqs[r] for r in rows], pad_id, padding_side)
+                last_attended = readout                      # from the mask (padding.pad_batch)
+                if readout_fn is not None:
+                    readout = readout_fn(mask)
+                rec.start(readout, device)
+                res = lm.model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                               position_ids=pos.to(device), use_cache=False)
             src = np.array([j for j, r in enumerate(rows) for _ in owners[r]])
             dst = np.array([o for r in rows for o in owners[r]])
             pair_idx, side_idx = dst // 2, dst % 2
@@ -170,6 +184,27 @@ def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tok
     finally:
         rec.close()
     return out
+
+
+def _prefix_then_last(lm, rec, ids, device, out):
+    """Run ``ids`` as a KV-cached prefix (hooks off), then its last token (hooks on); keep the cache."""
+    T = len(ids)
+    rec.active = False
+    try:
+        pre = lm.model(input_ids=torch.tensor([ids[:-1]], device=device),
+                       position_ids=torch.arange(T - 1, device=device)[None], use_cache=True)
+    finally:
+        rec.active = True
+    cache = pre.cache if hasattr(pre, "cache") else pre.past_key_values
+    out.prefixes[tuple(ids)] = cache
+    rec.start(torch.zeros(1, dtype=torch.long), device)
+    last = torch.tensor([[ids[-1]]])
+    res = lm.model(input_ids=last.to(device), attention_mask=torch.ones((1, T), dtype=torch.long, device=device),
+                   position_ids=torch.full((1, 1), T - 1, device=device), cache=copy.deepcopy(cache), use_cache=True)
+    out.counts["forward_passes"] += 1                    # the prefix; the caller counts the last token
+    out.counts["tokens"] += T - 1
+    out.counts["padded_tokens"] += T - 1
+    return last, torch.ones((1, 1), dtype=torch.long), res
 
 
 def _self_check(lm, rows, pair_ids, h, head_out, pooled, hf_idx, last_attended):

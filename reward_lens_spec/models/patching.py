@@ -6,8 +6,14 @@ run the *base* side with one site's activation at the readout token replaced
 by the *source* side's, and re-read the reward. The readout token is the last
 token, so under causal attention a patch there changes nothing at earlier
 positions: the prefix is run once with a KV cache, then only the readout token
-is re-run, once per patched site, all sites of a pair batched into one forward
-(row 0 unpatched, which must reproduce the captured base reward — a self-check).
+is re-run, once per patched site, all sites of a pair in one forward. Without a sliding
+window, that forward is one sequence: the readout token repeated once per site, all at its
+position, under a 4-D attention mask letting each copy see the prefix and itself only, so the
+prefix's KV cache is read once instead of copied per site. Models with sliding-window layers
+(their caches drop old keys) batch the copies as rows over a repeated cache instead. The first
+and last copies are unpatched and must reproduce the captured base reward — a self-check that
+also fails if copies could see each other. The prefix cache comes from the capture pass when it
+kept it (``capture(keep_prefix=)``).
 
 Attribution patching (Nanda 2023; Syed et al. 2023, "Attribution Patching
 Outperforms Automated Circuit Discovery"): ``∇_a r_base · (a_src − a_base)``,
@@ -53,34 +59,62 @@ def patch_readout(lm, encoded, cap, targets, pair_indices, *, mode: str = "denoi
     """
     base_side = 1 if mode == "denoise" else 0
     dev = next(lm.model.parameters()).device
+    dtype = next(lm.model.parameters()).dtype
+    packed = not _sliding(lm)
     out = np.zeros((len(pair_indices), len(targets), lm.head.n_outputs), np.float64)
     counts = {"forward_passes": 0, "tokens": 0}
     for pi, p in enumerate(pair_indices):
         ids = list((encoded.rejected if base_side else encoded.chosen)[p])
         T = len(ids)
-        prefix = lm.model(input_ids=torch.tensor([ids[:-1]], device=dev),
-                          position_ids=torch.arange(T - 1, device=dev)[None], use_cache=True)
-        cache = prefix.cache if hasattr(prefix, "cache") else prefix.past_key_values
-        counts["forward_passes"] += 1
-        counts["tokens"] += T - 1
+        cache = cap.prefixes.get(tuple(ids))              # kept by the capture pass (capture(keep_prefix=))
+        if cache is None:
+            prefix = lm.model(input_ids=torch.tensor([ids[:-1]], device=dev),
+                              position_ids=torch.arange(T - 1, device=dev)[None], use_cache=True)
+            cache = prefix.cache if hasattr(prefix, "cache") else prefix.past_key_values
+            counts["forward_passes"] += 1
+            counts["tokens"] += T - 1
         for start in range(0, len(targets), chunk):
             part = targets[start:start + chunk]
-            n = len(part) + 1
+            n = len(part) + 2                            # unpatched copies first and last
             c = copy.deepcopy(cache)
-            c.batch_repeat_interleave(n)
             by_module: dict = {}
             for row, (site, layer) in enumerate(part, start=1):
                 src = torch.as_tensor(_source_act(cap, site, layer, p, 1 - base_side))
                 by_module.setdefault((site, layer), []).append((row, src))
-            hooks = [(_module_for(lm, site, layer), _replacer(items)) for (site, layer), items in by_module.items()]
-            r = _patched_rewards(lm, hooks, input_ids=torch.tensor([[ids[-1]]] * n, device=dev),
-                                 attention_mask=torch.ones((n, T), dtype=torch.long, device=dev),
-                                 position_ids=torch.full((n, 1), T - 1, device=dev), cache=c, use_cache=True)
+            hooks = [(_module_for(lm, site, layer), _replacer(items, packed)) for (site, layer), items in
+                     by_module.items()]
+            if packed:
+                r = _patched_rewards(lm, hooks, input_ids=torch.tensor([[ids[-1]] * n], device=dev),
+                                     attention_mask=_copies_mask(n, T, dtype, dev), position_ids=torch.full(
+                                         (1, n), T - 1, device=dev), cache=c, use_cache=True, packed=True)
+            else:
+                c.batch_repeat_interleave(n)
+                r = _patched_rewards(lm, hooks, input_ids=torch.tensor([[ids[-1]]] * n, device=dev),
+                                     attention_mask=torch.ones((n, T), dtype=torch.long, device=dev),
+                                     position_ids=torch.full((n, 1), T - 1, device=dev), cache=c, use_cache=True)
             counts["forward_passes"] += 1
             counts["tokens"] += n
-            _check_unpatched(lm, r[0], cap.logits[p, base_side], encoded.pair_ids[p])
-            out[pi, start:start + len(part)] = r[1:]
+            for row in (0, n - 1):
+                _check_unpatched(lm, r[row], cap.logits[p, base_side], encoded.pair_ids[p])
+            out[pi, start:start + len(part)] = r[1:-1]
     return out, counts
+
+
+def _sliding(lm) -> bool:
+    """Whether any layer attends over a sliding window (its cache drops old keys)."""
+    cfg = lm.model.config
+    if "sliding_attention" in (getattr(cfg, "layer_types", None) or ()):
+        return True
+    return getattr(cfg, "sliding_window", None) is not None and getattr(cfg, "use_sliding_window", True) is not False
+
+
+def _copies_mask(n: int, T: int, dtype, device) -> torch.Tensor:
+    """Additive 4-D mask (1, 1, n, T − 1 + n): copy j sees the T − 1 prefix keys and its own key only."""
+    mask = torch.full((1, 1, n, T - 1 + n), torch.finfo(dtype).min, dtype=dtype, device=device)
+    mask[..., : T - 1] = 0
+    j = torch.arange(n, device=device)
+    mask[0, 0, j, T - 1 + j] = 0
+    return mask
 
 
 @contextlib.contextmanager
@@ -95,13 +129,17 @@ def _quiet_transformers():
         hf_logging.set_verbosity(old)
 
 
-def _replacer(items):
+def _replacer(items, packed: bool = False):
+    """Hook writing ``items`` ((copy, value) pairs): copies are rows (last token) or, ``packed``, positions."""
     rows = [r for r, _ in items]
     vals = torch.stack([v for _, v in items])
 
     def hook(mod, args, output):
         x = _first(output).clone()
-        x[rows, -1] = vals.to(x.dtype).to(x.device)
+        if packed:
+            x[0, rows] = vals.to(x.dtype).to(x.device)
+        else:
+            x[rows, -1] = vals.to(x.dtype).to(x.device)
         return (x,) + tuple(output[1:]) if isinstance(output, tuple) else x
     return hook
 
@@ -203,12 +241,13 @@ def patch_all_positions(lm, encoded, cap, targets, pair_indices, *, mode: str = 
     return out, counts
 
 
-def _patched_rewards(lm, hooks, **model_kwargs) -> np.ndarray:
-    """One forward with ``(module, hook)`` pairs attached; rewards (row, output) read at the last position."""
+def _patched_rewards(lm, hooks, packed: bool = False, **model_kwargs) -> np.ndarray:
+    """One forward with ``(module, hook)`` pairs attached; rewards (copy, output), read at each row's
+    last position, or (``packed``) at every position of the one sequence."""
     hbuf: dict = {}
     handles = [m.register_forward_hook(h) for m, h in hooks]
     handles.append(lm.norm.module.register_forward_hook(
-        lambda m, a, o: hbuf.__setitem__("h", _first(o)[:, -1].float().cpu().numpy())))
+        lambda m, a, o: hbuf.__setitem__("h", (_first(o)[0] if packed else _first(o)[:, -1]).float().cpu().numpy())))
     try:
         lm.model(**model_kwargs)
     finally:

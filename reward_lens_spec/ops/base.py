@@ -63,6 +63,10 @@ class Operator:
         """Capture sites this step needs (runtime site names)."""
         return set()
 
+    def prefix_rows(self, info: PlanInfo, n_pairs: int) -> set[tuple[int, int]]:
+        """``(pair, side)`` rows this step re-runs from a KV-cached prefix (the capture keeps those caches)."""
+        return set()
+
     def out_dims(self, in_dims: list[tuple[str, ...]], info: PlanInfo, where: str) -> tuple[str, ...]:
         raise NotImplementedError
 

@@ -121,6 +121,12 @@ class Patch(_PatchBase):
 
     name = "patch"
 
+    def prefix_rows(self, info, n_pairs):
+        if self.p.positions != "readout":
+            return set()
+        n = n_pairs if info.pairs is None else min(info.pairs, n_pairs)
+        return {(p, 1 if self.p.mode == "denoise" else 0) for p in range(n)}
+
     def _compute(self, ctx, targets, pidx):
         from ..models.patching import patch_all_positions, patch_readout
         if self.p.positions == "all":
