@@ -158,7 +158,7 @@ def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tok
         for alone, rows in it:
             if alone:
                 ids, mask, res = _prefix_then_last(lm, rec, seqs[rows[0]], device, out)
-                last_attended = readout = torch.zeros(1, dtype=torch.long)
+                last_attended = torch.zeros(1, dtype=torch.long)   # one token: it is the readout
             else:
                 ids, mask, pos, readout = pad_batch([seqs[r] for r in rows], pad_id, padding_side)
                 last_attended = readout                      # from the mask (padding.pad_batch)
