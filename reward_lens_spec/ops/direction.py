@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
 from ..registry import register
 from .base import Operator, labelled
+from .project import check_objective, head_rows
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,8 @@ class Direction(Operator):
         if d == "head" and info.gated:
             raise SpecError(where + ".direction", "a gated head's direction depends on h (its gate); there is no "
                             "single w_r.", fix="use direction: objectives (the ungated rows).")
-        if d.startswith("objective:"):
-            if d.split(":", 1)[1] not in info.objectives:
-                raise SpecError(where + ".direction", f"no objective '{d.split(':', 1)[1]}'.",
-                                value=d.split(":", 1)[1], options=info.objectives)
-        elif d not in ("head", "objectives"):
+        check_objective(d, info, where)
+        if not (d in ("head", "objectives") or d.startswith("objective:")):
             raise SpecError(where + ".direction", f"unknown direction '{d}'.", value=d,
                             options=["head", "objectives", "objective:<name>"])
         return ("objective", "d_model") if self._many(info) else ("d_model",)
@@ -55,11 +52,7 @@ class Direction(Operator):
         return info.native_frame
 
     def run(self, ctx):
-        head = ctx.lm.head
-        W, names = np.asarray(head.W, np.float64), list(head.objectives)
-        if self.p.direction.startswith("objective:"):
-            k = names.index(self.p.direction.split(":", 1)[1])
-            W, names = W[k:k + 1], names[k:k + 1]
+        W, _, names = head_rows(ctx.lm.head, self.p.direction)
         if self._many(ctx.info):
             arr = xr.DataArray(W, dims=("objective", "d_model"), coords={"objective": names})
         else:

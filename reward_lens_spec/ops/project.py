@@ -26,6 +26,21 @@ from ..registry import register
 from .base import INVARIANT, Operator, labelled, need_dim, without
 
 
+def check_objective(d: str, info, where: str) -> None:
+    """Plan-time: ``objective:<name>`` must name one of the head's objectives."""
+    if d.startswith("objective:") and d.split(":", 1)[1] not in info.objectives:
+        raise SpecError(where + ".direction", f"no objective '{d.split(':', 1)[1]}'.",
+                        value=d.split(":", 1)[1], options=info.objectives)
+
+
+def head_rows(head, d: str):
+    """``(W, b, names)`` (float64) for ``head``/``objectives`` (every row) or ``objective:<name>`` (one)."""
+    if d.startswith("objective:"):
+        k = head.objectives.index(d.split(":", 1)[1])
+        return head.W[k:k + 1].astype(np.float64), head.b[k:k + 1].astype(np.float64), [head.objectives[k]]
+    return head.W.astype(np.float64), head.b.astype(np.float64), list(head.objectives)
+
+
 @dataclass(frozen=True)
 class ProjectParams:
     direction: str = "head"
@@ -42,9 +57,7 @@ class Project(Operator):
     def out_dims(self, in_dims, info, where):
         need_dim(in_dims[0], "d_model", where, "a vector dim to project")
         d = self.p.direction
-        if d.startswith("objective:") and d.split(":", 1)[1] not in info.objectives:
-            raise SpecError(where + ".direction", f"no objective '{d.split(':', 1)[1]}'.",
-                            value=d.split(":", 1)[1], options=info.objectives)
+        check_objective(d, info, where)
         if not (d in ("head", "objectives") or d.startswith(("objective:", "store:"))):
             raise SpecError(where + ".direction", f"unknown direction '{d}'.", value=d,
                             options=["head", "objectives", "objective:<name>", "store:<url>#<run>/<observable>/<variable>"])
@@ -59,11 +72,8 @@ class Project(Operator):
 
     def _direction(self, ctx):
         head, d = ctx.lm.head, self.p.direction
-        if d in ("head", "objectives"):
-            return head.W.astype(np.float64), head.b.astype(np.float64), list(head.objectives)
-        if d.startswith("objective:"):
-            k = head.objectives.index(d.split(":", 1)[1])
-            return head.W[k:k + 1].astype(np.float64), head.b[k:k + 1].astype(np.float64), [head.objectives[k]]
+        if not d.startswith("store:"):
+            return head_rows(head, d)
         url, _, ref = d.split(":", 1)[1].partition("#")
         run_id, obs, var = ref.split("/")
         from ..frames.express import native_direction
