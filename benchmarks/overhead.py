@@ -9,7 +9,7 @@ from common import _sync
 
 def capture_overhead(lm, pairs, batch_size: int, repeats: int, fmt: str = "plain") -> dict:
     """Battery capture pass vs bare forwards on identical length-sorted, left-padded batches.
-    Both use ``use_cache=False``; bare and capture alternate (order flipped every repeat); each
+    Both feed ids, mask and position ids (``padding.pad_batch``) with ``use_cache=False``; bare and capture alternate (order flipped every repeat); each
     sample loops enough times to last >= 0.3 s. Returns seconds per pass and the ratios."""
     import torch
 
@@ -27,12 +27,12 @@ def capture_overhead(lm, pairs, batch_size: int, repeats: int, fmt: str = "plain
     batches = batches_by_length([len(s) for s in seqs], batch_size)
     dev = next(lm.model.parameters()).device
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else lm.model.config.pad_token_id
-    pre = [tuple(t.to(dev) for t in pad_batch([seqs[r] for r in rows], pad, "left")[:2]) for rows in batches]
+    pre = [tuple(t.to(dev) for t in pad_batch([seqs[r] for r in rows], pad, "left")[:3]) for rows in batches]
 
-    def bare():
+    def bare():                        # the same inputs the capture feeds: ids, mask, position ids from the mask
         with torch.inference_mode():
-            for ids, mask in pre:
-                lm.model(input_ids=ids, attention_mask=mask, use_cache=False)
+            for ids, mask, pos in pre:
+                lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
 
     def cap():
         capture(lm, enc, sites, batch_size=batch_size)

@@ -11,16 +11,19 @@ from common import med
 
 NOTES = [
     "Patch grids differ in what they compute: ours (`patch`, restricted here to attn + mlp × every layer, the "
-    "same cells as its component grid) denoises at the readout token — the rejected side's prefix runs once "
-    "with a KV cache and every site of a pair is patched in one batched single-token forward; reward-lens "
+    "same cells as its component grid) denoises at the readout token — the rejected sides' prefixes run once, "
+    "batched, with a KV cache, and every site of every pair in a batch is patched in one forward of "
+    "readout-token copies (layers below each copy's patch skipped); reward-lens "
     "noises the chosen side's forward on positions [0, min(Tc, Tr)), one single-item forward per component "
     "plus two scoring forwards and a capture per pair. The ratio compares each tool's cost for its grid, not "
     "identical numbers, so the patch effects are not cross-checked.",
     "Our DLA rows include `dla_heads` (per-head capture and projection), which its DLA does not compute.",
-    "Forward passes: ours from `ctx.counts` (capture batches + patch prefixes + batched patched re-runs); "
+    "Forward passes: ours from `ctx.counts` (capture batches, a kept prefix batch counting two, + patched "
+    "re-runs, one per batch of pairs); "
     "reward-lens' from a pre-hook on decoder layer 0 (one per batched forward).",
-    "Capture overhead: bare forwards are pre-padded tensors (no padding or batching cost) with "
-    "`use_cache=False`; the capture pass includes batching, padding, hooks, host copies and the self-check.",
+    "Capture overhead: bare forwards are pre-padded tensors (no padding or batching cost) fed the same ids, "
+    "mask and position ids with `use_cache=False`; the capture pass includes batching, padding, hooks, host "
+    "copies and the self-check.",
     "Scaling uses the model named in section 3 and the full `battery` observable (score, lens, "
     "crystallization, DLA + heads, patch, attribution patch, faithfulness). 'Peak RSS while computing' is "
     "VmHWM reset (`/proc/self/clear_refs`) after loading and an 8-pair warm-up, read after the timed runs; "

@@ -55,13 +55,16 @@ def test_denoising_the_final_residual_restores_the_margin(battery, family_lm):
 
 def test_battery_shares_one_capture_pass(battery):
     _, ctx = battery
-    # 5 chosen sides in batches of 4; each rejected side (patched: denoise) as a KV-cached prefix
-    # plus its last token, the prefix cache kept for patching: every token runs once
-    assert ctx.counts["capture.forward_passes"] == 2 + 2 * 5
+    # 5 chosen sides in batches of 4; the 5 rejected sides (patched: denoise) in their own batches
+    # of 4, each as a KV-cached prefix forward then a last-token forward, the prefix caches kept
+    # for patching: every token runs once
+    assert ctx.counts["capture.forward_passes"] == 2 + 2 * 2
     enc = ctx.encoded
     assert ctx.counts["capture.tokens"] == sum(len(s) for s in enc.chosen + enc.rejected)
-    assert ctx.counts["patch.forward_passes"] == 5              # one batched readout-token run per pair
-    assert len(ctx.capture.prefixes) == 5
+    from reward_lens_spec.models.prefix import sliding
+    # one readout-token run per kept batch; sliding-window models: one per pair (rows over its cache)
+    assert ctx.counts["patch.forward_passes"] == (5 if sliding(ctx.lm) else 2)
+    assert len(ctx.capture.prefixes) == 5 and len(ctx.capture.prefix_batches) == 2
 
 
 def test_crystallization_is_first_half_crossing(battery, family_lm):
@@ -191,3 +194,25 @@ def test_battery_with_a_patched_subset_keeps_one_pair_axis():
     assert np.isfinite(grid.isel(pair=[0, 1])).all()
     assert np.isnan(grid.isel(pair=[2, 3, 4])).all()
     assert np.isfinite(ds["margin"]).all()
+
+
+def test_packed_patching_with_layer_skip_equals_batched_rows(family_lm, monkeypatch):
+    """The packed forward (one sequence, layers below each patch run copy 0 only) against the
+    independent path: one batch row per copy over a repeated cache, every layer computed."""
+    from reward_lens_spec.models import patching
+    from reward_lens_spec.models.capture import capture
+    from reward_lens_spec.models.formatting import encode_pairs
+    if patching.sliding(family_lm):
+        pytest.skip("sliding-window models always use the batched rows")
+    lm = family_lm
+    enc = encode_pairs(lm.tokenizer, make_pairs(3))
+    cap = capture(lm, enc, ("resid_post", "attn_out", "mlp_out"), batch_size=4)
+    L = lm.n_layers
+    targets = [(s, l) for l in range(L) for s in ("attn_out", "mlp_out", "resid_post")] + [("readout", 0)]
+    targets = targets[::-1]                       # late patches first: active copies are not a prefix
+    packed, counts = patching.patch_readout(lm, enc, cap, targets, [0, 1, 2])
+    assert counts["copy_layers"] < counts["copy_layers_unskipped"]          # layers really were skipped
+    monkeypatch.setattr(patching, "sliding", lambda lm: True)
+    rows, _ = patching.patch_readout(lm, enc, cap, targets, [0, 1, 2])
+    np.testing.assert_allclose(packed, rows, atol=1e-5 * (1 + np.abs(rows).max()))
+    assert np.abs(packed - cap.logits[:3, 1][:, None]).max() > 1e-3          # the patches change rewards

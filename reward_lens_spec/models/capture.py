@@ -2,11 +2,13 @@
 
 Hooks slice the readout position inside the graph, so a capture keeps
 ``pair × side × layer × d_model`` floats per site, never the full sequences.
-After each batch a self-check compares ``W·h + b`` (float32, from the captured
-final-norm output ``h``) with the model's own head output at the readout token
-and, where HF's pad-id pooling picks the same token, with its pooled logits.
-A mismatch or a non-finite score stops the run (``CaptureError``) naming the
-model and the pair ids; nothing is returned to be stored.
+A self-check compares ``W·h + b`` (float32, from the captured final-norm output
+``h``) with the model's own head output at the readout token and, where HF's
+pad-id pooling picks the same token, with its pooled logits: on the first batch
+at once (a wrong readout stops before the rest runs), then on all other rows in
+one vectorized pass. A mismatch or a non-finite score stops the run
+(``CaptureError``) naming the model and the pair ids; nothing is returned to be
+stored.
 
 Sites (TransformerLens vocabulary): ``resid_pre``/``resid_post`` (layer),
 ``attn_out``/``mlp_out`` (what each component adds to the residual stream),
@@ -23,6 +25,7 @@ import torch
 from ..errors import CaptureError
 from .head import get_module
 from .padding import batches_by_length, pad_batch
+from .prefix import run_prefix
 
 LAYER_SITES = ("embed", "resid_pre", "resid_post", "attn_out", "mlp_out", "attn_z")
 SIDES = ("chosen", "rejected")
@@ -44,7 +47,8 @@ class CaptureResult:
     lengths: np.ndarray
     sites: dict[str, np.ndarray] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
-    prefixes: dict = field(default_factory=dict)    # token ids (tuple) -> KV cache of all but the last token
+    prefixes: dict = field(default_factory=dict)    # token ids (tuple) -> (index into prefix_batches, row)
+    prefix_batches: list = field(default_factory=list)   # models.prefix.PrefixBatch, for patching
 
 
 def _first(x):
@@ -52,46 +56,70 @@ def _first(x):
 
 
 class _Recorder:
-    """Registers hooks that keep ``out[row, readout[row]]`` for the current batch."""
+    """Hooks that copy ``out[row, readout[row]]`` of every site into one float32 buffer per site.
+
+    ``start`` allocates ``buf[site]``: batch × layer × width on the model's device; each hook is
+    one strided copy into its layer slot (a basic slice when every row reads out at the same
+    column, as under left padding), so a batch costs one host transfer per site.
+    """
 
     def __init__(self, lm, sites):
-        self.lm, self.sites, self.handles, self.index, self.buf, self.active = lm, sites, [], None, {}, True
+        self.lm, self.handles, self.sel, self.active = lm, [], None, True
+        self.buf, self.slot, self._by_size = {}, {}, {}
         layers = get_module(lm.model, lm.family.layers)
+        self.shape = {s: (1 if s == "embed" else len(layers), _width(lm, s)) for s in sites}
+        self.shape.update(h=(1, lm.d_model), logits=(1, lm.head.n_outputs))
         if "embed" in sites:
-            self._pre(layers[0], ("embed", 0))
+            self._pre(layers[0], "embed", 0)
         for layer_idx, layer in enumerate(layers):
             if "resid_pre" in sites:
-                self._pre(layer, ("resid_pre", layer_idx))
+                self._pre(layer, "resid_pre", layer_idx)
             if "resid_post" in sites:
-                self._post(layer, ("resid_post", layer_idx))
+                self._post(layer, "resid_post", layer_idx)
             if "attn_out" in sites:
-                self._post(get_module(layer, lm.family.attn), ("attn_out", layer_idx))
+                self._post(get_module(layer, lm.family.attn), "attn_out", layer_idx)
             if "mlp_out" in sites:
-                self._post(get_module(layer, lm.family.mlp), ("mlp_out", layer_idx))
+                self._post(get_module(layer, lm.family.mlp), "mlp_out", layer_idx)
             if "attn_z" in sites:
-                self._pre(get_module(layer, lm.family.o_proj), ("attn_z", layer_idx))
-        self._post(lm.norm.module, ("h", 0))
-        self._post(get_module(lm.model, lm.family.head), ("logits", 0))
+                self._pre(get_module(layer, lm.family.o_proj), "attn_z", layer_idx)
+        self._post(lm.norm.module, "h", 0)
+        self._post(get_module(lm.model, lm.family.head), "logits", 0)
 
-    def start(self, readout: torch.Tensor, device) -> None:
-        """Begin a batch: (row, readout) index pair built once, used by every hook."""
-        self.index = (torch.arange(readout.shape[0], device=device), readout.to(device))
-        self.buf = {}
+    def start(self, readout: torch.Tensor, T: int, device) -> None:
+        """Begin a batch whose rows read out at ``readout`` (``LongTensor[B]``) of ``T`` columns.
 
-    def _take(self, t):
-        return t[self.index].detach().float().cpu()
+        Buffers are reused across batches of the same size: ``finish`` hands out views of them,
+        so a caller copies what it keeps before the next ``start``.
+        """
+        B = readout.shape[0]
+        if bool((readout == T - 1).all()):
+            self.sel = (slice(None), T - 1)
+        else:
+            self.sel = (torch.arange(B, device=device), readout.to(device))
+        if B not in self._by_size:
+            buf = {s: torch.empty((B, *shape), dtype=torch.float32, device=device) for s, shape in self.shape.items()}
+            self._by_size[B] = buf, {(s, i): b[:, i] for s, b in buf.items() for i in range(b.shape[1])}
+        self.buf, self.slot = self._by_size[B]
 
-    def _pre(self, module, key):
+    def finish(self) -> dict[str, np.ndarray]:
+        """The batch's buffers on the host: site -> batch × layer × width."""
+        return {s: b.cpu().numpy() for s, b in self.buf.items()}
+
+    def _pre(self, module, site, layer):
+        key = (site, layer)
+
         def hook(mod, args, kwargs):
             if self.active:
                 x = args[0] if args else next(iter(kwargs.values()))
-                self.buf[key] = self._take(x)
+                self.slot[key].copy_(x[self.sel])
         self.handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
 
-    def _post(self, module, key):
+    def _post(self, module, site, layer):
+        key = (site, layer)
+
         def hook(mod, args, out):
             if self.active:
-                self.buf[key] = self._take(_first(out))
+                self.slot[key].copy_(_first(out)[self.sel])
         self.handles.append(module.register_forward_hook(hook))
 
     def close(self):
@@ -106,12 +134,12 @@ def _width(lm, site: str) -> int:
     return int(o.weight.shape[0] if lm.family.o_proj_conv1d else o.weight.shape[1])
 
 
-def hf_pooled_index(input_ids: torch.Tensor, pad_id: int | None) -> torch.Tensor:
-    """The token HF's sequence classifiers pool (rightmost token not equal to the pad id)."""
+def hf_pooled_index(input_ids: torch.Tensor, pad_id: int | None) -> np.ndarray:
+    """The token HF's sequence classifiers pool (rightmost token not equal to the pad id), per row."""
+    ids = input_ids.cpu().numpy()
     if pad_id is None:
-        return torch.full((input_ids.shape[0],), input_ids.shape[1] - 1, dtype=torch.long)
-    idx = torch.arange(input_ids.shape[1]).expand_as(input_ids)
-    return (idx * (input_ids != pad_id)).argmax(-1)
+        return np.full(ids.shape[0], ids.shape[1] - 1)
+    return (np.arange(ids.shape[1]) * (ids != pad_id)).argmax(-1)
 
 
 @torch.inference_mode()
@@ -124,10 +152,11 @@ def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tok
 
     ``sites``: subset of ``LAYER_SITES``. ``readout_fn(attention_mask) -> LongTensor[B]``
     overrides the readout (tests use it to prove the self-check fires).
-    ``keep_prefix``: rows (2·pair + side) that activation patching will re-run. Each runs alone as
-    its prefix (all tokens but the last, KV-cached) and then its last token; the prefix's cache is
-    kept in ``prefixes`` so ``models.patching.patch_readout`` need not recompute it (memory: one
-    KV cache per row, so callers keep this list short).
+    ``keep_prefix``: rows (2·pair + side) that activation patching will re-run. They run in their
+    own length-sorted, left-padded batches as prefix (all tokens but the last, KV-cached, hooks
+    off) then last token; each batch's prefix cache is kept (``prefix_batches``, located by
+    ``prefixes``) so ``models.patching.patch_readout`` need not recompute it (memory: one KV cache
+    per kept row, so callers keep this list short).
     Raises ``CaptureError`` on a self-check mismatch or a non-finite score.
     """
     sites = tuple(s for s in LAYER_SITES if s in set(sites))
@@ -142,90 +171,106 @@ def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tok
     pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else lm.model.config.pad_token_id
     device = next(lm.model.parameters()).device
     rec = _Recorder(lm, sites)
+    flat_h, flat_logits = out.h.reshape(2 * n_pairs, d), out.logits.reshape(2 * n_pairs, K)   # views
+    flat = {s: a.reshape(2 * n_pairs, *a.shape[2:]) for s, a in out.sites.items()}
+    hf_pad = lm.model.config.pad_token_id
+    checked_rows, pooled, agree = [], [], []             # self-check inputs, per batch
     first: dict[tuple, int] = {}
     owners: dict[int, list[int]] = {}
     for r, sq in enumerate(seqs):                        # row -> first row with the same token ids
         owners.setdefault(first.setdefault(tuple(sq), r), []).append(r)
     keep = set() if readout_fn is not None else {tuple(seqs[r]) for r in keep_prefix if len(seqs[r]) > 1}
-    solo = [u for u in sorted(owners) if tuple(seqs[u]) in keep]
+    keep_rows = {u for u in owners if tuple(seqs[u]) in keep}
+    kept = [u for u in sorted(owners) if tuple(seqs[u]) in keep]
     uniq = [u for u in sorted(owners) if tuple(seqs[u]) not in keep]
-    batches = [[uniq[i] for i in b] for b in batches_by_length([len(seqs[u]) for u in uniq], batch_size, max_tokens)]
+    batches = [[rs[i] for i in b] for rs in (uniq, kept)
+               for b in batches_by_length([len(seqs[u]) for u in rs], batch_size, max_tokens)]
     try:
-        it = [(False, b) for b in batches] + [(True, [u]) for u in solo]
+        it = [(rows[0] in keep_rows, rows) for rows in batches]
         if progress:
             from tqdm.auto import tqdm
             it = tqdm(it, desc=f"capture {lm.name}", unit="batch")
-        for alone, rows in it:
-            if alone:
-                ids, mask, res = _prefix_then_last(lm, rec, seqs[rows[0]], device, out)
-                last_attended = torch.zeros(1, dtype=torch.long)   # one token: it is the readout
+        for kept_batch, rows in it:
+            if kept_batch:
+                ids, mask, res = _prefix_then_last(lm, rec, [seqs[r] for r in rows], device, out)
+                last_attended = torch.zeros(len(rows), dtype=torch.long)   # one token: it is the readout
             else:
                 ids, mask, pos, readout = pad_batch([seqs[r] for r in rows], pad_id, padding_side)
                 last_attended = readout                      # from the mask (padding.pad_batch)
                 if readout_fn is not None:
                     readout = readout_fn(mask)
-                rec.start(readout, device)
+                rec.start(readout, ids.shape[1], device)
                 res = lm.model(input_ids=ids.to(device), attention_mask=mask.to(device),
                                position_ids=pos.to(device), use_cache=False)
-            src = np.array([j for j, r in enumerate(rows) for _ in owners[r]])
-            dst = np.array([o for r in rows for o in owners[r]])
-            pair_idx, side_idx = dst // 2, dst % 2
-            h = rec.buf[("h", 0)].numpy()
-            _self_check(lm, rows, out.pair_ids, h, rec.buf[("logits", 0)].numpy(), res.logits,
-                        hf_pooled_index(ids, lm.model.config.pad_token_id), last_attended)
-            out.h[pair_idx, side_idx] = h[src]
-            out.logits[pair_idx, side_idx] = rec.buf[("logits", 0)].numpy()[src]
-            for (site, layer), val in rec.buf.items():
-                if site in out.sites:
-                    out.sites[site][pair_idx, side_idx, layer] = val.numpy()[src]
+            got = rec.finish()
+            h, head_out = got.pop("h")[:, 0], got.pop("logits")[:, 0]
+            checked_rows.extend(rows)
+            pooled.append(res.logits.detach().float().cpu().numpy())
+            agree.append(hf_pooled_index(ids, hf_pad) == last_attended.numpy())
+            if len(pooled) == 1:                         # the first batch at once: a wrong readout stops early
+                _self_check(lm, rows, out.pair_ids, h, head_out, pooled[0], agree[0])
+            dst = [o for r in rows for o in owners[r]]      # row = 2·pair + side; duplicates share a run
+            src = None if len(dst) == len(rows) else [j for j, r in enumerate(rows) for _ in owners[r]]
+            flat_h[dst] = h if src is None else h[src]
+            flat_logits[dst] = head_out if src is None else head_out[src]
+            for site, val in got.items():
+                flat[site][dst] = val if src is None else val[src]
             out.counts["forward_passes"] += 1
-            out.counts["tokens"] += int(mask.sum())
-            out.counts["padded_tokens"] += int(mask.numel())
+            out.counts["tokens"] += len(rows) if kept_batch else sum(len(seqs[r]) for r in rows)   # prefixes count themselves
+            out.counts["padded_tokens"] += mask.numel()
+        rest = np.array(checked_rows[len(agree[0]):], dtype=np.int64) if pooled else np.zeros(0, np.int64)
+        if rest.size:                                    # every other batch, in one vectorized pass
+            _self_check(lm, rest.tolist(), out.pair_ids, flat_h[rest], flat_logits[rest],
+                        np.concatenate(pooled[1:]), np.concatenate(agree[1:]))
     finally:
         rec.close()
     return out
 
 
-def _prefix_then_last(lm, rec, ids, device, out):
-    """Run ``ids`` as a KV-cached prefix (hooks off), then its last token (hooks on); keep the cache."""
-    T = len(ids)
+def _prefix_then_last(lm, rec, rows, device, out):
+    """Run ``rows`` (token lists) as a kept prefix batch (hooks off), then their last tokens (hooks on)."""
     rec.active = False
     try:
-        pre = lm.model(input_ids=torch.tensor([ids[:-1]], device=device),
-                       position_ids=torch.arange(T - 1, device=device)[None], use_cache=True)
+        pb = run_prefix(lm, rows, device)
     finally:
         rec.active = True
-    cache = pre.cache if hasattr(pre, "cache") else pre.past_key_values
-    out.prefixes[tuple(ids)] = cache
-    rec.start(torch.zeros(1, dtype=torch.long), device)
-    last = torch.tensor([[ids[-1]]])
-    res = lm.model(input_ids=last.to(device), attention_mask=torch.ones((1, T), dtype=torch.long, device=device),
-                   position_ids=torch.full((1, 1), T - 1, device=device), cache=copy.deepcopy(cache), use_cache=True)
-    out.counts["forward_passes"] += 1                    # the prefix; the caller counts the last token
-    out.counts["tokens"] += T - 1
-    out.counts["padded_tokens"] += T - 1
-    return last, torch.ones((1, 1), dtype=torch.long), res
+    for j, ids in enumerate(rows):
+        out.prefixes[tuple(ids)] = (len(out.prefix_batches), j)
+    out.prefix_batches.append(pb)
+    B = len(rows)
+    rec.start(torch.zeros(B, dtype=torch.long), 1, device)
+    last = torch.tensor([[ids[-1]] for ids in rows])
+    mask = torch.cat([pb.mask, torch.ones((B, 1), dtype=pb.mask.dtype, device=pb.mask.device)], 1)
+    res = lm.model(input_ids=last.to(device), attention_mask=mask, position_ids=torch.as_tensor(
+        pb.lengths[:, None] - 1, device=device), cache=copy.deepcopy(pb.cache), use_cache=True)
+    out.counts["forward_passes"] += 1                    # the prefix; the caller counts the last tokens
+    out.counts["tokens"] += int(pb.lengths.sum()) - B
+    out.counts["padded_tokens"] += int(pb.mask.numel())
+    return last, torch.ones((B, 1), dtype=torch.long), res
 
 
-def _self_check(lm, rows, pair_ids, h, head_out, pooled, hf_idx, last_attended):
-    names = [f"{pair_ids[r // 2]}/{SIDES[r % 2]}" for r in rows]
+def _self_check(lm, rows, pair_ids, h, head_out, pooled, agree):
+    """``rows``' captured ``h`` (rows × d_model) through the read-off head vs the model's own head
+    output there and, where ``agree`` (HF pools the same token), its pooled logits."""
     ours = lm.head.rewards(h)
-    bad = ~np.isfinite(ours).all(-1) | ~np.isfinite(head_out).all(-1)
-    if bad.any():
-        raise CaptureError(f"{lm.name}: non-finite reward for {[n for n, b in zip(names, bad) if b]} "
+    finite = np.isfinite(ours).all(-1) & np.isfinite(head_out).all(-1)
+    if not finite.all():
+        raise CaptureError(f"{lm.name}: non-finite reward for {_names(pair_ids, rows, ~finite)} "
                            f"(dtype {lm.dtype}); nothing was stored. Fix: use model.dtype=float32 or bfloat16.")
     tol = _TOL.get(lm.dtype, 1e-4)
     scale = 1.0 + np.abs(head_out)
-    refs = [("head output at the readout token", head_out, np.ones(len(rows), bool))]
-    # Where HF's pad-id pooling lands on the last attended token (computed here from the
-    # mask, independently of the capture's readout), its pooled logits are a second reference.
-    agree = (hf_idx.cpu() == last_attended.cpu()).numpy()
-    refs.append(("the model's pooled logits", pooled.detach().float().cpu().numpy(), agree))
-    for what, ref, use in refs:
+    # Where HF's pad-id pooling lands on the last attended token (computed from the mask,
+    # independently of the capture's readout), its pooled logits are a second reference.
+    for what, ref, use in (("head output at the readout token", head_out, True),
+                           ("the model's pooled logits", pooled, agree)):
         err = (np.abs(ours - ref) / scale).max(-1)
         wrong = use & (err > tol)
         if wrong.any():
             raise CaptureError(
                 f"{lm.name}: self-check failed: W·h + b from captured h differs from {what} "
-                f"(max rel. error {err[wrong].max():.3g} > {tol}) for {[n for n, w in zip(names, wrong) if w]}. "
+                f"(max rel. error {err[wrong].max():.3g} > {tol}) for {_names(pair_ids, rows, wrong)}. "
                 "The readout position or the head read-off is wrong; nothing was stored.")
+
+
+def _names(pair_ids, rows, which) -> list[str]:
+    return [f"{pair_ids[r // 2]}/{SIDES[r % 2]}" for r, w in zip(rows, which) if w]

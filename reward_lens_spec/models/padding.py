@@ -11,6 +11,7 @@ Rules:
 """
 from __future__ import annotations
 
+from itertools import chain
 from typing import Sequence
 
 import numpy as np
@@ -42,12 +43,11 @@ def pad_batch(seqs: list[list[int]], pad_id: int | None, side: str = "left"
     fill = 0 if pad_id is None else int(pad_id)
     lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
     B, T = len(seqs), int(lengths.max())
+    cols = np.arange(T)
+    real = cols >= (T - lengths)[:, None] if side == "left" else cols < lengths[:, None]   # B × T
     input_ids = np.full((B, T), fill, dtype=np.int64)
-    mask = np.zeros((B, T), dtype=np.int64)
-    for b, s in enumerate(seqs):
-        cols = slice(T - len(s), T) if side == "left" else slice(0, len(s))
-        input_ids[b, cols] = s
-        mask[b, cols] = 1
+    input_ids[real] = np.fromiter(chain.from_iterable(seqs), dtype=np.int64, count=int(lengths.sum()))
+    mask = real.astype(np.int64)                              # row-major fill keeps each row's token order
     position_ids = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
     readout = T - 1 - np.argmax(mask[:, ::-1], axis=1)         # rightmost attended token (every row has one)
     return (torch.from_numpy(input_ids), torch.from_numpy(mask), torch.from_numpy(position_ids),

@@ -5,15 +5,15 @@ Heimersheim & Nanda 2024, "How to use and interpret activation patching"):
 run the *base* side with one site's activation at the readout token replaced
 by the *source* side's, and re-read the reward. The readout token is the last
 token, so under causal attention a patch there changes nothing at earlier
-positions: the prefix is run once with a KV cache, then only the readout token
-is re-run, once per patched site, all sites of a pair in one forward. Without a sliding
-window, that forward is one sequence: the readout token repeated once per site, all at its
-position, under a 4-D attention mask letting each copy see the prefix and itself only, so the
-prefix's KV cache is read once instead of copied per site. Models with sliding-window layers
-(their caches drop old keys) batch the copies as rows over a repeated cache instead. The first
-and last copies are unpatched and must reproduce the captured base reward — a self-check that
-also fails if copies could see each other. The prefix cache comes from the capture pass when it
-kept it (``capture(keep_prefix=)``).
+positions: prefixes run once, batched and KV-cached (``models.prefix``; the capture
+pass keeps them, ``capture(keep_prefix=)``), then only copies of the readout token run
+again, one per patched site. Without a sliding window, one forward covers a group of
+pairs: per pair one sequence of copies, all at the readout position, under a 4-D
+attention mask letting each copy see its own prefix and itself only, and layers below a
+copy's patch run copy 0 only (``models.copy_skip``). Models with sliding-window layers
+(their caches drop old keys) run the copies of one pair as rows over a repeated cache
+instead. The first and last copies are unpatched and must reproduce the captured base
+reward — a self-check that also fails if copies could see each other.
 
 Attribution patching (Nanda 2023; Syed et al. 2023, "Attribution Patching
 Outperforms Automated Circuit Discovery"): ``∇_a r_base · (a_src − a_base)``,
@@ -32,6 +32,8 @@ import torch
 
 from ..errors import CaptureError
 from .capture import _first
+from .copy_skip import CopySkip, start_layer
+from .prefix import run_prefix, sliding
 from .head import get_module
 from .padding import batches_by_length, pad_batch
 
@@ -51,69 +53,115 @@ def _source_act(cap, site, layer, pair, side):
 
 
 @torch.inference_mode()
-def patch_readout(lm, encoded, cap, targets, pair_indices, *, mode: str = "denoise", chunk: int = 64):
+def patch_readout(lm, encoded, cap, targets, pair_indices, *, mode: str = "denoise", chunk: int = 64,
+                  group: int = 16):
     """Patched rewards, array (pair, target, objective) in reward units, plus counts.
 
-    ``mode="denoise"``: base = rejected, source = chosen; ``"noise"``: the reverse.
-    Raises ``CaptureError`` if the unpatched re-run disagrees with the capture.
+    ``mode="denoise"``: base = rejected, source = chosen; ``"noise"``: the reverse. Pairs run in
+    groups sharing one batched prefix cache (the capture's kept batches, else ``group`` pairs by
+    length); each forward re-runs ``chunk`` targets' copies of every pair in the group.
+    Raises ``CaptureError`` if an unpatched copy disagrees with the capture, or if a base side
+    is a single token (no prefix).
     """
     base_side = 1 if mode == "denoise" else 0
     dev = next(lm.model.parameters()).device
     dtype = next(lm.model.parameters()).dtype
-    packed = not _sliding(lm)
+    packed = not sliding(lm)
+    seqs = {p: list((encoded.rejected if base_side else encoded.chosen)[p]) for p in pair_indices}
     out = np.zeros((len(pair_indices), len(targets), lm.head.n_outputs), np.float64)
-    counts = {"forward_passes": 0, "tokens": 0}
-    for pi, p in enumerate(pair_indices):
-        ids = list((encoded.rejected if base_side else encoded.chosen)[p])
-        T = len(ids)
-        cache = cap.prefixes.get(tuple(ids))              # kept by the capture pass (capture(keep_prefix=))
-        if cache is None:
-            prefix = lm.model(input_ids=torch.tensor([ids[:-1]], device=dev),
-                              position_ids=torch.arange(T - 1, device=dev)[None], use_cache=True)
-            cache = prefix.cache if hasattr(prefix, "cache") else prefix.past_key_values
-            counts["forward_passes"] += 1
-            counts["tokens"] += T - 1
+    counts = {"forward_passes": 0, "tokens": 0, "copy_layers": 0, "copy_layers_unskipped": 0}
+    for pb, prow, members in _groups(lm, cap, encoded, seqs, pair_indices, group if packed else 1, dev, counts):
         for start in range(0, len(targets), chunk):
             part = targets[start:start + chunk]
             n = len(part) + 2                            # unpatched copies first and last
-            c = copy.deepcopy(cache)
-            by_module: dict = {}
+            vals = {}
             for row, (site, layer) in enumerate(part, start=1):
-                src = torch.as_tensor(_source_act(cap, site, layer, p, 1 - base_side))
-                by_module.setdefault((site, layer), []).append((row, src))
-            hooks = [(_module_for(lm, site, layer), _replacer(items, packed)) for (site, layer), items in
-                     by_module.items()]
+                v = np.stack([_source_act(cap, site, layer, p, 1 - base_side) for _, p in members])
+                vals.setdefault((site, layer), []).append((row, torch.as_tensor(v)))   # (pair, width)
+            cache, pmask, lengths = pb.take(prow)
+            last = torch.tensor([seqs[p][-1] for _, p in members], device=dev)
             if packed:
-                r = _patched_rewards(lm, hooks, input_ids=torch.tensor([[ids[-1]] * n], device=dev),
-                                     attention_mask=_copies_mask(n, T, dtype, dev), position_ids=torch.full(
-                                         (1, n), T - 1, device=dev), cache=c, use_cache=True, packed=True)
+                r = _run_packed(lm, part, vals, cache, pmask, lengths, last, n, dtype, dev, counts)
             else:
-                c.batch_repeat_interleave(n)
-                r = _patched_rewards(lm, hooks, input_ids=torch.tensor([[ids[-1]]] * n, device=dev),
-                                     attention_mask=torch.ones((n, T), dtype=torch.long, device=dev),
-                                     position_ids=torch.full((n, 1), T - 1, device=dev), cache=c, use_cache=True)
+                r = _run_rows(lm, vals, cache, pmask, lengths, last, n, dev)
             counts["forward_passes"] += 1
-            counts["tokens"] += n
-            for row in (0, n - 1):
-                _check_unpatched(lm, r[row], cap.logits[p, base_side], encoded.pair_ids[p])
-            out[pi, start:start + len(part)] = r[1:-1]
+            counts["tokens"] += n * len(members)
+            for b, (pi, p) in enumerate(members):
+                for row in (0, n - 1):
+                    _check_unpatched(lm, r[b, row], cap.logits[p, base_side], encoded.pair_ids[p])
+                out[pi, start:start + len(part)] = r[b, 1:-1]
     return out, counts
 
 
-def _sliding(lm) -> bool:
-    """Whether any layer attends over a sliding window (its cache drops old keys)."""
-    cfg = lm.model.config
-    if "sliding_attention" in (getattr(cfg, "layer_types", None) or ()):
-        return True
-    return getattr(cfg, "sliding_window", None) is not None and getattr(cfg, "use_sliding_window", True) is not False
+def _groups(lm, cap, encoded, seqs, pair_indices, group, dev, counts):
+    """Yield ``(PrefixBatch, its rows, [(output index, pair)])``: kept capture batches first, then
+    prefix batches built here for the other pairs, ``group`` pairs each, by length."""
+    kept: dict[int, list] = {}
+    rest = []
+    for pi, p in enumerate(pair_indices):
+        loc = cap.prefixes.get(tuple(seqs[p]))
+        if loc is None:
+            rest.append((pi, p))
+        else:
+            kept.setdefault(loc[0], []).append((loc[1], (pi, p)))
+    for k, items in kept.items():
+        for i in range(0, len(items), group):
+            part = items[i:i + group]
+            yield cap.prefix_batches[k], [r for r, _ in part], [m for _, m in part]
+    rest.sort(key=lambda m: (len(seqs[m[1]]), m[0]))
+    for i in range(0, len(rest), group):
+        part = rest[i:i + group]
+        names = [f"{encoded.pair_ids[p]}/base side" for _, p in part]
+        pb = run_prefix(lm, [seqs[p] for _, p in part], dev, names)
+        counts["forward_passes"] += 1
+        counts["tokens"] += int(pb.lengths.sum()) - len(part)
+        yield pb, list(range(len(part))), part
 
 
-def _copies_mask(n: int, T: int, dtype, device) -> torch.Tensor:
-    """Additive 4-D mask (1, 1, n, T − 1 + n): copy j sees the T − 1 prefix keys and its own key only."""
-    mask = torch.full((1, 1, n, T - 1 + n), torch.finfo(dtype).min, dtype=dtype, device=device)
-    mask[..., : T - 1] = 0
-    j = torch.arange(n, device=device)
-    mask[0, 0, j, T - 1 + j] = 0
+def _run_packed(lm, part, vals, cache, pmask, lengths, last, n, dtype, dev, counts):
+    """Copies as one sequence per pair under a 4-D mask, layers below each patch skipped; (pair, copy, output)."""
+    B, P = pmask.shape
+    skip = CopySkip(lm, np.array([0] + [start_layer(s, l, lm.n_layers) for s, l in part] + [0]), P, B)
+    hooks = [(_module_for(lm, site, layer), _replacer(_local(skip, site, layer, items), packed=True))
+             for (site, layer), items in vals.items()]
+    skip.attach()
+    try:
+        r = _patched_rewards(lm, hooks, input_ids=last[:, None].expand(B, n), attention_mask=_copies_mask(
+            pmask, n, dtype), position_ids=torch.as_tensor(lengths - 1, device=dev)[:, None].expand(B, n),
+            cache=cache, use_cache=True, packed=True)
+    finally:
+        skip.close()
+    counts["copy_layers"] += B * int(sum(a.size for a in skip.active))
+    counts["copy_layers_unskipped"] += B * n * lm.n_layers
+    return r
+
+
+def _run_rows(lm, vals, cache, pmask, lengths, last, n, dev):
+    """Copies as batch rows over a repeated cache (sliding-window models; one pair): (1, copy, output)."""
+    cache.batch_repeat_interleave(n)
+    mask = torch.cat([pmask, torch.ones((1, 1), dtype=pmask.dtype, device=dev)], 1).expand(n, -1)
+    hooks = [(_module_for(lm, site, layer), _replacer(items)) for (site, layer), items in vals.items()]
+    r = _patched_rewards(lm, hooks, input_ids=last[:, None].expand(n, 1), attention_mask=mask,
+                         position_ids=torch.full((n, 1), int(lengths[0]) - 1, device=dev), cache=cache,
+                         use_cache=True)
+    return r[None]
+
+
+def _local(skip, site, layer, items):
+    """``items`` with copy indices as the hooked module sees them (active copies only, inside a layer)."""
+    if site not in ("attn_out", "mlp_out"):
+        return items
+    return list(zip(skip.local_rows(layer, [r for r, _ in items]), [v for _, v in items]))
+
+
+def _copies_mask(pmask: torch.Tensor, n: int, dtype) -> torch.Tensor:
+    """Additive 4-D mask (B, 1, n, P + n): copy j sees its row's real prefix keys and its own key only."""
+    B, P = pmask.shape
+    lo = torch.finfo(dtype).min
+    mask = torch.full((B, 1, n, P + n), lo, dtype=dtype, device=pmask.device)
+    mask[:, 0, :, :P] = torch.where(pmask.bool(), 0.0, lo)[:, None, :]
+    j = torch.arange(n, device=pmask.device)
+    mask[:, 0, j, P + j] = 0
     return mask
 
 
@@ -130,16 +178,17 @@ def _quiet_transformers():
 
 
 def _replacer(items, packed: bool = False):
-    """Hook writing ``items`` ((copy, value) pairs): copies are rows (last token) or, ``packed``, positions."""
+    """Hook writing ``items`` ((copy, values (pair, width)) pairs) into copies: positions of every
+    pair's sequence (``packed``) or rows of one pair (last token)."""
     rows = [r for r, _ in items]
-    vals = torch.stack([v for _, v in items])
+    vals = torch.stack([v for _, v in items], 1)         # (pair, copy, width)
 
     def hook(mod, args, output):
         x = _first(output).clone()
         if packed:
-            x[0, rows] = vals.to(x.dtype).to(x.device)
+            x[:, rows] = vals.to(x.dtype).to(x.device)
         else:
-            x[rows, -1] = vals.to(x.dtype).to(x.device)
+            x[rows, -1] = vals[0].to(x.dtype).to(x.device)
         return (x,) + tuple(output[1:]) if isinstance(output, tuple) else x
     return hook
 
@@ -247,7 +296,7 @@ def _patched_rewards(lm, hooks, packed: bool = False, **model_kwargs) -> np.ndar
     hbuf: dict = {}
     handles = [m.register_forward_hook(h) for m, h in hooks]
     handles.append(lm.norm.module.register_forward_hook(
-        lambda m, a, o: hbuf.__setitem__("h", (_first(o)[0] if packed else _first(o)[:, -1]).float().cpu().numpy())))
+        lambda m, a, o: hbuf.__setitem__("h", (_first(o) if packed else _first(o)[:, -1]).float().cpu().numpy())))
     try:
         lm.model(**model_kwargs)
     finally:
