@@ -7,10 +7,12 @@ from common import encode, med
 from common import _sync
 
 
-def capture_overhead(lm, pairs, batch_size: int, repeats: int, fmt: str = "plain") -> dict:
+def capture_overhead(lm, pairs, batch_size: int, repeats: int, fmt: str = "plain", budget_s: float = 20.0) -> dict:
     """Battery capture pass vs bare forwards on identical length-sorted, left-padded batches.
-    Both feed ids, mask and position ids (``padding.pad_batch``) with ``use_cache=False``; bare and capture alternate (order flipped every repeat); each
-    sample loops enough times to last >= 0.3 s. Returns seconds per pass and the ratios."""
+    Both feed ids, mask and position ids (``padding.pad_batch``) with ``use_cache=False``; bare and capture alternate in adjacent pairs
+    (order flipped every round), each sample looping enough to last ~50 ms, for ``repeats`` rounds or
+    as many as fit in ``budget_s`` (at most 41). Returns seconds per pass (medians), the ratio of the
+    medians, the median of the per-round ratios, and the number of rounds."""
     import torch
 
     from reward_lens_spec.models.capture import capture
@@ -46,10 +48,13 @@ def capture_overhead(lm, pairs, batch_size: int, repeats: int, fmt: str = "plain
         return (time.perf_counter() - t0) / k
 
     bare(), cap()
-    k = max(1, round(0.3 / max(timed(bare, 1), 1e-4)))
+    t_pair = timed(bare, 1) + timed(cap, 1)
+    k = max(1, round(0.05 / max(t_pair / 2, 1e-4)))            # a sample lasts >= ~50 ms
+    rounds = max(repeats, min(41, int(budget_s / (k * t_pair))))  # short adjacent pairs: drift cancels
     tb, tc = [], []
-    for i in range(repeats):
+    for i in range(rounds):
         for fn, acc in ([(bare, tb), (cap, tc)] if i % 2 == 0 else [(cap, tc), (bare, tb)]):
             acc.append(timed(fn, k))
     return {"pairs": len(enc.pair_ids), "batches": len(batches), "bare": med(tb), "capture": med(tc),
-            "ratio": med(tc) / med(tb), "ratio_med": med([c / b for c, b in zip(tc, tb)]), "sites": sorted(sites)}
+            "ratio": med(tc) / med(tb), "ratio_med": med([c / b for c, b in zip(tc, tb)]), "rounds": rounds,
+            "sites": sorted(sites)}

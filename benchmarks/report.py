@@ -68,7 +68,7 @@ def render(args, facts, cap_rows, comps, scaling, store_rows, frames, notes, wal
          "|---|---|---|---|---|---|---|---|"]
     for r in cap_rows:
         L.append(f"| {r['model']} | {r['pairs']} | {r['batches']} | {r['bare']:.4g} s | {r['capture']:.4g} s | "
-                 f"**{r['ratio']:.3f}×** (per-repeat median {r['ratio_med']:.3f}×) | "
+                 f"**{r['ratio']:.3f}×** (median of {r['rounds']} per-round ratios: {r['ratio_med']:.3f}×) | "
                  f"{1e3 * (r['capture'] - r['bare']) / r['batches']:.2g} ms | {', '.join(r['sites'])} |")
     L += ["", "## 2. Against reward-lens 2.0.1 (same model, same pairs, same token ids)", ""]
     for c in comps:

@@ -179,14 +179,13 @@ def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tok
     owners: dict[int, list[int]] = {}
     for r, sq in enumerate(seqs):                        # row -> first row with the same token ids
         owners.setdefault(first.setdefault(tuple(sq), r), []).append(r)
-    keep = set() if readout_fn is not None else {tuple(seqs[r]) for r in keep_prefix if len(seqs[r]) > 1}
-    keep_rows = {u for u in owners if tuple(seqs[u]) in keep}
-    kept = [u for u in sorted(owners) if tuple(seqs[u]) in keep]
-    uniq = [u for u in sorted(owners) if tuple(seqs[u]) not in keep]
+    keep = set() if readout_fn is not None else {first[tuple(seqs[r])] for r in keep_prefix if len(seqs[r]) > 1}
+    kept = [u for u in owners if u in keep]              # owners' keys are in ascending row order
+    uniq = [u for u in owners if u not in keep]
     batches = [[rs[i] for i in b] for rs in (uniq, kept)
                for b in batches_by_length([len(seqs[u]) for u in rs], batch_size, max_tokens)]
     try:
-        it = [(rows[0] in keep_rows, rows) for rows in batches]
+        it = [(rows[0] in keep, rows) for rows in batches]
         if progress:
             from tqdm.auto import tqdm
             it = tqdm(it, desc=f"capture {lm.name}", unit="batch")

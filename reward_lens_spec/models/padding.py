@@ -41,15 +41,16 @@ def pad_batch(seqs: list[list[int]], pad_id: int | None, side: str = "left"
         raise SpecError("model.batch", "a row has no tokens, so it has no readout token.",
                         fix="drop empty pairs before batching.")
     fill = 0 if pad_id is None else int(pad_id)
-    lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
+    lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
     B, T = len(seqs), int(lengths.max())
-    cols = np.arange(T)
-    real = cols >= (T - lengths)[:, None] if side == "left" else cols < lengths[:, None]   # B × T
+    first = T - lengths if side == "left" else np.zeros_like(lengths)    # first attended column per row
+    offset = np.arange(T) - first[:, None]                    # B × T: token index within the row
+    real = (offset >= 0) & (offset < lengths[:, None])
     input_ids = np.full((B, T), fill, dtype=np.int64)
     input_ids[real] = np.fromiter(chain.from_iterable(seqs), dtype=np.int64, count=int(lengths.sum()))
     mask = real.astype(np.int64)                              # row-major fill keeps each row's token order
-    position_ids = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
-    readout = T - 1 - np.argmax(mask[:, ::-1], axis=1)         # rightmost attended token (every row has one)
+    position_ids = np.minimum(np.maximum(offset, 0), (lengths - 1)[:, None])   # = clamp(cumsum(mask) - 1, min=0)
+    readout = first + lengths - 1                             # rightmost attended token (every row has one)
     return (torch.from_numpy(input_ids), torch.from_numpy(mask), torch.from_numpy(position_ids),
             torch.from_numpy(readout))
 
