@@ -45,6 +45,14 @@ def test_plain_text_exactly_as_template_and_braces_safe(tok):
     assert enc.lengths()[0, 0] == len(enc.chosen[0])
 
 
+def test_batched_tokenization_equals_one_call_per_text(tok):
+    pairs = [P(f"p{i}", "q" * (3 * i + 1), "a" * (i + 2), "b" * (7 - i)) for i in range(5)]
+    enc = encode_pairs(tok, iter(pairs), template="{prompt}|{response}")      # any iterable of pairs
+    for p, c, r in zip(pairs, enc.chosen, enc.rejected):
+        assert c == tok(f"{p.prompt}|{p.chosen}")["input_ids"]                 # no padding leaks in
+        assert r == tok(f"{p.prompt}|{p.rejected}")["input_ids"]
+
+
 def test_prompt_rejected_used_for_rejected_side(tok):
     enc = encode_pairs(tok, [P("a", "p1", "c", "r", prompt_rejected="p2")], template="{prompt}|{response}")
     assert enc.chosen[0] == [1] + byte_ids("p1|c")

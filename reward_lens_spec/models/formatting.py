@@ -86,6 +86,16 @@ def _encode(tokenizer, prompt: str, response: str, fmt: str, template: str) -> l
     return _ids(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=False))
 
 
+def _encode_all(tokenizer, items: list[tuple[str, str]], fmt: str, template: str) -> list[list[int]]:
+    """``_encode`` of every ``(prompt, response)``; plain texts go to the tokenizer in one batched call
+    (no padding, no truncation: the same ids as one call per text)."""
+    if fmt != "plain" or not items:
+        return [_encode(tokenizer, p, r, fmt, template) for p, r in items]
+    texts = [_SLOT.sub(lambda m, p=p, r=r: p if m.group(1) == "prompt" else r, template) for p, r in items]
+    enc = tokenizer(texts, add_special_tokens=True, padding=False, truncation=False)
+    return [[int(t) for t in ids] for ids in enc["input_ids"]]
+
+
 def _prompt_len(tokenizer, prompt: str, full: list[int], fmt: str, template: str) -> int:
     """Tokens of ``full`` that belong to the prompt part: common prefix with the empty-response encoding."""
     base = _encode(tokenizer, prompt, "", fmt, template)
@@ -128,14 +138,19 @@ def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
     if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
         raise SpecError("model.max_length", f"must be an integer >= 2, got {max_length!r}.", value=max_length)
     bos_id = getattr(tokenizer, "bos_token_id", None)
+    pairs = list(pairs)
 
     raw: list[tuple[str, list[int], list[int], int, int]] = []
     bos_seen: set[int] = set()
+    texts = [(prompt, resp) for pair in pairs for prompt, resp in (
+        (pair.prompt, pair.chosen),
+        (pair.prompt_rejected if getattr(pair, "prompt_rejected", None) is not None else pair.prompt, pair.rejected))]
+    encoded = iter(_encode_all(tokenizer, texts, fmt, template))
+    items = iter(texts)
     for pair in pairs:
-        pr = pair.prompt_rejected if getattr(pair, "prompt_rejected", None) is not None else pair.prompt
         sides = []
-        for prompt, resp in ((pair.prompt, pair.chosen), (pr, pair.rejected)):
-            ids = _encode(tokenizer, prompt, resp, fmt, template)
+        for _ in range(2):
+            (prompt, _resp), ids = next(items), next(encoded)
             if not ids:
                 raise CaptureError(f"model {model_name!r}: pair {pair.id!r} encodes to no tokens; "
                                    "there is no readout token. Fix: drop empty pairs or use a template.")

@@ -25,7 +25,6 @@ Targets are ``(site, layer)`` with site ∈ {resid_post, attn_out, mlp_out, read
 from __future__ import annotations
 
 import contextlib
-import copy
 
 import numpy as np
 import torch
