@@ -216,3 +216,20 @@ def test_packed_patching_with_layer_skip_equals_batched_rows(family_lm, monkeypa
     rows, _ = patching.patch_readout(lm, enc, cap, targets, [0, 1, 2])
     np.testing.assert_allclose(packed, rows, atol=1e-5 * (1 + np.abs(rows).max()))
     assert np.abs(packed - cap.logits[:3, 1][:, None]).max() > 1e-3          # the patches change rewards
+
+
+def test_patching_pairs_sharing_a_base_side_matches_patching_each_alone():
+    """Two pairs with the same rejected text share one kept prefix row (selected twice from the batch
+    cache); each must still get its own chosen side patched in, as when patched on its own."""
+    model, tok = build_tiny("tiny_qwen2")
+    lm = wrap_model("q", model, tok)
+    pairs = [Pair(id="a", prompt="Same prompt", chosen="first good answer", rejected="shared bad answer"),
+             Pair(id="b", prompt="Same prompt", chosen="second, longer good answer", rejected="shared bad answer"),
+             Pair(id="c", prompt="Other prompt here", chosen="fine", rejected="not fine at all")]
+    together, _ = run_obs(lm, "patch", data=pairs)
+    for i, p in enumerate(pairs):
+        alone, _ = run_obs(lm, "patch", data=[p])
+        np.testing.assert_allclose(together["patch_effect"].isel(pair=i), alone["patch_effect"].isel(pair=0),
+                                   atol=1e-5)
+    a, b = together["patch_effect"].isel(pair=0), together["patch_effect"].isel(pair=1)
+    assert np.abs(a - b).max() > 1e-4                     # different sources really were patched in
