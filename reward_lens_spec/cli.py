@@ -55,7 +55,12 @@ def precheck_overrides(args: list[str]) -> None:
             if sub not in names:
                 raise SpecError(key, "unknown key.", value=sub, options=names)
             if "," not in value or value.startswith("["):        # a sweep is checked per job
-                validate(OmegaConf.from_dotlist([f"{key}={value}"]), partial=True)
+                try:
+                    validate(OmegaConf.from_dotlist([f"{key}={value}"]), partial=True)
+                except SpecError as exc:
+                    if exc.field != "config":
+                        raise
+                    raise SpecError(key, str(exc).split(": ", 1)[1]) from None
         elif not rest and head not in ("mode", "seed") and head not in GROUPS:
             raise SpecError(key, "unknown key.", value=head, options=("mode", "seed") + GROUPS)
 

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, ValidationError
+from omegaconf.errors import ConfigKeyError, ConfigTypeError, ValidationError
 
 from .errors import SpecError
 
@@ -227,6 +227,11 @@ def validate(cfg: DictConfig | dict, *, partial: bool = False) -> RunConfig:
         merged = OmegaConf.merge(base, raw)
     except (ConfigKeyError, ValidationError) as exc:
         raise _spec_error(exc) from None
+    except ConfigTypeError as exc:               # e.g. a dotted key into a list (observable.steps.0.mode)
+        key = str(getattr(exc, "full_key", "") or "") or "config"
+        raise SpecError(key, f"cannot merge this value into the config: {str(exc).splitlines()[0]}",
+                        fix="set a list as a whole, e.g. 'observable.steps=[{name: e, op: patch, mode: noise}]', "
+                            "or write an observable YAML (conf/observable/examples).") from None
     obj = OmegaConf.to_object(merged)
     _check_values(obj, partial)
     return obj
@@ -263,10 +268,30 @@ def _check_values(run: RunConfig, partial: bool = False) -> None:
         raise SpecError("model.max_tokens", f"must be positive or null, got {m.max_tokens}.")
     if run.dataset.limit is not None and run.dataset.limit <= 0:
         raise SpecError("dataset.limit", f"must be positive or null, got {run.dataset.limit}.")
+    _check_restrictions(run.observable)
     _check_frame(run.frame, partial)
     if m.format == Format.plain and "{response}" not in m.template:
         raise SpecError("model.template", "a plain template must contain {response}.",
                         fix="e.g. 'User: {prompt}\\nAssistant: {response}'.")
+
+
+def _check_restrictions(obs) -> None:
+    """``observable.pairs`` ≥ 1; ``observable.layers`` / ``components`` non-empty and without repeats
+    (an empty list would select nothing, a repeat would give a coordinate that ``sel`` returns twice)."""
+    if obs.pairs is not None and obs.pairs <= 0:
+        raise SpecError("observable.pairs", f"must be a positive integer or null (all pairs), got {obs.pairs}.",
+                        value=obs.pairs, fix="set observable.pairs=N with N ≥ 1, or drop it.")
+    for key in ("layers", "components"):
+        vals = getattr(obs, key)
+        if vals is None:
+            continue
+        if len(vals) == 0:
+            raise SpecError(f"observable.{key}", "an empty list selects nothing.",
+                            fix=f"list at least one, or drop observable.{key} (null = all).")
+        dup = sorted({v for v in vals if list(vals).count(v) > 1}, key=str)
+        if dup:
+            raise SpecError(f"observable.{key}", f"{dup} listed more than once.", value=list(vals),
+                            fix="list each once.")
 
 
 def _check_frame(f: FrameSpec, partial: bool) -> None:

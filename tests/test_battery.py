@@ -233,3 +233,17 @@ def test_patching_pairs_sharing_a_base_side_matches_patching_each_alone():
                                    atol=1e-5)
     a, b = together["patch_effect"].isel(pair=0), together["patch_effect"].isel(pair=1)
     assert np.abs(a - b).max() > 1e-4                     # different sources really were patched in
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_low_precision_patching_reads_base_and_patched_rewards_the_same_way(dtype):
+    """Base, source and patched rewards all come from W·h + b of h, so a no-op patch is 0 and
+    denoising the last residual restores 1, in bf16/fp16 too (the model's own low-precision head
+    output would be off by its rounding)."""
+    from tests.conftest import tiny_lm
+    lm = tiny_lm("tiny_gpt2", dtype=dtype)
+    data = make_pairs(6) + [Pair(id="same", prompt="Q", chosen="identical", rejected="identical")]
+    ds, _ = run_obs(lm, "patch", data=data)
+    np.testing.assert_allclose(ds["patch_effect"].sel(pair="same"), 0.0, atol=1e-6)
+    last = ds["patch_restored"].sel(layer=lm.n_layers - 1, component="resid").drop_sel(pair="same")
+    np.testing.assert_allclose(last, 1.0, atol=1e-3)

@@ -114,3 +114,15 @@ def test_bradley_terry_worked_example():
 def test_examples_are_observables_with_their_own_names():
     for opt in [o for o in group_options("observable") if o.startswith("examples/")]:
         assert load_observable(opt).name == opt.split("/")[-1]
+
+
+@pytest.mark.parametrize("override, key", [("observable.pairs=0", "observable.pairs"),
+                                           ("observable.pairs=-1", "observable.pairs"),
+                                           ("observable.layers=[]", "observable.layers"),
+                                           ("observable.layers=[1,1]", "observable.layers"),
+                                           ("observable.components=[mlp,mlp]", "observable.components"),
+                                           ("observable.steps.0.mode=noise", "observable.steps.0.mode")])
+def test_bad_restrictions_are_refused_at_plan_time_naming_the_key(override, key):
+    with pytest.raises(SpecError) as err:
+        precheck_overrides([override])
+    assert err.value.field == key

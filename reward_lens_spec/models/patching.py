@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import CaptureError
-from .capture import _first
+from .capture import _TOL, _first
 from .copy_skip import CopySkip, start_layer
 from .prefix import run_prefix, sliding
 from .head import get_module
@@ -87,7 +87,7 @@ def patch_readout(lm, encoded, cap, targets, pair_indices, *, mode: str = "denoi
             counts["tokens"] += n * len(members)
             for b, (pi, p) in enumerate(members):
                 for row in (0, n - 1):
-                    _check_unpatched(lm, r[b, row], cap.logits[p, base_side], encoded.pair_ids[p])
+                    _check_unpatched(lm, r[b, row], _base_reward(lm, cap, p, base_side), encoded.pair_ids[p])
                 out[pi, start:start + len(part)] = r[b, 1:-1]
     return out, counts
 
@@ -284,7 +284,7 @@ def patch_all_positions(lm, encoded, cap, targets, pair_indices, *, mode: str = 
                                  position_ids=torch.arange(T, device=dev)[None].expand(n, T))
             counts["forward_passes"] += 1
             counts["tokens"] += n * T
-            _check_unpatched(lm, r[0], cap.logits[p, base_side], encoded.pair_ids[p])
+            _check_unpatched(lm, r[0], _base_reward(lm, cap, p, base_side), encoded.pair_ids[p])
             out[pi, start:start + len(part)] = r[1:]
     return out, counts
 
@@ -304,11 +304,20 @@ def _patched_rewards(lm, hooks, packed: bool = False, **model_kwargs) -> np.ndar
     return lm.head.rewards(hbuf["h"])
 
 
+def _base_reward(lm, cap, pair: int, side: int) -> np.ndarray:
+    """``W·h + b`` (output,) from the captured ``h``: the same float32 read-off as every patched
+    reward, so a no-op patch has effect 0 in any model dtype (the model's own bf16/fp16 head
+    output differs from it by its rounding, ~|r|·2⁻⁸ in bf16)."""
+    return lm.head.rewards(cap.h[pair, side])
+
+
 def _check_unpatched(lm, got, ref, pair_id) -> None:
-    """Row 0 of every patched forward is unpatched: it must reproduce the captured base reward."""
-    if lm.dtype == "float32" and np.abs(got - ref).max() > 1e-3 * (1 + np.abs(ref).max()):
+    """An unpatched copy must reproduce the captured base reward: within 1e-3 (relative to
+    1 + |r|) in float32, within the capture self-check's tolerance in bfloat16/float16."""
+    tol = 1e-3 if lm.dtype == "float32" else _TOL.get(lm.dtype, 1e-3)
+    if np.abs(got - ref).max() > tol * (1 + np.abs(ref).max()):
         raise CaptureError(f"{lm.name}: the unpatched re-run of pair {pair_id} gives {got} but the capture "
-                           f"gave {ref}; patching results would be wrong.")
+                           f"gave {ref} (tolerance {tol} for {lm.dtype}); patching results would be wrong.")
 
 
 def _full_replacer(rows, value):

@@ -89,8 +89,11 @@ class _PatchBase(Operator):
             ctx.add_counts(self.name, counts)
         patched = ctx.memo[key].reshape(n, len(layers), len(comps), -1)
         base_side = 1 if self.p.mode == "denoise" else 0
-        base = ctx.capture.logits[pidx, base_side].astype(np.float64)[:, None, None, :]
-        src = ctx.capture.logits[pidx, 1 - base_side].astype(np.float64)[:, None, None, :]
+        # W·h + b of the captured h (the patched rewards' read-off), not the model's own head output,
+        # which differs by its rounding in bfloat16/float16
+        rewards = ctx.lm.head.rewards(ctx.capture.h[pidx]).astype(np.float64)        # (pair, side, output)
+        base = rewards[:, base_side][:, None, None, :]
+        src = rewards[:, 1 - base_side][:, None, None, :]
         data = patched if self.approximate else patched - base   # attribution returns the estimated effect
         if self.p.quantity == "restored":
             with np.errstate(divide="ignore", invalid="ignore"):
