@@ -64,7 +64,7 @@ class _Recorder:
     """
 
     def __init__(self, lm, sites):
-        self.lm, self.handles, self.sel, self.active = lm, [], None, True
+        self.handles, self.sel, self.active = [], None, True
         self.buf, self.slot, self._by_size = {}, {}, {}
         layers = get_module(lm.model, lm.family.layers)
         self.shape = {s: (1 if s == "embed" else len(layers), _width(lm, s)) for s in sites}

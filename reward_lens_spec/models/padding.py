@@ -55,13 +55,6 @@ def pad_batch(seqs: list[list[int]], pad_id: int | None, side: str = "left"
             torch.from_numpy(readout))
 
 
-def readout_index(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Index of the rightmost nonzero entry of each row of ``attention_mask`` ``[B, T]`` -> ``LongTensor[B]``."""
-    T = attention_mask.shape[-1]
-    idx = torch.arange(T, device=attention_mask.device).expand_as(attention_mask)
-    return torch.where(attention_mask.bool(), idx, torch.full_like(idx, -1)).max(dim=-1).values.long()
-
-
 def _positive_int(value, field: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise SpecError(field, f"must be a positive integer, got {value!r}.", value=value,

@@ -86,8 +86,9 @@ def patch_readout(lm, encoded, cap, targets, pair_indices, *, mode: str = "denoi
             counts["forward_passes"] += 1
             counts["tokens"] += n * len(members)
             for b, (pi, p) in enumerate(members):
+                ref = _base_reward(lm, cap, p, base_side)
                 for row in (0, n - 1):
-                    _check_unpatched(lm, r[b, row], _base_reward(lm, cap, p, base_side), encoded.pair_ids[p])
+                    _check_unpatched(lm, r[b, row], ref, encoded.pair_ids[p])
                 out[pi, start:start + len(part)] = r[b, 1:-1]
     return out, counts
 
@@ -290,8 +291,8 @@ def patch_all_positions(lm, encoded, cap, targets, pair_indices, *, mode: str = 
 
 
 def _patched_rewards(lm, hooks, packed: bool = False, **model_kwargs) -> np.ndarray:
-    """One forward with ``(module, hook)`` pairs attached; rewards (copy, output), read at each row's
-    last position, or (``packed``) at every position of the one sequence."""
+    """One forward with ``(module, hook)`` pairs attached; rewards read at each row's last position,
+    (copy, output), or (``packed``) at every position of every pair's sequence, (pair, copy, output)."""
     hbuf: dict = {}
     handles = [m.register_forward_hook(h) for m, h in hooks]
     handles.append(lm.norm.module.register_forward_hook(
