@@ -97,7 +97,8 @@ def run_obs(lm, pairs, obs, batch_size: int, fmt: str = "plain"):
     """Plan ``obs`` (a name or ``ObservableSpec``) for ``lm`` and ``compute`` it; ``(Dataset, RunContext)``."""
     from reward_lens_spec.ops.base import PlanInfo
     from reward_lens_spec.registry import build_plan
-    from reward_lens_spec.run import compute, load_observable
+    from reward_lens_spec.observables import load_observable
+    from reward_lens_spec.run import compute
     obs = load_observable(obs) if isinstance(obs, str) else obs
     info = PlanInfo(family=lm.family, n_layers=lm.n_layers, n_objectives=lm.head.n_objectives,
                     objectives=lm.head.objectives, model_name=lm.name, layers=None,

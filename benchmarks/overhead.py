@@ -19,7 +19,7 @@ def capture_overhead(lm, pairs, batch_size: int, repeats: int, fmt: str = "plain
     from reward_lens_spec.models.padding import batches_by_length, pad_batch
     from reward_lens_spec.ops.base import PlanInfo
     from reward_lens_spec.registry import build_plan
-    from reward_lens_spec.run import load_observable
+    from reward_lens_spec.observables import load_observable
     obs = load_observable("battery")
     info = PlanInfo(family=lm.family, n_layers=lm.n_layers, n_objectives=lm.head.n_objectives,
                     objectives=lm.head.objectives, model_name=lm.name)

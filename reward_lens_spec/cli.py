@@ -21,48 +21,12 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import RewardLensError, SpecError
-from .paths import conf_dir, group_options
-from .spec import GROUP_SCHEMAS, register_configs
+from .errors import RewardLensError
+from .overrides import precheck_overrides
+from .paths import conf_dir
+from .spec import register_configs
 
-GROUPS = ("model", "dataset", "observable", "frame", "store", "experiment")
 SUBCOMMANDS = ("validate", "ops", "store", "calibrate", "freeze", "adjudicate", "fit", "report", "compare")
-
-
-def precheck_overrides(args: list[str]) -> None:
-    """Check ``group=option`` and ``group.key=value`` overrides against the tree and the schemas."""
-    from dataclasses import fields
-
-    from omegaconf import OmegaConf
-
-    from .spec import validate
-
-    for arg in args:
-        if arg.startswith("-") or "=" not in arg:
-            continue
-        key, _, value = arg.lstrip("+~").partition("=")
-        if key.startswith("hydra"):
-            continue
-        head, _, rest = key.partition(".")
-        if head in GROUPS and not rest:
-            opts = group_options(head)
-            for v in value.split(","):
-                if v and not any(c in v for c in "*?()[]$") and v not in opts:
-                    raise SpecError(head, f"unknown option '{v}'.", value=v, options=opts)
-        elif head in GROUP_SCHEMAS and rest:
-            names = [f.name for f in fields(GROUP_SCHEMAS[head])]
-            sub = rest.split(".")[0]
-            if sub not in names:
-                raise SpecError(key, "unknown key.", value=sub, options=names)
-            if "," not in value or value.startswith("["):        # a sweep is checked per job
-                try:
-                    validate(OmegaConf.from_dotlist([f"{key}={value}"]), partial=True)
-                except SpecError as exc:
-                    if exc.field != "config":
-                        raise
-                    raise SpecError(key, str(exc).split(": ", 1)[1]) from None
-        elif not rest and head not in ("mode", "seed") and head not in GROUPS:
-            raise SpecError(key, "unknown key.", value=head, options=("mode", "seed") + GROUPS)
 
 
 def _store_url(cfg, base_dir: str) -> str:
@@ -97,11 +61,11 @@ def _run_task(cfg) -> None:
     base_dir = get_original_cwd()
     run = validate(cfg)
     if run.mode.value == "validate":
-        from .run import plan_for
+        from .planning import plan_for
         plan, _ = plan_for(run, base_dir)
         print(plan.describe())
         if run.frame.name.value != "native":
-            from .run import frame_dependent
+            from .planning import frame_dependent
             src = f"stored frame {run.frame.id}" if run.frame.id else "fitted at run time or reused from the store"
             print(f"frame={run.frame.name.value} ({src}): outputs expressed in it: {frame_dependent(plan) or 'none'}")
         print("plan OK (no model was loaded)")

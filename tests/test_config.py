@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
-from reward_lens_spec.cli import precheck_overrides
+from reward_lens_spec.overrides import precheck_overrides
 from reward_lens_spec.errors import SpecError
 from reward_lens_spec.ops.bradley_terry import bt
 from reward_lens_spec.paths import conf_dir, group_options
-from reward_lens_spec.run import load_observable, plan_for
+from reward_lens_spec.observables import load_observable
+from reward_lens_spec.planning import plan_for
 from reward_lens_spec.spec import ObservableSpec, register_configs, validate
 
 register_configs()

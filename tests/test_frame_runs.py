@@ -118,7 +118,8 @@ def test_shared_frame_direction_projects_onto_the_other_model(root):
                    "  - {name: margin, op: diff, input: r}\noutputs: [margin]\n")
     from reward_lens_spec.ops.base import PlanInfo
     from reward_lens_spec.registry import build_plan
-    from reward_lens_spec.run import compute, load_observable
+    from reward_lens_spec.observables import load_observable
+    from reward_lens_spec.run import compute
     from reward_lens_spec.data import load_pairs
     from reward_lens_spec.models.loading import load_model
     from reward_lens_spec.spec import ModelSpec, ObservableSpec
@@ -212,7 +213,7 @@ def test_compare_refuses_what_it_cannot_mean(root):
 def test_frame_settings_are_checked_before_any_model_loads(root, tmp_path):
     from transformers import LlamaConfig
 
-    from reward_lens_spec.run import plan_for
+    from reward_lens_spec.planning import plan_for
     LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2).save_pretrained(tmp_path / "narrow")        # a config, no weights
     (tmp_path / "narrow.yaml").write_text(f"name: narrow\nsource: {tmp_path / 'narrow'}\n")

@@ -20,7 +20,8 @@ from reward_lens_spec.models.tiny import build_tiny
 from reward_lens_spec.ops.base import PlanInfo
 from reward_lens_spec.ops.margin_agreement import compare_margins
 from reward_lens_spec.registry import build_plan
-from reward_lens_spec.run import compute, load_observable
+from reward_lens_spec.observables import load_observable
+from reward_lens_spec.run import compute
 from tests.conftest import make_pairs
 
 D = 64

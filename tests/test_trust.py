@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from reward_lens_spec.errors import SpecError
 from reward_lens_spec.models.organisms import (STRENGTHS, organism_family, planted_organism,
                                                trained_organisms)
-from reward_lens_spec.run import load_observable
+from reward_lens_spec.observables import load_observable
 from reward_lens_spec.spec import ModelSpec, ObservableSpec, RunConfig, StoreSpec, validate
 from reward_lens_spec.store import open_store, write_run
 from reward_lens_spec.trust import studies

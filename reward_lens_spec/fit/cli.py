@@ -74,7 +74,7 @@ def compose_run(overrides: list[str]):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from ..cli import precheck_overrides
+    from ..overrides import precheck_overrides
     from ..paths import conf_dir
     from ..spec import register_configs, validate
 
@@ -157,7 +157,7 @@ def run_fit(opts: FitOptions, out: str, run, resolved_yaml: str, base_dir: str) 
     from ..models.fingerprint import model_fingerprint
     from ..models.formatting import encode_pairs
     from ..models.loading import load_model
-    from ..run import _versions, spec_hash
+    from ..identity import spec_hash, versions
     from ..store import write_run
 
     t0 = time.perf_counter()
@@ -221,7 +221,7 @@ def run_fit(opts: FitOptions, out: str, run, resolved_yaml: str, base_dir: str) 
     attrs = {"config_yaml": resolved_yaml, "spec_hash": h, "model": m.name, "model_fingerprint": fp,
              "fitted_model_folder": str(folder), "dataset": ds.name, "dataset_checksum": pairs.checksum,
              "effective_n": {"n": len(pairs), "n_unique": pairs.n_unique, "n_prompt_clusters": pairs.n_prompt_clusters},
-             "observable": "fit_report", "versions": _versions(), "seed": opts.seed, "device": lm.device,
+             "observable": "fit_report", "versions": versions(), "seed": opts.seed, "device": lm.device,
              "dtype": lm.dtype, "wall_s": report["wall_s"], "trust": "exploratory",
              "gauge": {v: "invariant" for v in result.data_vars}}
     url = store_url(run.store.url, base_dir)

@@ -24,7 +24,7 @@ LEVELS = ("exploratory", "calibrated", "registered", "adjudicated")
 
 
 def _family_of(run) -> str | None:
-    from ..run import describe_model
+    from ..models.describe import describe_model
     try:
         return describe_model(run.model)[0].name
     except Exception:           # unreadable model config: no family, so no calibration claim

@@ -48,7 +48,7 @@ CARD_OBSERVABLE = "scorecard"
 
 def observable_hash(obs) -> str:
     """Canonical spec hash of an ``ObservableSpec`` (what a card and the gate compare)."""
-    from ..run import canonical_observable, spec_hash
+    from ..identity import canonical_observable, spec_hash
     return spec_hash(canonical_observable(obs))
 
 
@@ -130,7 +130,7 @@ def evaluate(obs, org: Organism) -> xr.Dataset:
     from ..models.formatting import encode_pairs
     from ..ops.base import PlanInfo
     from ..registry import build_plan
-    from ..run import load_observable
+    from ..observables import load_observable
 
     lm = org.lm
     info = PlanInfo(family=lm.family, n_layers=lm.n_layers, n_objectives=lm.head.n_objectives,
@@ -201,7 +201,7 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
     """
     from ..models.fingerprint import model_fingerprint
     from ..registry import expand_steps
-    from ..run import load_observable
+    from ..observables import load_observable
 
     t0 = time.perf_counter()
     obs = load_observable(observable) if isinstance(observable, str) else observable
@@ -257,7 +257,7 @@ def write_card(card: Scorecard, store_url: str, *, force: bool = True, storage_o
     """
     import yaml
 
-    from ..run import _git_sha, _versions
+    from ..identity import git_sha, versions
     from ..store import write_run
 
     crit = list(card.readings)
@@ -270,7 +270,7 @@ def write_card(card: Scorecard, store_url: str, *, force: bool = True, storage_o
         coords={"criterion": np.array(crit, dtype=str), "strength": np.array(card.strengths, np.float64)})
     attrs = asdict(card)
     attrs.update(kind="scorecard", observable_spec_hash=card.spec_hash, observable_version=card.version,
-                 min_spearman=MIN_SPEARMAN, versions=_versions(), git_sha=_git_sha(),
+                 min_spearman=MIN_SPEARMAN, versions=versions(), git_sha=git_sha(),
                  config_yaml=yaml.safe_dump({"calibrate": {"observable": card.observable, "organism": card.organism,
                                                            "base": card.base, "strengths": card.strengths}}))
     attrs.pop("version")

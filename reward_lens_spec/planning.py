@@ -1,0 +1,55 @@
+"""Plan-time work: validate an observable against a model's description before any model loads."""
+from __future__ import annotations
+
+from .errors import SpecError
+from .models.describe import describe_model, model_config
+from .observables import load_observable
+from .ops.base import PlanInfo
+from .registry import build_plan
+
+
+def plan_for(run, base_dir=None):
+    """Validate the observable against the model's description; return ``(plan, info)``."""
+    family, n_layers, k = describe_model(run.model, base_dir)
+    objectives = tuple(run.model.objectives) or (("reward",) if k == 1 else tuple(f"objective_{i}" for i in range(k)))
+    obs = run.observable
+    info = PlanInfo(family=family, n_layers=n_layers, n_objectives=k, objectives=objectives,
+                    model_name=run.model.name, layers=tuple(obs.layers) if obs.layers is not None else None,
+                    components=tuple(obs.components) if obs.components else None, pairs=obs.pairs,
+                    gated=run.model.head.value == "gated")
+    check_frame_configs(run, base_dir)
+    return build_plan(obs, info, load_observable), info
+
+
+def _width(cfg) -> int:
+    return int(getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd"))
+
+
+def check_frame_configs(run, base_dir=None) -> None:
+    """Plan-time checks of ``frame.partner`` / ``frame.reference`` (configs only, no weights)."""
+    from .spec import group_config
+
+    f = run.frame
+    if f.reference:
+        group_config("dataset", f.reference, key="frame.reference", base_dir=base_dir)
+    if f.partner:
+        partner = group_config("model", f.partner, key="frame.partner", base_dir=base_dir)
+        if partner.name == run.model.name:
+            raise SpecError("frame.partner", f"the partner model has the same name as this model ('{partner.name}'); "
+                            "a shared frame tells its two models apart by name.",
+                            fix="give one of them another model.name, or pick another partner.")
+        da, db = _width(model_config(run.model, base_dir)), _width(model_config(partner, base_dir))
+        if da != db:
+            raise SpecError("frame.partner", f"'{run.model.name}' has d_model {da} but partner '{partner.name}' has "
+                            f"{db}; a shared frame aligns two residual streams of one width (orthogonal Procrustes).",
+                            fix="pick a partner model of the same d_model.")
+
+
+def frame_dependent(plan) -> list[str]:
+    """Outputs the run's frame re-expresses: native-frame vectors (a ``d_model`` dim; ``frames.express``).
+
+    Other outputs are gauge-invariant, or frame-dependent but computed and labelled in one basis
+    by their operator (e.g. ``objective_geometry``'s cosines); no run frame changes them.
+    """
+    return [s.name for s in plan.steps if s.name in plan.outputs and s.gauge.startswith("frame:native:")
+            and "d_model" in s.dims]
