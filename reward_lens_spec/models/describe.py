@@ -1,4 +1,8 @@
-"""A model's description from its config alone (no weights): transformers config, family, depth."""
+"""A model's description from its config alone (no weights): transformers config, family, depth.
+
+The config is read with ``trust_remote_code=model.trust_remote_code`` (default false, so a checkpoint's
+own Python never runs and transformers never asks on stdin); ``validate`` loads no model and runs no code.
+"""
 from __future__ import annotations
 
 from ..errors import SpecError
@@ -17,12 +21,14 @@ def model_config(spec, base_dir=None):
             raise SpecError("model.source", f"unknown built-in model '{loc}'.", value=loc, options=TINY_CONFIGS)
         cfg = tiny_config(loc)
     else:
+        from .loading import remote_code_error, trust_remote_code
         try:
             gguf = gguf_for(spec, kind, loc)
-            cfg = tf.AutoConfig.from_pretrained(loc, **({"gguf_file": gguf} if gguf else {}))
+            cfg = tf.AutoConfig.from_pretrained(loc, trust_remote_code=trust_remote_code(spec),
+                                                **({"gguf_file": gguf} if gguf else {}))
         except (OSError, ValueError) as exc:
-            raise SpecError("model.source", f"cannot read the model config at '{spec.source}': "
-                            f"{str(exc).splitlines()[0]}") from None
+            raise remote_code_error(spec, exc) or SpecError(
+                "model.source", f"cannot read the model config at '{spec.source}': {str(exc).splitlines()[0]}") from None
     return cfg
 
 
