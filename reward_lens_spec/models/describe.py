@@ -32,10 +32,37 @@ def model_config(spec, base_dir=None):
     return cfg
 
 
+POSITION_KEYS = ("n_positions", "max_position_embeddings")   # GPT-2 names it n_positions; the others, max_...
+
+
+def position_limit(cfg) -> tuple[int, str] | None:
+    """``(limit, config key)``: the most positions the model has embeddings / was trained for; ``None`` if unstated."""
+    for key in POSITION_KEYS:
+        value = getattr(cfg, key, None)
+        if isinstance(value, int) and value > 0:
+            return value, key
+    return None
+
+
+def check_max_length(spec, cfg) -> None:
+    """``model.max_length`` must fit the model's positions (beyond them GPT-2's position lookup fails with an
+    ``IndexError`` and rotary models run outside their trained range). Raises ``SpecError`` naming both numbers."""
+    limit = position_limit(cfg)
+    max_length = getattr(spec, "max_length", None)
+    if limit is not None and isinstance(max_length, int) and max_length > limit[0]:
+        raise SpecError("model.max_length", f"{max_length} is beyond the position limit of '{spec.name}' "
+                        f"({limit[1]}={limit[0]} in its config).", value=max_length,
+                        fix=f"set model.max_length to at most {limit[0]}.")
+
+
 def describe_model(spec, base_dir=None) -> tuple:
-    """``(family, n_layers, n_objectives)`` from the model config alone (no weights)."""
+    """``(family, n_layers, n_objectives)`` from the model config alone (no weights).
+
+    Raises ``SpecError`` (``model.max_length``) when ``model.max_length`` exceeds the model's position limit.
+    """
     from .families import family_for
 
     cfg = model_config(spec, base_dir)
+    check_max_length(spec, cfg)
     n_layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer")
     return family_for(cfg.model_type), int(n_layers), int(spec.num_labels)
