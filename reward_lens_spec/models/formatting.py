@@ -120,9 +120,8 @@ def _encode_all(tokenizer, items: list[tuple[str, str]], fmt: str, template: str
     return [[int(t) for t in ids] for ids in enc["input_ids"]]
 
 
-def _prompt_len(tokenizer, prompt: str, full: list[int], fmt: str, template: str) -> int:
-    """Tokens of ``full`` that belong to the prompt part: common prefix with the empty-response encoding."""
-    base = _encode(tokenizer, prompt, "", fmt, template)
+def _common_prefix(base: list[int], full: list[int]) -> int:
+    """Tokens of ``full`` that belong to the prompt part: common prefix with the empty-response encoding ``base``."""
     n = 0
     for a, b in zip(base, full):
         if a != b:
@@ -172,12 +171,14 @@ def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
     texts = [(prompt, resp) for pair in pairs for prompt, resp in (
         (pair.prompt, pair.chosen),
         (pair.prompt_rejected if getattr(pair, "prompt_rejected", None) is not None else pair.prompt, pair.rejected))]
-    encoded = iter(_encode_all(tokenizer, texts, fmt, template))
-    items = iter(texts)
+    all_ids = _encode_all(tokenizer, texts, fmt, template)
+    long = [k for k, ids in enumerate(all_ids) if len(ids) > max_length]     # their prompt part is measured
+    prompt_only = dict(zip(long, _encode_all(tokenizer, [(texts[k][0], "") for k in long], fmt, template)))
+    k = 0
     for pair in pairs:
         sides = []
         for _ in range(2):
-            (prompt, _resp), ids = next(items), next(encoded)
+            ids = all_ids[k]
             if not ids:
                 raise CaptureError(f"model {model_name!r}: pair {pair.id!r} encodes to no tokens; "
                                    "there is no readout token. Fix: drop empty pairs or use a template.")
@@ -189,7 +190,8 @@ def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
                     "the BOS from the template (plain) or use model.format=chat_template, which "
                     "tokenizes the template once.")
             bos_seen.add(nb)
-            sides.append((ids, _prompt_len(tokenizer, prompt, ids, fmt, template) if len(ids) > max_length else 0))
+            sides.append((ids, _common_prefix(prompt_only[k], ids) if k in prompt_only else 0))
+            k += 1
         raw.append((str(pair.id), sides[0][0], sides[1][0], sides[0][1], sides[1][1]))
     if len(bos_seen) > 1:
         raise CaptureError(f"model {model_name!r}: some sequences start with a BOS and some do not. "
