@@ -176,7 +176,8 @@ def check_composed(config_dir: str | None, config_name: str, overrides: list[str
     setup = (hydra_node.get("launcher") or {}).get("setup")
     if setup and not any(o.lstrip("+~").startswith("hydra.launcher.setup") for o in overrides):
         raise SpecError("hydra.launcher.setup", "a config file sets shell lines the launcher would run "
-                        f"({setup!r}).", fix="remove them from the file; give them on the command line if you mean them.")
+                        f"({setup!r}).",
+                        fix="remove them from the file; type them on the command line if you mean them.")
 
 
 def check_argv(argv: list[str]) -> None:

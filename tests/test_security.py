@@ -163,3 +163,12 @@ def test_rules_on_trees_overrides_and_files(tmp_path):
 def test_pickle_rerun_and_config_path_are_refused(tmp_path):
     refused(cli(tmp_path, "--experimental-rerun", str(tmp_path / "x.pickle")), "--experimental-rerun")
     refused(cli(tmp_path, "--config-path", str(tmp_path), "mode=validate"), "--config-path")
+
+
+def test_launcher_shell_setup_from_a_config_file_is_refused(tmp_path):
+    marker = tmp_path / "ran.marker"
+    cd = tmp_path / "cfgs"
+    (cd / "hydra" / "launcher").mkdir(parents=True)
+    (cd / "hydra" / "launcher" / "mine.yaml").write_text(f"defaults:\n  - submitit_slurm\nsetup:\n  - touch {marker}\n")
+    refused(cli(tmp_path, "--config-dir", str(cd), "-m", "hydra/launcher=mine", "mode=validate"), "hydra.launcher.setup")
+    assert not marker.exists()

@@ -27,8 +27,8 @@ def model_config(spec, base_dir=None):
             cfg = tf.AutoConfig.from_pretrained(loc, trust_remote_code=trust_remote_code(spec),
                                                 **({"gguf_file": gguf} if gguf else {}))
         except (OSError, ValueError) as exc:
-            raise remote_code_error(spec, exc) or SpecError(
-                "model.source", f"cannot read the model config at '{spec.source}': {str(exc).splitlines()[0]}") from None
+            raise remote_code_error(spec, exc) or SpecError("model.source", "cannot read the model config at "
+                                                            f"'{spec.source}': {str(exc).splitlines()[0]}") from None
     return cfg
 
 
