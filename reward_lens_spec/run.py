@@ -114,7 +114,7 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     attrs = {
         "config_yaml": resolved_yaml, "spec_hash": spec_hash(hash_parts), "model": m.name, "model_fingerprint": fp,
         "model_family": lm.family.name, "dataset": ds.name, "dataset_checksum": pairs.checksum,
-        "dataset_file": pairs.source_file, "model_input_sha256": seen.digest(), "pair_flags": acc["pair_flags"],
+        "dataset_file": pairs.source_file, "model_input_sha256": hash_parts["model_input"], "pair_flags": acc["pair_flags"],
         "effective_n": {"n": len(pairs), "n_scored": len(enc.pair_ids), "n_unique": pairs.n_unique,
                         "n_prompt_clusters": pairs.n_prompt_clusters},
         "data_flags": {k: len(v) for k, v in pairs.flags.items()},
