@@ -46,8 +46,8 @@ def _load(args):
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForSequenceClassification.from_pretrained(args.model, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(args.model, trust_remote_code=False)
+    model = AutoModelForSequenceClassification.from_pretrained(args.model, dtype=torch.float32, trust_remote_code=False)
     return loaders.wrap_hf_model(model, tok, device="cpu", architecture="LlamaForSequenceClassification")
 
 

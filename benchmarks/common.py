@@ -54,10 +54,11 @@ def load_folder(name: str, folder: Path, device: str, attn: str | None = None):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from reward_lens_spec.models.loading import wrap_model
-    tok = AutoTokenizer.from_pretrained(folder)
+    tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     tok.padding_side = "left"
     kw = {"attn_implementation": attn} if attn else {}
-    model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32, **kw)
+    model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32, trust_remote_code=False,
+                                                               **kw)
     return wrap_model(name, model, tok, device=device)
 
 

@@ -21,6 +21,7 @@ import os
 import sys
 from pathlib import Path
 
+from .config_safety import check_argv
 from .errors import RewardLensError
 from .overrides import precheck_overrides
 from .paths import conf_dir
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
             return
         if argv and argv[0] == "validate":
             argv = argv[1:] + ["mode=validate"]
+        check_argv(argv)                      # no hydra.callbacks / foreign _target_ from any config source
         precheck_overrides(argv)
         os.environ.setdefault("HYDRA_FULL_ERROR", "0")
         _hydra_main(argv)

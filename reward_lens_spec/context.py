@@ -18,14 +18,18 @@ class RunContext:
     counts: dict = field(default_factory=dict)
 
     def pair_coords(self, idx=None) -> dict:
-        """``pair`` (ids) plus non-index coords ``dimension`` and ``prompt_id`` (sha256[:12] of the prompt)."""
+        """``pair`` (ids) plus non-index coords ``dimension``, ``prompt_id`` (sha256[:12] of the prompt) and
+        one bool coord per flag of ``data.pairs.PAIR_FLAGS`` (``data.accounting.pair_flags``)."""
+        from .data.accounting import pair_flags
+
         by_id = {p.id: p for p in self.pairs}
         ids = list(self.encoded.pair_ids)
         if idx is not None:
             ids = [ids[i] for i in idx]
         dims = np.array([by_id[i].dimension or "" for i in ids], dtype=str)
         prompts = np.array([hashlib.sha256(by_id[i].prompt.encode()).hexdigest()[:12] for i in ids], dtype=str)
-        return {"pair": np.array(ids, dtype=str), "dimension": ("pair", dims), "prompt_id": ("pair", prompts)}
+        flags = {k: ("pair", v) for k, v in pair_flags(self.pairs, self.encoded, ids).items()}
+        return {"pair": np.array(ids, dtype=str), "dimension": ("pair", dims), "prompt_id": ("pair", prompts), **flags}
 
     def add_counts(self, what: str, counts: dict) -> None:
         for k, v in counts.items():

@@ -2,7 +2,9 @@
 
 ``execute`` is the whole main job for one composed config. The run id is the
 hash of what determines the numbers (model fingerprint, dataset checksum, the
-observable's expanded steps and version, numerics settings, package version);
+token ids of every side the model sees with the pair ids in order
+(``EncodedPairs.digest``), the pairs excluded or flagged, the observable's
+expanded steps and version, numerics settings, package version);
 paths, time, batch size and launcher are not part of it. A complete run with
 the same id is found in the store and not recomputed unless ``store.force``.
 """
@@ -83,9 +85,17 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     m = run.model
     numerics = {"dtype": m.dtype.value, "max_length": m.max_length, "format": m.format.value,
                 "template": m.template if m.format.value == "plain" else None, "objectives": list(m.objectives)}
+    from .data.accounting import accounting, summary_line
+    from .models.formatting import encode_pairs
+    seen = encode_pairs(lm.tokenizer, list(pairs), fmt=m.format.value, template=m.template, max_length=m.max_length,
+                        model_name=lm.name)                   # what the model sees: ids of every side, in order
+    acc = accounting(pairs, seen)
     hash_parts = {"model_fingerprint": fp, "model_name": m.name, "dataset_checksum": pairs.checksum,
+                  "model_input": seen.digest(), "accounting": acc,
                   "observable": canonical_observable(run.observable), "numerics": numerics,
                   "package_version": __version__, "study_hash": study["study_hash"] if study else None}
+    if progress:
+        print(summary_line(acc, len(seen.pair_ids)))
     # fitted once, stored, reused; skipped when no output is a vector the frame would re-express
     frame = resolve_frame(run, lm, store_url, base_dir) if frame_dependent(plan) else None
     if frame is not None:
@@ -104,10 +114,11 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     attrs = {
         "config_yaml": resolved_yaml, "spec_hash": spec_hash(hash_parts), "model": m.name, "model_fingerprint": fp,
         "model_family": lm.family.name, "dataset": ds.name, "dataset_checksum": pairs.checksum,
+        "dataset_file": pairs.source_file, "model_input_sha256": hash_parts["model_input"], "pair_flags": acc["pair_flags"],
         "effective_n": {"n": len(pairs), "n_scored": len(enc.pair_ids), "n_unique": pairs.n_unique,
                         "n_prompt_clusters": pairs.n_prompt_clusters},
         "data_flags": {k: len(v) for k, v in pairs.flags.items()},
-        "excluded": {k: list(v) for k, v in enc.excluded.items()}, "observable": run.observable.name,
+        "excluded": acc["excluded"], "observable": run.observable.name,
         "observable_version": run.observable.version, "versions": versions(), "git_sha": git_sha(),
         "seed": run.seed, "device": lm.device, "dtype": lm.dtype, "wall_s": round(wall, 3),
         "counts": ctx.counts, "trust": compute_trust(run, store_url, model_family=lm.family.name),

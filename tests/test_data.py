@@ -12,6 +12,7 @@ import pytest
 
 from reward_lens_spec.data import (Pair, PairSet, dataset_checksum, effective_sample_size,
                                    load_pairs)
+from reward_lens_spec.data.checksum import pair_hash
 from reward_lens_spec.errors import SpecError
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -98,12 +99,15 @@ def test_checksum_order_and_id_independent_and_sensitive():
     assert dataset_checksum(pairs + pairs[:1]) != ref
 
 
-def test_checksum_normalizes_nfc_and_crlf():
-    a = Pair(id="a", prompt="caf\u00e9\r\nline", chosen="x", rejected="y")
-    b = Pair(id="b", prompt="cafe\u0301\nline", chosen="x", rejected="y")
-    assert dataset_checksum([a]) == dataset_checksum([b])
-    c = Pair(id="c", prompt="Cafe\u0301\nline", chosen="x", rejected="y")
-    assert dataset_checksum([a]) != dataset_checksum([c])
+def test_checksum_keeps_unicode_form_and_line_endings():
+    # the model sees NFC and NFD, CRLF and LF as different tokens, so the checksum must differ
+    nfc_crlf = Pair(id="a", prompt="caf\u00e9\r\nline", chosen="x", rejected="y")
+    nfd_crlf = Pair(id="a", prompt="cafe\u0301\r\nline", chosen="x", rejected="y")
+    nfc_lf = Pair(id="a", prompt="caf\u00e9\nline", chosen="x", rejected="y")
+    sums = {dataset_checksum([p]) for p in (nfc_crlf, nfd_crlf, nfc_lf)}
+    assert len(sums) == 3
+    # counting independent comparisons still treats them as one text
+    assert effective_sample_size([nfc_crlf, nfd_crlf, nfc_lf])["n_unique"] == 1
 
 
 def test_effective_sample_size():
@@ -122,15 +126,15 @@ def test_jsonl_field_mapping_and_meta(tmp_path):
     fields = {"prompt": "input", "chosen": "output_good", "rejected": "output_bad", "dimension": "subset"}
     ps = load_pairs("jsonl", path=str(f), fields=fields)
     assert ps.name == "mine" and len(ps) == 4
-    assert ps.ids == ("mine-00000", "mine-00001", "mine-00002", "mine-00003")
+    content_ids = tuple("pair-" + pair_hash(p)[:16] for p in ps)   # no id key: ids from content
+    assert ps.ids == content_ids and len(set(content_ids)) == 4
     p = ps[2]
     assert (p.prompt, p.chosen, p.rejected, p.dimension) == ("q2", "g2", "b2", "s2")
     assert p.source == "mine.jsonl"
     assert p.meta == (("score", 2), ("tags", '["x", 2]'))
     assert p.meta_dict()["score"] == 2
     hash(p)  # frozen and hashable, even with list-valued extra keys
-    assert load_pairs("jsonl", path=str(f), fields=fields, dimensions=["s2"]).ids == \
-        ("mine-00002", "mine-00003")
+    assert load_pairs("jsonl", path=str(f), fields=fields, dimensions=["s2"]).ids == content_ids[2:]
 
 
 def test_json_list_file_and_relative_path(tmp_path, monkeypatch):
@@ -259,14 +263,14 @@ def test_raw_anthropic_transcripts_split(tmp_path):
     f.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode("utf-8")))
     with pytest.warns(UserWarning, match="excluded 1"):
         ps = load_pairs("hh_rlhf", path=str(f))
-    assert ps.ids == ("test-00000", "test-00001")
+    assert ps.ids == tuple("pair-" + pair_hash(p)[:16] for p in ps)
     p = ps[0]
     assert p.prompt.endswith("\n\nAssistant:") and p.chosen == " It is 4." and p.rejected == " It is 5."
     for pair, r in zip(ps, rows):
         assert pair.prompt + pair.chosen == r["chosen"]
         assert pair.prompt + pair.rejected == r["rejected"]
-    assert ps.flags["identical_sides"] == ["test-00001"]
-    assert ps.flags["prompt_mismatch"] == ["test-00002"]
+    assert ps.flags["identical_sides"] == [ps.ids[1]]
+    assert len(ps.flags["prompt_mismatch"]) == 1 and ps.flags["prompt_mismatch"][0].startswith("pair-")
     assert ps[1].meta_dict()["source_line"] == 1
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"chosen": "no tags here", "rejected": "x"}])
     with pytest.raises(SpecError, match=r"dataset\.fields\.chosen.*line 1"):

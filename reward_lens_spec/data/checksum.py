@@ -1,7 +1,13 @@
 """Content checksums and effective sample size of a set of pairs.
 
-Normalization (``normalize``): Unicode NFC, then ``"\\r\\n"`` -> ``"\\n"``. Nothing else is
-changed: case, spacing and trailing whitespace all count, because the model sees them.
+Checksums (``pair_hash``, ``dataset_checksum``) hash the EXACT text the formatter turns into
+tokens: no Unicode normalization, no line-ending rewrite, because ``"caf\\u00e9"`` and
+``"cafe\\u0301"``, or ``"\\r\\n"`` and ``"\\n"``, tokenize differently and so give different
+numbers.
+
+Normalization (``normalize``: Unicode NFC, then ``"\\r\\n"`` -> ``"\\n"``) is used only to COUNT
+independent comparisons (``effective_sample_size``, ``prompt_cluster_key``): two spellings of
+one text are one comparison for the sample size, never one input for identity.
 """
 from __future__ import annotations
 
@@ -27,17 +33,17 @@ def _get(pair: Any, name: str) -> Any:
 
 
 def pair_hash(pair: Any) -> str:
-    """sha256 hex of one pair's normalized content.
+    """sha256 hex of one pair's exact content (code points as given; nothing normalized).
 
     The content is ``prompt, prompt_rejected, chosen, rejected, dimension``. The id, rubric,
     source and meta do not count. A ``prompt_rejected`` equal to ``prompt`` counts as absent.
+    Generated pair ids (``data.loaders``) are built from it.
     """
-    prompt = normalize(_get(pair, "prompt") or "")
-    pr = normalize(_get(pair, "prompt_rejected"))
-    if pr == prompt:
-        pr = None
-    values = [prompt, pr, normalize(_get(pair, "chosen") or ""),
-              normalize(_get(pair, "rejected") or ""), normalize(_get(pair, "dimension") or "")]
+    prompt = str(_get(pair, "prompt") or "")
+    pr = _get(pair, "prompt_rejected")
+    pr = None if pr is None or str(pr) == prompt else str(pr)
+    values = [prompt, pr, str(_get(pair, "chosen") or ""), str(_get(pair, "rejected") or ""),
+              str(_get(pair, "dimension") or "")]
     blob = json.dumps(values, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
@@ -45,9 +51,11 @@ def pair_hash(pair: Any) -> str:
 def dataset_checksum(pairs: Iterable[Any]) -> str:
     """sha256 hex of the sorted per-pair hashes (``pair_hash``), one per line.
 
-    It does not depend on pair order or ids. Duplicates count: it is the checksum of a
-    multiset. Any change of one character in a hashed field changes it. Accepts ``Pair``s,
-    a ``PairSet`` or mappings with the same keys.
+    It does not depend on pair order or ids (a run id covers those through the token ids it
+    hashes, ``models.formatting.EncodedPairs.digest``). Duplicates count: it is the checksum of
+    a multiset. Any change of one code point in a hashed field changes it, including Unicode
+    form (NFC vs NFD) and line endings. Accepts ``Pair``s, a ``PairSet`` or mappings with the
+    same keys.
     """
     hashes = sorted(pair_hash(p) for p in pairs)
     return hashlib.sha256("\n".join(hashes).encode("ascii")).hexdigest()

@@ -10,8 +10,11 @@ Kinds:
   a list of objects. ``fields`` maps our names (``id, prompt, chosen, rejected, dimension,
   rubric, source, prompt_rejected``) to the file's keys. The default is the identity. The keys
   ``prompt``, ``chosen`` and ``rejected`` must be present in every row. The other keys are
-  optional unless ``fields`` maps them. A row without an id gets ``f"{stem}-{index:05d}"``,
-  with ``index`` the 0-based record number in the file (blank lines are not records).
+  optional unless ``fields`` maps them. A row without an id gets one from its content, never
+  from its line number: ``"pair-" + pair_hash(pair)[:16]`` (``data.checksum.pair_hash``: the
+  exact prompt, prompt_rejected, chosen, rejected and dimension), and the k-th exact repeat of
+  one content (k >= 2, in file order) gets ``-k`` appended. Reordering a file therefore keeps
+  every pair's id, and the id of a margin always names the text it was computed on.
 - ``hh_rlhf``: like ``jsonl``. ``attribute`` becomes the ``dimension`` when a row has no
   dimension. A row with no prompt key (and ``fields`` not mapping one) is read as a raw
   Anthropic HH-RLHF row: ``chosen`` and ``rejected`` are whole transcripts. Each is split at
@@ -27,6 +30,9 @@ differ are excluded; ``flags["prompt_mismatch"]`` lists those excluded from the 
 dimensions, and a warning gives the count. Then ``limit`` keeps the first N in file order. ``identical_sides`` and ``empty_response`` are
 flagged on the pairs that are kept.
 
+``PairSet.source_file`` records the file read: ``name``, ``bytes`` (its size on disk) and
+``sha256`` of those bytes.
+
 Relative paths resolve against ``base_dir`` (the directory the user started in, which Hydra
 may have changed), else the current directory. Every bad input raises one ``SpecError`` that
 names the config field (``dataset.path``, ``dataset.kind``, ``dataset.fields.<name>``,
@@ -35,16 +41,18 @@ names the config field (``dataset.path``, ``dataset.kind``, ``dataset.fields.<na
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import warnings
 from enum import Enum
 from importlib import resources
 from pathlib import Path
+from dataclasses import replace
 from typing import Any, Iterable, Iterator, Mapping
 
 from ..errors import SpecError, did_you_mean
-from .checksum import dataset_checksum, effective_sample_size
+from .checksum import dataset_checksum, effective_sample_size, pair_hash
 from .pairs import FLAG_REASONS, Pair, PairSet, make_meta
 
 KINDS = ("diagnostic", "jsonl", "hh_rlhf")
@@ -72,8 +80,10 @@ def load_pairs(kind: str, *, path: str | None = None, fields: Mapping[str, str] 
                             f"(got {path!r}).", fix="remove dataset.path, or set dataset.kind=jsonl "
                             "to read that file.")
         ref = resources.files("reward_lens_spec.data").joinpath(DIAGNOSTIC_FILE)
-        text = ref.read_text(encoding="utf-8")
-        name, file_label, stem = "diagnostic", f"builtin {DIAGNOSTIC_FILE}", "diagnostic"
+        raw = ref.read_bytes()
+        text = raw.decode("utf-8")
+        source_file = _file_info(DIAGNOSTIC_FILE, raw)
+        name, file_label = "diagnostic", f"builtin {DIAGNOSTIC_FILE}"
         records = _jsonl_records(text, file_label)
     else:
         if path is None:
@@ -82,9 +92,8 @@ def load_pairs(kind: str, *, path: str | None = None, fields: Mapping[str, str] 
                                 "the directory you started in).")
         resolved = _resolve(path, base_dir)
         file_label = str(resolved)
-        stem = _stem(resolved)
-        name = stem
-        text = _read_text(resolved, path)
+        name = _stem(resolved)
+        text, source_file = _read_text(resolved, path)
         if resolved.name.lower().endswith((".json", ".json.gz")):
             records = _json_list_records(text, file_label)
         else:
@@ -92,15 +101,20 @@ def load_pairs(kind: str, *, path: str | None = None, fields: Mapping[str, str] 
 
     pairs: list[Pair] = []
     seen: dict[str, str] = {}
+    repeats: dict[str, int] = {}
     for index, where, row in records:
         pair = _row_to_pair(row, index=index, where=where, kind=kind, mapping=mapping,
-                            explicit=explicit, stem=stem, file_label=file_label,
+                            explicit=explicit, file_label=file_label,
                             default_source="" if kind == "diagnostic" else Path(file_label).name)
+        if pair.id is None:                       # generated from content, never from the line
+            base = "pair-" + pair_hash(pair)[:16]
+            repeats[base] = repeats.get(base, 0) + 1
+            pair = replace(pair, id=base if repeats[base] == 1 else f"{base}-{repeats[base]}")
         if pair.id in seen:
             raise SpecError("dataset.fields.id", f"duplicate id {pair.id!r} in {file_label} "
                             f"({seen[pair.id]} and {where}).",
                             fix="ids must be unique: map dataset.fields.id to a unique key, or "
-                                "remove the id key so ids are generated from line numbers.")
+                                "remove the id key so ids are generated from each pair's content.")
         seen[pair.id] = where
         pairs.append(pair)
     if not pairs:
@@ -142,7 +156,7 @@ def load_pairs(kind: str, *, path: str | None = None, fields: Mapping[str, str] 
     ess = effective_sample_size(pairs)
     return PairSet(name=name, pairs=tuple(pairs), checksum=dataset_checksum(pairs),
                    n_unique=ess["n_unique"], n_prompt_clusters=ess["n_prompt_clusters"],
-                   flags=flags)
+                   flags=flags, source_file=source_file)
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -228,7 +242,12 @@ def _stem(p: Path) -> str:
     return name or p.name
 
 
-def _read_text(resolved: Path, given: Any) -> str:
+def _file_info(name: str, raw: bytes) -> dict[str, Any]:
+    """``{name, bytes, sha256}`` of the file as stored (before any decompression)."""
+    return {"name": name, "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+
+
+def _read_text(resolved: Path, given: Any) -> tuple[str, dict[str, Any]]:
     if not resolved.is_file():
         what = "is a directory, not a file" if resolved.is_dir() else "does not exist"
         raise SpecError("dataset.path", f"{resolved} {what} (given {str(given)!r}).",
@@ -236,9 +255,10 @@ def _read_text(resolved: Path, given: Any) -> str:
                             "resolve against the directory you started in.")
     try:
         raw = resolved.read_bytes()
+        info = _file_info(resolved.name, raw)
         if resolved.name.lower().endswith(".gz"):
             raw = gzip.decompress(raw)
-        return raw.decode("utf-8-sig")
+        return raw.decode("utf-8-sig"), info
     except UnicodeDecodeError as e:
         raise SpecError("dataset.path", f"{resolved} is not UTF-8 text ({e.reason} at byte {e.start}).",
                         fix="re-save the file as UTF-8.") from None
@@ -284,7 +304,8 @@ def _json_list_records(text: str, file_label: str) -> Iterator[tuple[int, str, A
 # ----------------------------------------------------------------------------- rows
 
 def _row_to_pair(row: Any, *, index: int, where: str, kind: str, mapping: dict[str, str],
-                 explicit: frozenset[str], stem: str, file_label: str, default_source: str) -> Pair:
+                 explicit: frozenset[str], file_label: str, default_source: str) -> Pair:
+    """One record as a ``Pair``; ``id`` is None when the row has none (``load_pairs`` makes one)."""
     if not isinstance(row, dict):
         raise SpecError("dataset.path", f"{file_label} {where}: expected a JSON object, got "
                         f"{type(row).__name__}.", fix="make every record one JSON object.")
@@ -329,8 +350,6 @@ def _row_to_pair(row: Any, *, index: int, where: str, kind: str, mapping: dict[s
         prompt_rejected = None
 
     pair_id = get("id", False)
-    if pair_id is None:
-        pair_id = f"{stem}-{index:05d}"
     dimension = get("dimension", False)
     if dimension is None and kind == "hh_rlhf" and isinstance(row.get("attribute"), str):
         dimension = row["attribute"]  # attribute stays in meta as well

@@ -15,7 +15,13 @@ A ``PairSet`` is the loaded, filtered dataset. It carries its ``checksum``
 ``effective_sample_size``) and ``flags``: reason -> list of pair ids. The reasons are
 ``identical_sides`` (kept; chosen == rejected on the same prompt, so the margin must be exactly
 0), ``empty_response`` (kept; a side is empty or whitespace only) and ``prompt_mismatch``
-(EXCLUDED; the two sides have different prompts).
+(EXCLUDED; the two sides have different prompts). ``source_file`` is ``{name, bytes, sha256}``
+of the file the pairs were read from (``None`` for pairs built in code).
+
+``PAIR_FLAGS`` are the per-pair flags every stored result carries as boolean coords on its
+``pair`` dim (``data.accounting.pair_flags``): ``empty_response``, ``identical_sides`` (from the
+data) and ``prompt_truncated``, ``response_truncated`` (from the encoding,
+``models.formatting.encode_pairs``).
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
 FLAG_REASONS = ("identical_sides", "empty_response", "prompt_mismatch")
+PAIR_FLAGS = ("empty_response", "identical_sides", "prompt_truncated", "response_truncated")
 
 
 def json_safe(value: Any) -> Any:
@@ -82,6 +89,7 @@ class PairSet:
     n_unique: int
     n_prompt_clusters: int
     flags: dict = field(default_factory=dict)
+    source_file: dict | None = None
 
     @property
     def ids(self) -> tuple[str, ...]:
@@ -110,7 +118,7 @@ class PairSet:
         raise KeyError(pair_id)
 
     def provenance(self) -> dict[str, Any]:
-        """What a store records about the dataset: name, checksum, sizes, flag counts."""
-        return {"name": self.name, "checksum": self.checksum, "n": len(self.pairs),
+        """What a store records about the dataset: name, file, checksum, sizes, flag counts."""
+        return {"name": self.name, "file": self.source_file, "checksum": self.checksum, "n": len(self.pairs),
                 "n_unique": self.n_unique, "n_prompt_clusters": self.n_prompt_clusters,
                 "flags": {k: len(v) for k, v in self.flags.items()}}

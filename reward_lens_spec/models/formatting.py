@@ -12,9 +12,14 @@ Rules (``encode_pairs``):
   are counted; more than one, or a count that differs between sequences, is a ``CaptureError``
   naming the model and the fix. The result records ``bos_count`` (0 or 1).
 - Truncation to ``max_length`` keeps the END (response end + readout token): tokens are dropped
-  from just after the leading BOS (kept if present), i.e. from the left of the prompt. When the
-  response alone does not fit, the result is still BOS + the last tokens (length ``max_length``)
-  and the pair id is listed in ``response_truncated`` (and a warning is issued).
+  from just after the leading BOS (kept if present), i.e. from the left of the prompt. A pair
+  that lost prompt tokens is listed in ``prompt_truncated`` and KEPT (its response is whole).
+- Policy for a pair whose RESPONSE was cut (the response alone does not fit): it is listed in
+  ``response_truncated`` and, by default (``truncated_responses="exclude"``), EXCLUDED with
+  reason ``response_truncated``, because a margin between two cut responses is not the
+  comparison the label was given for; a warning gives the count and the fix (raise
+  ``model.max_length``, up to the model's position limit). ``truncated_responses="keep"``
+  keeps them (BOS + the last tokens, length ``max_length``), flagged.
 - A pair whose two sides differ before truncation but are identical after is EXCLUDED: its id
   goes to ``excluded["identical_after_truncation"]`` and a warning gives the count. Pairs
   identical before truncation (chosen == rejected) are kept; their margin must be exactly 0.
@@ -25,7 +30,9 @@ Errors: ``SpecError`` (``model.format``, ``model.template``, ``model.max_length`
 """
 from __future__ import annotations
 
+import hashlib
 import re
+import struct
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -35,6 +42,7 @@ import numpy as np
 from ..errors import CaptureError, SpecError
 
 FORMATS = ("plain", "chat_template")
+TRUNCATED_RESPONSES = ("exclude", "keep")
 _SLOT = re.compile(r"\{(prompt|response)\}")
 
 
@@ -42,8 +50,10 @@ _SLOT = re.compile(r"\{(prompt|response)\}")
 class EncodedPairs:
     """Token ids of the kept pairs, aligned: ``chosen[i]`` / ``rejected[i]`` belong to ``pair_ids[i]``.
 
-    ``excluded``: reason -> pair ids left out. ``n_truncated``: input pairs with at least one
-    side truncated. ``response_truncated``: pair ids whose response itself was cut.
+    ``excluded``: reason -> pair ids left out (``identical_after_truncation``,
+    ``response_truncated``). ``n_truncated``: input pairs with at least one side truncated.
+    ``prompt_truncated`` / ``response_truncated``: input pair ids (kept or not) that lost prompt
+    tokens / response tokens to truncation.
     """
 
     pair_ids: list[str]
@@ -55,6 +65,20 @@ class EncodedPairs:
     max_length: int
     fmt: str
     response_truncated: list[str] = field(default_factory=list)
+    prompt_truncated: list[str] = field(default_factory=list)
+
+    def digest(self) -> str:
+        """sha256 hex of exactly what the model sees: for every kept pair, in order, its id and the
+        token ids of its chosen and rejected side (after formatting and truncation).
+
+        A change of order, of any id, or of any token of any side changes it; a run id covers it.
+        """
+        h = hashlib.sha256(b"reward_lens_spec.encoded.v1")
+        for pid, c, r in zip(self.pair_ids, self.chosen, self.rejected):
+            for part in (str(pid).encode("utf-8"), np.asarray(c, "<i8").tobytes(), np.asarray(r, "<i8").tobytes()):
+                h.update(struct.pack("<Q", len(part)))
+                h.update(part)
+        return h.hexdigest()
 
     def lengths(self) -> np.ndarray:
         """Token counts, shape ``(n_pairs, 2)`` (dims: pair, side=[chosen, rejected]), int64."""
@@ -96,9 +120,8 @@ def _encode_all(tokenizer, items: list[tuple[str, str]], fmt: str, template: str
     return [[int(t) for t in ids] for ids in enc["input_ids"]]
 
 
-def _prompt_len(tokenizer, prompt: str, full: list[int], fmt: str, template: str) -> int:
-    """Tokens of ``full`` that belong to the prompt part: common prefix with the empty-response encoding."""
-    base = _encode(tokenizer, prompt, "", fmt, template)
+def _common_prefix(base: list[int], full: list[int]) -> int:
+    """Tokens of ``full`` that belong to the prompt part: common prefix with the empty-response encoding ``base``."""
     n = 0
     for a, b in zip(base, full):
         if a != b:
@@ -125,8 +148,11 @@ def _truncate(ids: list[int], bos: int, max_length: int) -> list[int]:
 
 def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
                  template: str = "User: {prompt}\nAssistant: {response}", max_length: int = 512,
-                 model_name: str = "model") -> EncodedPairs:
+                 model_name: str = "model", truncated_responses: str = "exclude") -> EncodedPairs:
     """Encode ``pairs`` (objects with ``id, prompt, chosen, rejected, prompt_rejected``); see module doc."""
+    if truncated_responses not in TRUNCATED_RESPONSES:
+        raise SpecError("truncated_responses", f"unknown policy {truncated_responses!r}.",
+                        value=truncated_responses, options=TRUNCATED_RESPONSES)
     if fmt not in FORMATS:
         raise SpecError("model.format", f"unknown format {fmt!r}.", value=fmt, options=FORMATS)
     if fmt == "plain" and ("{response}" not in template or "{prompt}" not in template):
@@ -145,12 +171,14 @@ def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
     texts = [(prompt, resp) for pair in pairs for prompt, resp in (
         (pair.prompt, pair.chosen),
         (pair.prompt_rejected if getattr(pair, "prompt_rejected", None) is not None else pair.prompt, pair.rejected))]
-    encoded = iter(_encode_all(tokenizer, texts, fmt, template))
-    items = iter(texts)
+    all_ids = _encode_all(tokenizer, texts, fmt, template)
+    long = [k for k, ids in enumerate(all_ids) if len(ids) > max_length]     # their prompt part is measured
+    prompt_only = dict(zip(long, _encode_all(tokenizer, [(texts[k][0], "") for k in long], fmt, template)))
+    k = 0
     for pair in pairs:
         sides = []
         for _ in range(2):
-            (prompt, _resp), ids = next(items), next(encoded)
+            ids = all_ids[k]
             if not ids:
                 raise CaptureError(f"model {model_name!r}: pair {pair.id!r} encodes to no tokens; "
                                    "there is no readout token. Fix: drop empty pairs or use a template.")
@@ -162,7 +190,8 @@ def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
                     "the BOS from the template (plain) or use model.format=chat_template, which "
                     "tokenizes the template once.")
             bos_seen.add(nb)
-            sides.append((ids, _prompt_len(tokenizer, prompt, ids, fmt, template) if len(ids) > max_length else 0))
+            sides.append((ids, _common_prefix(prompt_only[k], ids) if k in prompt_only else 0))
+            k += 1
         raw.append((str(pair.id), sides[0][0], sides[1][0], sides[0][1], sides[1][1]))
     if len(bos_seen) > 1:
         raise CaptureError(f"model {model_name!r}: some sequences start with a BOS and some do not. "
@@ -172,16 +201,26 @@ def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
     ids_out, chosen, rejected = [], [], []
     identical: list[str] = []
     resp_cut: list[str] = []
+    prompt_cut: list[str] = []
+    dropped_cut: list[str] = []
     n_trunc = 0
     for pid, c, r, pc, pr_len in raw:
         tc, tr = _truncate(c, bos, max_length), _truncate(r, bos, max_length)
+        cut_response = False
         if len(c) > max_length or len(r) > max_length:
             n_trunc += 1
+            sides = [(len(s) - max_length, p - bos) for s, p in ((c, pc), (r, pr_len)) if len(s) > max_length]
+            if any(prompt_part > 0 for _, prompt_part in sides):
+                prompt_cut.append(pid)
             # dropped tokens beyond the prompt part (after the BOS) reach into the response
-            if any(len(s) > max_length and len(s) - max_length > p - bos for s, p in ((c, pc), (r, pr_len))):
+            cut_response = any(dropped > prompt_part for dropped, prompt_part in sides)
+            if cut_response:
                 resp_cut.append(pid)
         if c != r and tc == tr:
             identical.append(pid)
+            continue
+        if cut_response and truncated_responses == "exclude":
+            dropped_cut.append(pid)
             continue
         ids_out.append(pid)
         chosen.append(tc)
@@ -190,8 +229,12 @@ def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
         warnings.warn(f"model {model_name!r}: {len(identical)} pair(s) became identical after truncation "
                       f"to max_length={max_length} and were excluded: {identical[:5]}", stacklevel=2)
     if resp_cut:
-        warnings.warn(f"model {model_name!r}: {len(resp_cut)} pair(s) have a response longer than "
-                      f"max_length={max_length}; their response start was cut: {resp_cut[:5]}", stacklevel=2)
+        what = (f"{len(dropped_cut)} were excluded (reason response_truncated)" if truncated_responses == "exclude"
+                else "they are kept and flagged response_truncated")
+        warnings.warn(f"model {model_name!r}: {len(resp_cut)} pair(s) do not fit max_length={max_length} even "
+                      f"without their prompt, so their response start was cut ({resp_cut[:5]}); {what}. Fix: "
+                      "raise model.max_length (up to the model's position limit).", stacklevel=2)
     return EncodedPairs(pair_ids=ids_out, chosen=chosen, rejected=rejected,
-                        excluded={"identical_after_truncation": identical}, n_truncated=n_trunc,
-                        bos_count=bos, max_length=max_length, fmt=fmt, response_truncated=resp_cut)
+                        excluded={"identical_after_truncation": identical, "response_truncated": dropped_cut},
+                        n_truncated=n_trunc, bos_count=bos, max_length=max_length, fmt=fmt,
+                        response_truncated=resp_cut, prompt_truncated=prompt_cut)

@@ -1,7 +1,11 @@
 """Load a reward model named by a ``ModelSpec``: built-in tiny, local folder, hub id, GGUF.
 
-Safety: ``trust_remote_code`` is off unless the spec turns it on; weights load
-from safetensors only unless ``model.allow_pickle=true``. The returned
+Safety: every ``from_pretrained`` (config, tokenizer, model) gets ``trust_remote_code`` as a
+bool from ``model.trust_remote_code`` (default false), never ``None``, so transformers never asks
+on stdin and a checkpoint's own Python (``auto_map``) never runs unless asked for: a checkpoint of
+a model type transformers ships loads with transformers' class, any other is refused with a
+``SpecError`` naming ``model.trust_remote_code``. Weights load from safetensors only unless
+``model.allow_pickle=true``. The returned
 ``LoadedModel`` bundles the HF model (eval mode), its tokenizer, the family
 table, the float32 reward head and the final-norm description.
 """
@@ -94,6 +98,22 @@ def gguf_for(spec, kind: str, loc: str) -> str | None:
     return g
 
 
+def trust_remote_code(spec) -> bool:
+    """``model.trust_remote_code`` as a bool, never ``None``: transformers asks on stdin when given ``None``."""
+    return getattr(spec, "trust_remote_code", False) is True
+
+
+def remote_code_error(spec, exc: Exception) -> SpecError | None:
+    """The clear error for transformers' refusal to run a checkpoint's own code (``None`` for other errors)."""
+    text = str(exc)
+    if "trust_remote_code" not in text and "custom code" not in text:
+        return None
+    return SpecError("model.trust_remote_code", f"'{spec.source}' needs its own Python code (config.json "
+                     "auto_map) and model.trust_remote_code is false, so it was not run.",
+                     fix="read that code; set model.trust_remote_code=true only if you trust it, or use a "
+                         "checkpoint of a model type transformers ships.")
+
+
 def load_model(spec, base_dir: str | None = None) -> LoadedModel:
     """Load the model described by ``spec`` (a ``ModelSpec``)."""
     import transformers as tf
@@ -113,7 +133,7 @@ def load_model(spec, base_dir: str | None = None) -> LoadedModel:
             attach_gated_head(model, spec.num_labels, seed=spec.seed)
     else:
         gguf = gguf_for(spec, kind, loc)
-        kwargs = dict(num_labels=spec.num_labels, trust_remote_code=spec.trust_remote_code, dtype=_DTYPES[dtype])
+        kwargs = dict(num_labels=spec.num_labels, trust_remote_code=trust_remote_code(spec), dtype=_DTYPES[dtype])
         if spec.revision:
             kwargs["revision"] = spec.revision
         if spec.attn_implementation:
@@ -129,9 +149,14 @@ def load_model(spec, base_dir: str | None = None) -> LoadedModel:
         else:
             kwargs["use_safetensors"] = None if spec.allow_pickle else True
         try:
-            tok = tf.AutoTokenizer.from_pretrained(loc, trust_remote_code=spec.trust_remote_code,
+            tok = tf.AutoTokenizer.from_pretrained(loc, trust_remote_code=trust_remote_code(spec),
                                                    **({"gguf_file": gguf} if gguf else {}))
             model = tf.AutoModelForSequenceClassification.from_pretrained(loc, **kwargs)
+        except ValueError as exc:
+            err = remote_code_error(spec, exc)
+            if err is None:
+                raise
+            raise err from None
         except OSError as exc:
             hint = ("weights are not safetensors: set model.allow_pickle=true only if you trust the file."
                     if "safetensors" in str(exc).lower() else "check model.source (tests never download).")
