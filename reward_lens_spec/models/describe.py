@@ -28,8 +28,8 @@ def model_config(spec, base_dir=None):
 
 def describe_model(spec, base_dir=None) -> tuple:
     """``(family, n_layers, n_objectives)`` from the model config alone (no weights)."""
-    from .families import family_for
+    from .discover import family_or_discovered_config
 
     cfg = model_config(spec, base_dir)
     n_layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer")
-    return family_for(cfg.model_type), int(n_layers), int(spec.num_labels)
+    return family_or_discovered_config(cfg), int(n_layers), int(spec.num_labels)

@@ -155,10 +155,11 @@ def read_head(model, family: Family, objectives: tuple[str, ...] | None = None) 
 def read_final_norm(model, family: Family) -> FinalNorm:
     """Describe the family's final norm module (see ``FinalNorm``)."""
     mod = _get(model, family.final_norm)
-    g = mod.weight.detach().double().cpu().numpy().copy()
+    g = (mod.weight.detach().double().cpu().numpy().copy() if getattr(mod, "weight", None) is not None
+         else np.ones(model.config.hidden_size))          # a norm without a gain (OLMo)
     beta = (mod.bias.detach().double().cpu().numpy().copy() if getattr(mod, "bias", None) is not None
             else np.zeros_like(g))
-    eps = getattr(mod, "eps", None)
+    eps = getattr(mod, "eps", None) if family.norm_eps is None else family.norm_eps
     if eps is None:
         eps = getattr(mod, "variance_epsilon", None)
     if eps is None:

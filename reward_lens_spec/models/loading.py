@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from ..errors import SpecError
-from .families import Family, family_for
+from .discover import family_or_discovered
+from .families import Family
 from .armorm import is_armorm_folder, load_armorm
 from .head import FinalNorm, ReadoutHead, read_final_norm, read_head
 from .tiny import TINY_CONFIGS, build_tiny
@@ -161,7 +162,7 @@ def wrap_model(name: str, model, tokenizer, *, dtype: str = "float32", device: s
         model.config.pad_token_id = (tokenizer.pad_token_id if tokenizer.pad_token_id is not None
                                      else tokenizer.eos_token_id)
     model.to(device=device, dtype=_DTYPES[dtype]).eval()
-    family = family_for(model.config.model_type)
+    family = family_or_discovered(model, tokenizer)
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, family=family,
                        head=read_head(model, family, objectives), norm=read_final_norm(model, family),
                        dtype=dtype, device=device)
