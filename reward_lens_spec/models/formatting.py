@@ -55,6 +55,7 @@ class EncodedPairs:
     max_length: int
     fmt: str
     response_truncated: list[str] = field(default_factory=list)
+    template: str = ""          # the plain template used (response starts: models.per_token)
 
     def lengths(self) -> np.ndarray:
         """Token counts, shape ``(n_pairs, 2)`` (dims: pair, side=[chosen, rejected]), int64."""
@@ -194,4 +195,5 @@ def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
                       f"max_length={max_length}; their response start was cut: {resp_cut[:5]}", stacklevel=2)
     return EncodedPairs(pair_ids=ids_out, chosen=chosen, rejected=rejected,
                         excluded={"identical_after_truncation": identical}, n_truncated=n_trunc,
-                        bos_count=bos, max_length=max_length, fmt=fmt, response_truncated=resp_cut)
+                        bos_count=bos, max_length=max_length, fmt=fmt, response_truncated=resp_cut,
+                        template=template if fmt == "plain" else "")

@@ -63,8 +63,9 @@ class ReadoutHead:
         """
         if not self.gated:
             return np.broadcast_to(self.W, np.shape(h)[:-1] + self.W.shape)
-        rows = self.W if self.T is None else self.T.T @ self.W
-        return (self._weights(h, g) @ rows)[..., None, :]
+        rows = np.asarray(self.W if self.T is None else self.T.T @ self.W, np.float64)
+        # Σ_k g_k · rows_k summed in a fixed order, so the direction does not depend on the batch's shape
+        return (self._weights(h, g)[..., :, None] * rows).sum(-2)[..., None, :]
 
     def rewards(self, h: np.ndarray, g: np.ndarray | None = None) -> np.ndarray:
         """The model's own outputs at ``h`` (..., d_model) → (..., output), reward units, float32 math.
