@@ -165,3 +165,13 @@ def test_a_folder_that_does_not_fit_armorm_fails_loudly(tmp_path, drop, add, nee
         run_cfg(tmp_path, folder, "observable=score")
     with pytest.raises(SpecError, match="model.head=gated"):
         run_cfg(tmp_path, build_folder(tmp_path / "good")[0], "observable=score", "model.head=linear")
+
+
+def test_per_token_reward_on_armorm_ends_at_the_score(armo):
+    d, folder, _, _ = armo
+    res = run_cfg(d, folder, "observable=prefix").result
+    pr, n_tok = res["prefix_reward"], res["response_tokens"]
+    for pid in pr["pair"].values:
+        for side in ("chosen", "rejected"):
+            k = int(n_tok.sel(pair=pid, side=side))
+            assert pr.sel(pair=pid, side=side).values[k - 1] == res["reward"].sel(pair=pid, side=side).item()
