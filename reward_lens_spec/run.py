@@ -79,7 +79,7 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     study = check_run(run, store_url, storage_options=dict(run.store.storage_options))   # edited study: refused
     ds = run.dataset
     pairs = load_pairs(ds.kind.value, path=ds.path, fields=dict(ds.fields) or None, limit=ds.limit,
-                       dimensions=ds.dimensions, base_dir=base_dir)
+                       dimensions=ds.dimensions, base_dir=base_dir, subset=ds.subset)
     lm = load_model(run.model, base_dir)
     fp = model_fingerprint(lm.model, lm.tokenizer)
     m = run.model

@@ -55,6 +55,8 @@ class DatasetKind(str, Enum):
     diagnostic = "diagnostic"
     jsonl = "jsonl"
     hh_rlhf = "hh_rlhf"
+    rewardbench = "rewardbench"
+    rewardbench2 = "rewardbench2"
 
 
 class FrameKind(str, Enum):
@@ -103,6 +105,7 @@ class DatasetSpec:
     fields: dict[str, str] = field(default_factory=dict)
     limit: Optional[int] = None
     dimensions: Optional[list[str]] = None
+    subset: Optional[str] = None          # rewardbench kinds: the subset of rows that name none
 
 
 @dataclass

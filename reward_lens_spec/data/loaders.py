@@ -55,7 +55,7 @@ from ..errors import SpecError, did_you_mean
 from .checksum import dataset_checksum, effective_sample_size, pair_hash
 from .pairs import FLAG_REASONS, Pair, PairSet, make_meta
 
-KINDS = ("diagnostic", "jsonl", "hh_rlhf")
+KINDS = ("diagnostic", "jsonl", "hh_rlhf", "rewardbench", "rewardbench2")
 FIELD_NAMES = ("id", "prompt", "chosen", "rejected", "dimension", "rubric", "source",
                "prompt_rejected")
 REQUIRED = ("prompt", "chosen", "rejected")
@@ -65,9 +65,20 @@ DIAGNOSTIC_FILE = "diagnostic.jsonl"
 
 def load_pairs(kind: str, *, path: str | None = None, fields: Mapping[str, str] | None = None,
                limit: int | None = None, dimensions: Iterable[str] | None = None,
-               base_dir: str | None = None) -> PairSet:
-    """Load, check and filter preference pairs; see the module docstring for the rules."""
+               base_dir: str | None = None, subset: str | None = None) -> PairSet:
+    """Load, check and filter preference pairs; see the module docstring for the rules.
+
+    ``rewardbench``/``rewardbench2`` (and ``subset``, the subset of rows without one) are read by
+    ``data.rewardbench.load_rewardbench``.
+    """
     kind = _check_kind(kind)
+    if kind in ("rewardbench", "rewardbench2"):
+        from .rewardbench import load_rewardbench
+        return load_rewardbench(path, version=1 if kind == "rewardbench" else 2, fields=fields, limit=limit,
+                                dimensions=dimensions, subset=subset, base_dir=base_dir)
+    if subset is not None:
+        raise SpecError("dataset.subset", f"kind={kind} has no subsets.", fix="drop dataset.subset, or use "
+                        "dataset=rewardbench.")
     limit = _check_limit(limit)
     mapping, explicit = _check_fields(fields, kind)
     wanted = _check_dimension_names(dimensions)

@@ -49,6 +49,7 @@ class CaptureResult:
     counts: dict[str, int] = field(default_factory=dict)
     prefixes: dict = field(default_factory=dict)    # token ids (tuple) -> (index into prefix_batches, row)
     prefix_batches: list = field(default_factory=list)   # models.prefix.PrefixBatch, for patching
+    gate: np.ndarray | None = None     # context-gated heads (ArmoRM): gate weights, pair × side × objective
 
 
 def _first(x):
@@ -84,6 +85,12 @@ class _Recorder:
                 self._pre(get_module(layer, lm.family.o_proj), "attn_z", layer_idx)
         self._post(lm.norm.module, "h", 0)
         self._post(get_module(lm.model, lm.family.head), "logits", 0)
+        if lm.head.context_gate:                     # ArmoRM: the gating MLP's output, one row per sequence
+            self.shape["gate"] = (1, lm.head.n_objectives)
+            def gate_hook(mod, args, out):
+                if self.active:
+                    self.slot[("gate", 0)].copy_(out)
+            self.handles.append(lm.model.gating.register_forward_hook(gate_hook))
 
     def start(self, readout: torch.Tensor, T: int, device) -> None:
         """Begin a batch whose rows read out at ``readout`` (``LongTensor[B]``) of ``T`` columns.
@@ -179,7 +186,11 @@ def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tok
     owners: dict[int, list[int]] = {}
     for r, sq in enumerate(seqs):                        # row -> first row with the same token ids
         owners.setdefault(first.setdefault(tuple(sq), r), []).append(r)
-    keep = set() if readout_fn is not None else {first[tuple(seqs[r])] for r in keep_prefix if len(seqs[r]) > 1}
+    keep = set() if readout_fn is not None or lm.head.context_gate else \
+        {first[tuple(seqs[r])] for r in keep_prefix if len(seqs[r]) > 1}      # a context gate needs whole sequences
+    if lm.head.context_gate:
+        out.gate = np.zeros((n_pairs, 2, lm.head.n_objectives), np.float32)
+    flat_gate = None if out.gate is None else out.gate.reshape(2 * n_pairs, -1)
     kept = [u for u in owners if u in keep]              # owners' keys are in ascending row order
     uniq = [u for u in owners if u not in keep]
     batches = [[rs[i] for i in b] for rs in (uniq, kept)
@@ -203,15 +214,18 @@ def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tok
                                position_ids=pos.to(device), use_cache=False)
             got = rec.finish()
             h, head_out = got.pop("h")[:, 0], got.pop("logits")[:, 0]
+            gate = got.pop("gate")[:, 0] if "gate" in got else None
             checked_rows.extend(rows)
             pooled.append(res.logits.detach().float().cpu().numpy())
             agree.append(hf_pooled_index(ids, hf_pad) == last_attended.numpy())
             if len(pooled) == 1:                         # the first batch at once: a wrong readout stops early
-                _self_check(lm, rows, out.pair_ids, h, head_out, pooled[0], agree[0])
+                _self_check(lm, rows, out.pair_ids, h, head_out, pooled[0], agree[0], gate)
             dst = [o for r in rows for o in owners[r]]      # row = 2·pair + side; duplicates share a run
             src = None if len(dst) == len(rows) else [j for j, r in enumerate(rows) for _ in owners[r]]
             flat_h[dst] = h if src is None else h[src]
             flat_logits[dst] = head_out if src is None else head_out[src]
+            if gate is not None:
+                flat_gate[dst] = gate if src is None else gate[src]
             for site, val in got.items():
                 flat[site][dst] = val if src is None else val[src]
             out.counts["forward_passes"] += 1
@@ -220,7 +234,8 @@ def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tok
         rest = np.array(checked_rows[len(agree[0]):], dtype=np.int64) if pooled else np.zeros(0, np.int64)
         if rest.size:                                    # every other batch, in one vectorized pass
             _self_check(lm, rest.tolist(), out.pair_ids, flat_h[rest], flat_logits[rest],
-                        np.concatenate(pooled[1:]), np.concatenate(agree[1:]))
+                        np.concatenate(pooled[1:]), np.concatenate(agree[1:]),
+                        None if flat_gate is None else flat_gate[rest])
     finally:
         rec.close()
     return out
@@ -248,10 +263,11 @@ def _prefix_then_last(lm, rec, rows, device, out):
     return last, torch.ones((B, 1), dtype=torch.long), res
 
 
-def _self_check(lm, rows, pair_ids, h, head_out, pooled, agree):
+def _self_check(lm, rows, pair_ids, h, head_out, pooled, agree, gate=None):
     """``rows``' captured ``h`` (rows × d_model) through the read-off head vs the model's own head
-    output there and, where ``agree`` (HF pools the same token), its pooled logits."""
-    ours = lm.head.rewards(h)
+    output there and, where ``agree`` (HF pools the same token), its pooled logits. ``gate``: a
+    context-gated head's captured gate weights (rows × objective)."""
+    ours = lm.head.rewards(h, gate)
     finite = np.isfinite(ours).all(-1) & np.isfinite(head_out).all(-1)
     if not finite.all():
         raise CaptureError(f"{lm.name}: non-finite reward for {_names(pair_ids, rows, ~finite)} "

@@ -60,9 +60,9 @@ def describe_model(spec, base_dir=None) -> tuple:
 
     Raises ``SpecError`` (``model.max_length``) when ``model.max_length`` exceeds the model's position limit.
     """
-    from .families import family_for
+    from .discover import family_or_discovered_config
 
     cfg = model_config(spec, base_dir)
     check_max_length(spec, cfg)
     n_layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer")
-    return family_for(cfg.model_type), int(n_layers), int(spec.num_labels)
+    return family_or_discovered_config(cfg), int(n_layers), int(spec.num_labels)

@@ -66,6 +66,7 @@ class EncodedPairs:
     fmt: str
     response_truncated: list[str] = field(default_factory=list)
     prompt_truncated: list[str] = field(default_factory=list)
+    template: str = ""          # the plain template used (response starts: models.per_token)
 
     def digest(self) -> str:
         """sha256 hex of exactly what the model sees: for every kept pair, in order, its id and the
@@ -237,4 +238,5 @@ def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
     return EncodedPairs(pair_ids=ids_out, chosen=chosen, rejected=rejected,
                         excluded={"identical_after_truncation": identical, "response_truncated": dropped_cut},
                         n_truncated=n_trunc, bos_count=bos, max_length=max_length, fmt=fmt,
-                        response_truncated=resp_cut, prompt_truncated=prompt_cut)
+                        response_truncated=resp_cut, prompt_truncated=prompt_cut,
+                        template=template if fmt == "plain" else "")

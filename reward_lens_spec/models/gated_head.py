@@ -40,7 +40,7 @@ def read_gated(module: GatedRewardHead, objectives: tuple[str, ...] | None) -> R
     c = module.gating.bias.detach().double().cpu().numpy().copy()
 
     def gate(h):
-        z = np.asarray(h, np.float64) @ G.T + c
+        z = np.einsum("...d,kd->...k", np.asarray(h, np.float64), G) + c    # the same sums whatever h's shape
         z = np.exp(z - z.max(-1, keepdims=True))
         return z / z.sum(-1, keepdims=True)
     names = tuple(objectives) if objectives else tuple(f"objective_{k}" for k in range(W.shape[0]))

@@ -31,30 +31,54 @@ class ReadoutHead:
     b: np.ndarray
     objectives: tuple[str, ...]
     gate: Callable[[np.ndarray], np.ndarray] | None = None
+    T: np.ndarray | None = None          # context gate: reward transform (objective × objective)
+    context_gate: bool = False           # gate weights come from elsewhere in the sequence (ArmoRM)
 
     @property
     def n_objectives(self) -> int:
         return self.W.shape[0]
 
     @property
-    def n_outputs(self) -> int:
-        return 1 if self.gate is not None else self.W.shape[0]
+    def gated(self) -> bool:
+        return self.gate is not None or self.context_gate
 
-    def directions(self, h: np.ndarray) -> np.ndarray:
+    @property
+    def n_outputs(self) -> int:
+        return 1 if self.gated else self.W.shape[0]
+
+    def _weights(self, h, g):
+        if not self.context_gate:
+            return self.gate(h)
+        if g is None:
+            from ..errors import CaptureError
+            raise CaptureError("this head's gate reads another token of the sequence (ArmoRM); its captured gate "
+                               "weights (CaptureResult.gate) must be passed with h.")
+        return np.asarray(g, np.float64)
+
+    def directions(self, h: np.ndarray, g: np.ndarray | None = None) -> np.ndarray:
         """Effective reward direction(s) at ``h`` (..., d_model): (..., output, d_model).
 
-        Linear: the rows of W. Gated: ``g(h)ᵀW`` — the gate frozen at ``h``.
+        Linear: the rows of W. Gated: ``g(h)ᵀW`` — the gate frozen at ``h``. Context-gated (ArmoRM):
+        ``gᵀ Tᵀ W`` with ``g`` (..., objective) the gate weights captured for each row.
         """
-        if self.gate is None:
+        if not self.gated:
             return np.broadcast_to(self.W, np.shape(h)[:-1] + self.W.shape)
-        return (self.gate(h) @ self.W)[..., None, :]
+        rows = np.asarray(self.W if self.T is None else self.T.T @ self.W, np.float64)
+        # Σ_k g_k · rows_k summed in a fixed order, so the direction does not depend on the batch's shape
+        return (self._weights(h, g)[..., :, None] * rows).sum(-2)[..., None, :]
 
-    def rewards(self, h: np.ndarray) -> np.ndarray:
-        """The model's own outputs at ``h`` (..., d_model) → (..., output), reward units, float32 math."""
+    def rewards(self, h: np.ndarray, g: np.ndarray | None = None) -> np.ndarray:
+        """The model's own outputs at ``h`` (..., d_model) → (..., output), reward units, float32 math.
+
+        ``g``: a context-gated head's gate weights (..., objective); ignored by other heads.
+        """
         h = np.asarray(h, np.float32)
-        if self.gate is None:
+        if not self.gated:
             return h @ self.W.T + self.b
-        return ((self.gate(h) * (h @ self.W.T)).sum(-1, keepdims=True) + self.b).astype(np.float32)
+        r = h @ self.W.T
+        if self.T is not None:
+            r = r @ self.T.astype(np.float32)
+        return ((self._weights(h, g) * r).sum(-1, keepdims=True) + self.b).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -110,6 +134,9 @@ def read_head(model, family: Family, objectives: tuple[str, ...] | None = None) 
     A head module with ``regression`` (Linear d→K) and ``gating`` (d→K logits)
     submodules is read as a gated head (see ``models.gated_head``).
     """
+    if getattr(model, "is_armorm", False):
+        from .armorm import read_armorm_head
+        return read_armorm_head(model, objectives)
     lin = _get(model, family.head)
     if hasattr(lin, "regression") and hasattr(lin, "gating"):
         from .gated_head import read_gated
@@ -129,10 +156,11 @@ def read_head(model, family: Family, objectives: tuple[str, ...] | None = None) 
 def read_final_norm(model, family: Family) -> FinalNorm:
     """Describe the family's final norm module (see ``FinalNorm``)."""
     mod = _get(model, family.final_norm)
-    g = mod.weight.detach().double().cpu().numpy().copy()
+    g = (mod.weight.detach().double().cpu().numpy().copy() if getattr(mod, "weight", None) is not None
+         else np.ones(model.config.hidden_size))          # a norm without a gain (OLMo)
     beta = (mod.bias.detach().double().cpu().numpy().copy() if getattr(mod, "bias", None) is not None
             else np.zeros_like(g))
-    eps = getattr(mod, "eps", None)
+    eps = getattr(mod, "eps", None) if family.norm_eps is None else family.norm_eps
     if eps is None:
         eps = getattr(mod, "variance_epsilon", None)
     if eps is None:

@@ -19,7 +19,9 @@ from pathlib import Path
 import torch
 
 from ..errors import SpecError
-from .families import Family, family_for
+from .discover import family_or_discovered
+from .families import Family
+from .armorm import is_armorm_folder, load_armorm
 from .head import FinalNorm, ReadoutHead, read_final_norm, read_head
 from .tiny import TINY_CONFIGS, build_tiny
 
@@ -131,6 +133,12 @@ def load_model(spec, base_dir: str | None = None) -> LoadedModel:
         if gated:
             from .gated_head import attach_gated_head
             attach_gated_head(model, spec.num_labels, seed=spec.seed)
+    elif kind == "folder" and is_armorm_folder(loc):                 # ArmoRM natively (models.armorm)
+        if str(getattr(spec.head, "value", spec.head)) != "gated":
+            raise SpecError("model.head", f"{loc} is an ArmoRM checkpoint (a gated multi-objective head).",
+                            fix="set model.head=gated.")
+        model, tok = load_armorm(loc, dtype=_DTYPES[dtype], attn_implementation=spec.attn_implementation)
+        tok.padding_side = padding_side
     else:
         gguf = gguf_for(spec, kind, loc)
         kwargs = dict(num_labels=spec.num_labels, trust_remote_code=trust_remote_code(spec), dtype=_DTYPES[dtype])
@@ -165,9 +173,9 @@ def load_model(spec, base_dir: str | None = None) -> LoadedModel:
         tok.padding_side = padding_side
     lm = wrap_model(spec.name, model, tok, dtype=dtype, device=device, objectives=tuple(spec.objectives) or None)
     want_gated = str(getattr(spec.head, "value", spec.head)) == "gated"
-    if want_gated != (lm.head.gate is not None):
+    if want_gated != lm.head.gated:
         raise SpecError("model.head", f"model.head={'gated' if want_gated else 'linear'} but the loaded head is "
-                        f"{'gated' if lm.head.gate is not None else 'linear'}.", fix="set model.head to match the checkpoint.")
+                        f"{'gated' if lm.head.gated else 'linear'}.", fix="set model.head to match the checkpoint.")
     return lm
 
 
@@ -179,7 +187,7 @@ def wrap_model(name: str, model, tokenizer, *, dtype: str = "float32", device: s
         model.config.pad_token_id = (tokenizer.pad_token_id if tokenizer.pad_token_id is not None
                                      else tokenizer.eos_token_id)
     model.to(device=device, dtype=_DTYPES[dtype]).eval()
-    family = family_for(model.config.model_type)
+    family = family_or_discovered(model, tokenizer)
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, family=family,
                        head=read_head(model, family, objectives), norm=read_final_norm(model, family),
                        dtype=dtype, device=device)

@@ -79,10 +79,11 @@ def patch_readout(lm, encoded, cap, targets, pair_indices, *, mode: str = "denoi
                 vals.setdefault((site, layer), []).append((row, torch.as_tensor(v)))   # (pair, width)
             cache, pmask, lengths = pb.take(prow)
             last = torch.tensor([seqs[p][-1] for _, p in members], device=dev)
+            gate = _gate(cap, [p for _, p in members], base_side)       # (pair, 1, objective) or None
             if packed:
-                r = _run_packed(lm, part, vals, cache, pmask, lengths, last, n, dtype, dev, counts)
+                r = _run_packed(lm, part, vals, cache, pmask, lengths, last, n, dtype, dev, counts, gate)
             else:
-                r = _run_rows(lm, vals, cache, pmask, lengths, last, n, dev)
+                r = _run_rows(lm, vals, cache, pmask, lengths, last, n, dev, None if gate is None else gate[0])
             counts["forward_passes"] += 1
             counts["tokens"] += n * len(members)
             for b, (pi, p) in enumerate(members):
@@ -118,7 +119,12 @@ def _groups(lm, cap, encoded, seqs, pair_indices, group, dev, counts):
         yield pb, list(range(len(part))), part
 
 
-def _run_packed(lm, part, vals, cache, pmask, lengths, last, n, dtype, dev, counts):
+def _gate(cap, pairs, side):
+    """Captured gate weights of a context-gated head (ArmoRM) for ``pairs``' ``side``: (pair, 1, objective)."""
+    return None if cap.gate is None else cap.gate[pairs, side][:, None]
+
+
+def _run_packed(lm, part, vals, cache, pmask, lengths, last, n, dtype, dev, counts, gate=None):
     """Copies as one sequence per pair under a 4-D mask, layers below each patch skipped; (pair, copy, output)."""
     B, P = pmask.shape
     skip = CopySkip(lm, np.array([0] + [start_layer(s, l, lm.n_layers) for s, l in part] + [0]), P, B)
@@ -128,7 +134,7 @@ def _run_packed(lm, part, vals, cache, pmask, lengths, last, n, dtype, dev, coun
     try:
         r = _patched_rewards(lm, hooks, input_ids=last[:, None].expand(B, n), attention_mask=_copies_mask(
             pmask, n, dtype), position_ids=torch.as_tensor(lengths - 1, device=dev)[:, None].expand(B, n),
-            cache=cache, use_cache=True, packed=True)
+            cache=cache, use_cache=True, packed=True, gate=gate)
     finally:
         skip.close()
     counts["copy_layers"] += B * int(sum(a.size for a in skip.active))
@@ -136,14 +142,14 @@ def _run_packed(lm, part, vals, cache, pmask, lengths, last, n, dtype, dev, coun
     return r
 
 
-def _run_rows(lm, vals, cache, pmask, lengths, last, n, dev):
+def _run_rows(lm, vals, cache, pmask, lengths, last, n, dev, gate=None):
     """Copies as batch rows over a repeated cache (sliding-window models; one pair): (1, copy, output)."""
     cache.batch_repeat_interleave(n)
     mask = torch.cat([pmask, torch.ones((1, 1), dtype=pmask.dtype, device=dev)], 1).expand(n, -1)
     hooks = [(_module_for(lm, site, layer), _replacer(items)) for (site, layer), items in vals.items()]
     r = _patched_rewards(lm, hooks, input_ids=last[:, None].expand(n, 1), attention_mask=mask,
                          position_ids=torch.full((n, 1), int(lengths[0]) - 1, device=dev), cache=cache,
-                         use_cache=True)
+                         use_cache=True, gate=gate)
     return r[None]
 
 
@@ -282,7 +288,8 @@ def patch_all_positions(lm, encoded, cap, targets, pair_indices, *, mode: str = 
                 by_module.setdefault(key, []).append(row)
             hooks = [(_module_for(lm, s, l), _full_replacer(rows, src_acts[(s, l)])) for (s, l), rows in by_module.items()]
             r = _patched_rewards(lm, hooks, input_ids=torch.tensor([base] * n, device=dev),
-                                 position_ids=torch.arange(T, device=dev)[None].expand(n, T))
+                                 position_ids=torch.arange(T, device=dev)[None].expand(n, T),
+                                 gate=None if cap.gate is None else cap.gate[p, base_side])
             counts["forward_passes"] += 1
             counts["tokens"] += n * T
             _check_unpatched(lm, r[0], _base_reward(lm, cap, p, base_side), encoded.pair_ids[p])
@@ -290,7 +297,7 @@ def patch_all_positions(lm, encoded, cap, targets, pair_indices, *, mode: str = 
     return out, counts
 
 
-def _patched_rewards(lm, hooks, packed: bool = False, **model_kwargs) -> np.ndarray:
+def _patched_rewards(lm, hooks, packed: bool = False, gate=None, **model_kwargs) -> np.ndarray:
     """One forward with ``(module, hook)`` pairs attached; rewards read at each row's last position,
     (copy, output), or (``packed``) at every position of every pair's sequence, (pair, copy, output)."""
     hbuf: dict = {}
@@ -302,14 +309,14 @@ def _patched_rewards(lm, hooks, packed: bool = False, **model_kwargs) -> np.ndar
     finally:
         for h in handles:
             h.remove()
-    return lm.head.rewards(hbuf["h"])
+    return lm.head.rewards(hbuf["h"], gate)          # a context gate frozen at the base side's capture
 
 
 def _base_reward(lm, cap, pair: int, side: int) -> np.ndarray:
     """``W·h + b`` (output,) from the captured ``h``: the same float32 read-off as every patched
     reward, so a no-op patch has effect 0 in any model dtype (the model's own bf16/fp16 head
     output differs from it by its rounding, ~|r|·2⁻⁸ in bf16)."""
-    return lm.head.rewards(cap.h[pair, side])
+    return lm.head.rewards(cap.h[pair, side], None if cap.gate is None else cap.gate[pair, side])
 
 
 def _check_unpatched(lm, got, ref, pair_id) -> None:

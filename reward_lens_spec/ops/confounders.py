@@ -271,7 +271,7 @@ class SwapConsistency(Operator):
                            "rejected": enc.chosen[:n]})
         a, b = capture(ctx.lm, fwd, **kw), capture(ctx.lm, rev, **kw)
         ctx.add_counts(self.name, {"forward_passes": a.counts["forward_passes"] + b.counts["forward_passes"]})
-        ra, rb = ctx.lm.head.rewards(a.h).astype(np.float64), ctx.lm.head.rewards(b.h).astype(np.float64)
+        ra, rb = ctx.lm.head.rewards(a.h, a.gate).astype(np.float64), ctx.lm.head.rewards(b.h, b.gate).astype(np.float64)
         resid = np.full((n_all, ra.shape[-1]), np.nan)
         resid[:n] = (ra[:, 0] - ra[:, 1]) + (rb[:, 0] - rb[:, 1])
         coords = ctx.pair_coords()

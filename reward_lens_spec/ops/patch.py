@@ -91,7 +91,8 @@ class _PatchBase(Operator):
         base_side = 1 if self.p.mode == "denoise" else 0
         # W·h + b of the captured h (the patched rewards' read-off), not the model's own head output,
         # which differs by its rounding in bfloat16/float16
-        rewards = ctx.lm.head.rewards(ctx.capture.h[pidx]).astype(np.float64)        # (pair, side, output)
+        gate = None if ctx.capture.gate is None else ctx.capture.gate[pidx]
+        rewards = ctx.lm.head.rewards(ctx.capture.h[pidx], gate).astype(np.float64)  # (pair, side, output)
         base = rewards[:, base_side][:, None, None, :]
         src = rewards[:, 1 - base_side][:, None, None, :]
         data = patched if self.approximate else patched - base   # attribution returns the estimated effect

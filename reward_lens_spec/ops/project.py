@@ -87,7 +87,7 @@ class Project(Operator):
         return vec, np.zeros(1), [var]
 
     def run(self, ctx, x):
-        if self.p.direction == "head" and ctx.lm.head.gate is not None:
+        if self.p.direction == "head" and ctx.lm.head.gated:
             return self._run_gated(ctx, x)
         W, b, names = self._direction(ctx)
         data = np.einsum("...d,kd->...k", np.asarray(x.values, np.float64), W)
@@ -103,7 +103,7 @@ class Project(Operator):
 
     def _run_gated(self, ctx, x):
         head = ctx.lm.head
-        w = head.directions(ctx.capture.h)[..., 0, :].astype(np.float64)          # pair × side × d_model
+        w = head.directions(ctx.capture.h, ctx.capture.gate)[..., 0, :].astype(np.float64)   # pair × side × d_model
         xt = x.transpose("pair", "side", ..., "d_model")
         data = np.einsum("ps...d,psd->ps...", np.asarray(xt.values, np.float64), w)
         if self.p.bias:

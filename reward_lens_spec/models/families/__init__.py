@@ -41,6 +41,7 @@ class Family:
     norm: str = "rms"              # "rms" | "layer"
     norm_offset: float = 0.0       # Gemma-2 RMSNorm scales by (1 + g)
     norm_eps_attr: str = "rms_norm_eps"
+    norm_eps: float | None = None          # set by structure discovery (models.discover) when found numerically
     o_proj: str = "self_attn.o_proj"       # relative to a layer; its input z is the per-head concat
     o_proj_conv1d: bool = False            # GPT-2's Conv1D stores W as (in, out)
     attn_post_norm: str | None = None      # Gemma-2: RMSNorm between o_proj and the residual
