@@ -8,12 +8,14 @@ none of them stops the good runs from being listed or loaded.
 Catalog columns come from the run attrs the writer was given:
 ``model_fingerprint``, ``model`` (or ``model_name``; a dict's ``name``),
 ``dataset`` (or ``dataset_name``), ``dataset_checksum``, ``spec_hash``,
-``wall_s``; plus the store's own ``run_id``, ``observables``, ``created``.
+``wall_s``; plus the store's own ``run_id``, ``observables``, ``created``, and the derived
+``trust`` and ``trust_verified``.
 ``Store.diff`` compares the ``config_yaml`` (or ``config``) attr.
 
 Trust is never read from a stored label: ``trust`` (in ``runs()``,
 ``provenance``, each loaded variable's ``trust`` attr) is derived on every read
-from the store's evidence chain (``trust.evidence``); ``trust_verified`` is false,
+from the store's evidence chain (``trust.evidence``; variable attrs: sealed runs only);
+``trust_verified`` is false,
 with ``trust_reason``, when the stored label disagrees or a document fails to
 verify. ``document(run_id)`` gives the attrs exactly as stored.
 """
@@ -205,20 +207,18 @@ class Store:
         if observable is not None and observable not in names:
             raise StoreError(f"run {run_id} has no observable {observable!r}."
                              f"{did_you_mean(observable, names)} Valid: {', '.join(names)}.")
-        verdict = self.trust(run_id)
+        # sealed (trust-bearing) runs: each variable's ``trust`` attr is its derived level, not the cache
+        verdict = self.trust(run_id) if self._attrs(run_id).get("content_hash") else None
         out = {o: self._with_trust(self._open(run_id, o, lazy), verdict) for o in names
                if observable in (None, o)}
         return out if observable is None else out[observable]
 
     @staticmethod
-    def _with_trust(ds: xr.Dataset, verdict: dict) -> xr.Dataset:
-        """Each variable's ``trust`` attr set to its derived level (the stored one is a cache)."""
-        if verdict["trust"] is None:
+    def _with_trust(ds: xr.Dataset, verdict: dict | None) -> xr.Dataset:
+        if verdict is None or verdict["trust"] is None:
             return ds
         for v in ds.data_vars:
             ds[v].attrs["trust"] = verdict["trust_by_variable"].get(v, verdict["trust"])
-        ds.attrs["trust"] = verdict["trust"]
-        ds.attrs["trust_verified"] = verdict["trust_verified"]
         return ds
 
     def _open(self, run_id: str, obs: str, lazy: bool) -> xr.Dataset:
