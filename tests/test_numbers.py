@@ -57,3 +57,61 @@ def test_bt_worked_values():
     assert float(bt(d, "loss")) == pytest.approx(math.log(4 / 3), rel=1e-14)
     assert float(bt(d, "grad")) == pytest.approx(-0.25, rel=1e-14)
     assert float(bt(40.0, "grad")) == pytest.approx(-math.exp(-40.0), rel=1e-12)   # σ(Δ) − 1 would give 0
+
+
+# -- frame cosines under a re-parameterisation of the residual basis (x → xA, w → w A^{-T}) ------------
+
+def _cos(u, v):
+    u, v = np.asarray(u, float).ravel(), np.asarray(v, float).ravel()
+    return float(u @ v / np.sqrt((u @ u) * (v @ v)))
+
+
+def _setup(n, d, seed):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d)) @ rng.normal(size=(d, d)) + rng.normal(size=d)    # anisotropic, off-centre
+    A = rng.normal(size=(d, d)) + 0.1 * np.eye(d)                                  # random invertible, not orthogonal
+    assert abs(np.linalg.det(A)) > 1e-3 and not np.allclose(A @ A.T, np.eye(d))
+    w = rng.normal(size=(2, d))
+    return X, A, w, w @ np.linalg.inv(A).T                # w·x = w'·x' row by row
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_whitened_cosines_invariant_under_invertible_basis_change(seed):
+    from reward_lens_spec.frames.fit import fit_whitened
+    X, A, w, w_new = _setup(200, 8, seed)                 # n > d: no shrinkage needed, invariance exact
+    f, g = fit_whitened(X), fit_whitened(X @ A)
+    assert f.provenance["invariance"] == "exact" and g.provenance["models_fit"]["model"]["shrinkage_intensity"] == 0
+    before = _cos(*f.direction_to_frame(w, "model"))
+    after = _cos(*g.direction_to_frame(w_new, "model"))
+    assert after == pytest.approx(before, abs=1e-9)
+    lw = _cos(*fit_whitened(X @ A, shrinkage="ledoit_wolf").direction_to_frame(w_new, "model"))
+    assert abs(lw - _cos(*fit_whitened(X, shrinkage="ledoit_wolf").direction_to_frame(w, "model"))) > 1e-4
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_shared_cosines_invariant_under_invertible_basis_change(seed):
+    from reward_lens_spec.frames.fit import fit_shared
+    Xa, A, wa, wa_new = _setup(300, 6, seed)
+    Xb, B, wb, wb_new = _setup(300, 6, seed + 10)
+    Xb = Xb + Xa @ np.random.default_rng(seed).normal(size=(6, 6))      # related models, same inputs
+    f = fit_shared(Xa, Xb, ("a", "b"))
+    g = fit_shared(Xa @ A, Xb @ B, ("a", "b"))
+    assert f.provenance["invariance"] == g.provenance["invariance"] == "exact"
+    for i in range(2):
+        before = _cos(f.direction_to_frame(wa[i], "a"), f.direction_to_frame(wb[i], "b"))
+        after = _cos(g.direction_to_frame(wa_new[i], "a"), g.direction_to_frame(wb_new[i], "b"))
+        assert after == pytest.approx(before, abs=1e-8)
+
+
+def test_few_activations_shrink_and_say_invariance_is_approximate():
+    from reward_lens_spec.frames.fit import fit_whitened
+    X, A, w, w_new = _setup(6, 10, 3)                     # n < d: the covariance is singular, shrinkage needed
+    f = fit_whitened(X)
+    prov = f.provenance["models_fit"]["model"]
+    assert f.provenance["invariance"] == "approximate" and prov["shrinkage_intensity"] > 0
+    assert prov["invariance"].startswith("approximate: orthogonal basis changes only")
+    Q, _ = np.linalg.qr(np.random.default_rng(4).normal(size=(10, 10)))     # orthogonal: still exact
+    assert _cos(*fit_whitened(X @ Q).direction_to_frame(w @ Q, "model")) == \
+        pytest.approx(_cos(*f.direction_to_frame(w, "model")), abs=1e-9)
+    moved = abs(_cos(*fit_whitened(X @ A).direction_to_frame(w_new, "model")) - _cos(*f.direction_to_frame(w, "model")))
+    assert moved > 1e-3                                   # a general invertible A moves it: hence the label
