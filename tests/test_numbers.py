@@ -115,3 +115,26 @@ def test_few_activations_shrink_and_say_invariance_is_approximate():
         pytest.approx(_cos(*f.direction_to_frame(w, "model")), abs=1e-9)
     moved = abs(_cos(*fit_whitened(X @ A).direction_to_frame(w_new, "model")) - _cos(*f.direction_to_frame(w, "model")))
     assert moved > 1e-3                                   # a general invertible A moves it: hence the label
+
+
+# -- patching a side into itself ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", ["tiny_llama", "tiny_gpt2", "tiny_gemma2"])
+def test_patching_a_side_into_itself_is_exactly_zero(family):
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from conftest import tiny_lm
+
+    from reward_lens_spec.data import Pair
+    from reward_lens_spec.models.organisms import Organism, _pairset
+    from reward_lens_spec.observables import load_observable
+    from reward_lens_spec.trust.scorecard import evaluate
+
+    same = [Pair(id=f"s{i}", prompt=f"Q {i} about things", chosen=f"one answer {i}" + " x" * i,
+                 rejected=f"one answer {i}" + " x" * i) for i in range(3)]
+    other = Pair(id="d", prompt="Q about things", chosen="a good answer", rejected="a bad one")
+    ds = evaluate(load_observable("patch"), Organism("self", 1.0, tiny_lm(family), _pairset("self", same + [other])))
+    eff = ds["patch_effect"]
+    assert np.all(eff.sel(pair=["s0", "s1", "s2"]).values == 0.0)            # exactly, every site
+    assert np.count_nonzero(eff.sel(pair="d").values) == eff.sel(pair="d").size   # a real patch is not zeroed
