@@ -148,7 +148,8 @@ def test_passing_card_calibrates_the_graded_variable_only(store, tmp_path, dla_c
     rid2 = execute_run(store, tmp_path, make_run(limit=3))    # written after the card: cache agrees
     assert open_store(store).document(rid2)["trust_by_variable"]["dla"] == "calibrated"
     flags = dict(zip(*open_store(store).runs()[["run_id", "trust_verified"]].values.T))
-    assert flags == {rid: False, rid2: True, find_cards(store)[0]["run_id"]: True}   # rid's cache predates the card: flagged, shown derived
+    # rid's cache predates the card: flagged, shown derived
+    assert flags == {rid: False, rid2: True, find_cards(store)[0]["run_id"]: True}
     for other in (make_run("tiny_gpt2", limit=3), make_run(layers=[1], limit=3)):   # other family / hash
         assert trust_of(store, execute_run(store, tmp_path, other))["trust_by_variable"]["dla"] == "exploratory"
 

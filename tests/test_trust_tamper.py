@@ -159,7 +159,8 @@ def test_edited_run_label_is_caught_on_read(store, tmp_path, dla_card, capsys):
     assert st.load(rid, "dla")["dla"].attrs["trust"] == "calibrated"
     assert store_main(["ls", f"url={store}"]) == 0 and store_main(["show", f"url={store}", f"run={rid}"]) == 0
     out = capsys.readouterr().out
-    assert "trust_verified: false" in out and "trust_stored: registered" in out and "1 run(s) with trust_verified=False" in out
+    assert "trust_verified: false" in out and "trust_stored: registered" in out
+    assert "1 run(s) with trust_verified=False" in out
     assert list(st.runs(trust_verified="false")["run_id"]) == [rid]
     assert snapshot(store) == before                      # reading changed nothing
 

@@ -40,9 +40,10 @@ def derive_pending(run_id: str, attrs: dict, store_url: str, *, storage_options=
 def seal_run(run_id: str, attrs: dict, result, ctx, run, store_url: str, *, storage_options=None) -> dict:
     """``attrs`` of a computed result, completed for the evidence chain, sealed, with the trust cache.
 
-    Adds ``observable_spec_hash``, the hash of the study it executed (frozen or not) and the run's ``identities`` (checked against the
-    model's own head output), seals, then caches the derived level as ``trust`` and
-    ``trust_by_variable`` — also as each output variable's ``trust`` attr in ``result``.
+    Adds ``observable_spec_hash``, the hash of the study it executed (frozen or not) and the
+    run's ``identities`` (checked against the model's own head output), seals, then caches the
+    derived level as ``trust`` and ``trust_by_variable`` — also as each output variable's
+    ``trust`` attr in ``result``.
     """
     from .identities import check_identities
     from .scorecard import observable_hash

@@ -28,7 +28,8 @@ def _overrides(design: dict) -> list[str]:
             if k == "name" and v in group_options(group):
                 out.insert(0, f"{group}={v}")
             else:
-                out.append(f"{group}.{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}")
+                value = yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("...").strip()
+                out.append(f"{group}.{k}={value}")
     return out
 
 
