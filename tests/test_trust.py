@@ -339,3 +339,22 @@ def test_calibrate_cli(tmp_path, capsys):
     assert find_cards(url)[0]["passed"] is True
     assert calibrate_main(["observable=nope", f"store.url={url}"]) == 2
     assert calibrate_main(["observabel=dla"]) == 2
+
+
+def test_amending_the_design_keeps_earlier_versions_and_adjudications(store, tmp_path, dla_card):
+    write_card(dla_card, store)
+    studies.freeze(STUDY, store)
+    execute_run(store, tmp_path, make_run(experiment=STUDY))
+    first = studies.adjudicate("t_study", store)
+    moved = copy.deepcopy(STUDY)                     # a new design (other data): no matching run exists yet
+    moved["design"]["dataset"]["limit"] = 3
+    v2 = studies.freeze(moved, store, amend=True)
+    v1 = studies.frozen_studies(store, "t_study")[0]
+    assert v2["version_index"] == 2 and v2["pins"]["dataset_checksum"] != v1["pins"]["dataset_checksum"]
+    execute_run(store, tmp_path, make_run(experiment=moved, limit=3))
+    second = studies.adjudicate("t_study", store)
+    assert second["run_id"] != first["run_id"] and second["study_hash"] == studies.study_hash(moved)
+    st = open_store(store)
+    assert st.trust(first["run_id"])["trust"] == st.trust(second["run_id"])["trust"] == "adjudicated"
+    assert st.document(first["run_id"])["outcome"] == first["outcome"]           # never overwritten
+    assert [v["version_index"] for v in studies.frozen_studies(store, "t_study")] == [1, 2]
