@@ -26,6 +26,9 @@ def precheck_overrides(args: list[str]) -> None:
         key, _, value = arg.lstrip("+~").partition("=")
         if key.startswith("hydra"):
             continue
+        if "trust" in key.split("."):
+            raise SpecError(key, "trust is computed by gates from what the run has, never set in config.",
+                            fix="remove the override; see `reward-lens-spec calibrate` and `freeze` for how trust rises.")
         head, _, rest = key.partition(".")
         if head in GROUPS and not rest:
             opts = group_options(head)

@@ -71,7 +71,7 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     from .models.fingerprint import model_fingerprint
     from .models.loading import load_model
     from .store import is_complete, write_run
-    from .trust.gates import compute_trust
+    from .trust.gates import seal_run
     from .trust.studies import check_run
 
     t0 = time.perf_counter()
@@ -121,12 +121,13 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
         "excluded": acc["excluded"], "observable": run.observable.name,
         "observable_version": run.observable.version, "versions": versions(), "git_sha": git_sha(),
         "seed": run.seed, "device": lm.device, "dtype": lm.dtype, "wall_s": round(wall, 3),
-        "counts": ctx.counts, "trust": compute_trust(run, store_url, model_family=lm.family.name),
+        "counts": ctx.counts,
         "study_hash": study["study_hash"] if study else None,
         "gauge": {v: str(result[v].attrs.get("gauge", "")) for v in result.data_vars},
         "frame": {"requested": run.frame.name.value, "id": frame.id if frame is not None else None,
                   "expressed_outputs": [v for v in result.data_vars
                                         if frame is not None and result[v].attrs.get("gauge") == frame.gauge]},
     }
+    attrs = seal_run(run_id, attrs, result, ctx, run, store_url, storage_options=so)   # identities, seal, trust
     write_run(store_url, run_id, {run.observable.name: result}, attrs, storage_options=so, force=run.store.force)
     return Outcome(run_id, store_url, False, result, plan)

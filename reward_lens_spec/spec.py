@@ -141,7 +141,7 @@ class FrameSpec:
 
     name: FrameKind = FrameKind.native
     reference_limit: int = 256
-    shrinkage: str = "ledoit_wolf"
+    shrinkage: str = "auto"
     reference: Optional[str] = None
     partner: Optional[str] = None
     id: Optional[str] = None

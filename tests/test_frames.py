@@ -45,8 +45,8 @@ def _dense_ledoit_wolf(X):
 def test_ledoit_wolf_spectral_form_matches_dense_formula(n, d):
     X = np.random.default_rng(n).standard_normal((n, d)) * np.linspace(0.1, 3, d) + 2.0
     rho, sigma, S = _dense_ledoit_wolf(X)
-    f = fit_whitened(X, "m")
-    assert shrunk_spectrum(X).rho == pytest.approx(rho, abs=1e-12)
+    f = fit_whitened(X, "m", shrinkage="ledoit_wolf")
+    assert shrunk_spectrum(X, "ledoit_wolf").rho == pytest.approx(rho, abs=1e-12)
     np.testing.assert_allclose(f.covariance("m"), sigma, atol=1e-12)
     w, V = np.linalg.eigh(sigma)
     inv_sqrt = V @ np.diag(w ** -0.5) @ V.T

@@ -189,7 +189,8 @@ def test_runs_filters_and_load(url):
             "spec_hash", "trust", "created", "wall_s"} <= set(df.columns)
     assert set(store.runs(model_fingerprint="fp0").run_id) == {"r0", "r2"}
     assert set(store.runs(observable="lens").run_id) == {"r0", "r1", "r2"}
-    assert list(store.runs(trust="calibrated").run_id) == ["r2"]
+    assert store.runs(trust="calibrated").empty          # a hand-written label is not evidence (trust.evidence)
+    assert list(store.runs(trust_verified=False).run_id) == ["r2"]
     assert list(store.runs(dataset="hh").run_id) == ["only_score"]
     assert store.runs(dataset="nope").empty
     with pytest.raises(StoreError, match="Did you mean 'dataset'"):

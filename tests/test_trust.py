@@ -15,29 +15,42 @@ from reward_lens_spec.errors import SpecError
 from reward_lens_spec.models.organisms import (STRENGTHS, organism_family, planted_organism,
                                                trained_organisms)
 from reward_lens_spec.observables import load_observable
-from reward_lens_spec.spec import ModelSpec, ObservableSpec, RunConfig, StoreSpec, validate
-from reward_lens_spec.store import open_store, write_run
+from reward_lens_spec.spec import ObservableSpec, validate
+from reward_lens_spec.store import open_store
 from reward_lens_spec.trust import studies
 from reward_lens_spec.trust.cli import adjudicate_main, calibrate_main, freeze_main
-from reward_lens_spec.trust.gates import compute_trust, trust_report
 from reward_lens_spec.trust.scorecard import (Scorecard, evaluate, find_cards, grade, observable_hash,
                                               write_card)
 
-import xarray as xr
-
 STUDY = {"name": "t_study", "version": 1,
-         "design": {"observable": {"name": "dla"}, "model": {"name": "tiny_llama"}},
+         "design": {"observable": {"name": "dla"}, "model": {"name": "tiny_llama"},
+                    "dataset": {"name": "diagnostic", "limit": 4}},
          "hypotheses": [{"id": "H1", "statement": "mlp_L1 pushes towards chosen.", "predictions": [
              {"id": "P1", "metric": {"variable": "dla", "select": {"unit": "mlp_L1"}, "reduce": "mean"},
               "comparator": ">", "threshold": 0.0}]}]}
 
 
-def make_run(model="tiny_llama", observable="dla", experiment=None, **obs_kw):
-    obs = load_observable(observable)
+def make_run(model="tiny_llama", observable="dla", experiment=None, limit=4, **obs_kw):
+    """A validated RunConfig (composed like the app) with an in-memory observable or study if given."""
+    from reward_lens_spec.fit.cli import compose_run
+    name = observable if isinstance(observable, str) else "dla"
+    run, _ = compose_run([f"model={model}", f"observable={name}", f"dataset.limit={limit}"])
+    if not isinstance(observable, str):
+        run.observable = observable
     for k, v in obs_kw.items():
-        setattr(obs, k, v)
-    return RunConfig(model=ModelSpec(name=model, source=f"builtin:{model}"), observable=obs,
-                     store=StoreSpec(), experiment=copy.deepcopy(experiment))
+        setattr(run.observable, k, v)
+    run.experiment = copy.deepcopy(experiment)
+    return run
+
+
+def execute_run(url, tmp_path, run):
+    from reward_lens_spec.run import execute
+    return execute(run, resolved_yaml=OmegaConf.to_yaml(OmegaConf.structured(run)), base_dir=str(tmp_path),
+                   store_url=url, progress=False).run_id
+
+
+def trust_of(url, run_id):
+    return open_store(url).trust(run_id)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -110,46 +123,59 @@ def test_unit_criteria_need_a_planted_unit():
         grade(custom)
 
 
-# -- calibration gate ----------------------------------------------------------------------------
+# -- calibration gate (derived on read) -------------------------------------------------------------
 
-def test_non_monotone_card_fails(planted):
-    shuffled = [copy.copy(o) for o in planted]
-    for o, s in zip(shuffled, reversed(STRENGTHS)):      # strength labels reversed: readings fall
-        o.strength = s
-    card = grade("dla", organisms=sorted(shuffled, key=lambda o: o.strength))
-    assert card.spearman["dla_share"] == pytest.approx(-1.0) and not card.passed
-
-
-def test_passing_card_upgrades_to_calibrated(store, dla_card):
-    run = make_run()
-    assert compute_trust(run, store) == "exploratory"              # no store yet
-    rid = write_card(dla_card, store)
-    (attrs,) = find_cards(store)
-    assert attrs["run_id"] == rid and attrs["passed"] is True and attrs["readings"] == dla_card.readings
-    assert attrs["observable_spec_hash"] == observable_hash(run.observable) and attrs["model_family"] == "llama"
-    assert compute_trust(run, store) == "calibrated"
-    assert compute_trust(make_run("tiny_mistral"), store) == "exploratory"   # another family
-    assert compute_trust(make_run("tiny_gpt2"), store) == "exploratory"
-    assert compute_trust(make_run(observable="score"), store) == "exploratory"  # another observable
-    assert compute_trust(make_run(layers=[1]), store) == "exploratory"       # another spec hash
-    assert open_store(store).load(rid, "scorecard", lazy=False)["reading"].shape == (1, 5)
+def test_card_grades_magnitude_and_records_scope(dla_card):
+    m = dla_card.magnitude["dla_share"]
+    assert m["truth"] > 1.0 and abs(m["reading"] - m["truth"]) <= 0.05 * m["truth"], m
+    assert dla_card.graded == ["dla"] and dla_card.ungraded == ["dla_heads"]
+    assert dla_card.scope == {"family": "llama", "organism": "planted", "base": "tiny_llama",
+                              "strengths": list(STRENGTHS), "n_pairs": 6}
+    assert len(dla_card.identities) == 5 and all(r[0]["max_abs_err"] < 1e-4 * r[0]["scale"]
+                                                 for r in dla_card.identities)
 
 
-def test_failing_or_mismatched_card_never_upgrades(store, dla_card):
-    run = make_run()
-    write_card(fake_card(dla_card, passed=False), store)
-    assert compute_trust(run, store) == "exploratory"
-    write_card(fake_card(dla_card, model_family="gpt2"), store)            # passing, other family
-    write_card(fake_card(dla_card, spec_hash="0" * 64), store)             # passing, other hash
-    rep = trust_report(run, store)
-    assert rep["level"] == "exploratory" and "failing" in rep["calibrated"]["reason"]
-
-
-def test_failing_card_vetoes_a_passing_one(store, dla_card):
+def test_passing_card_calibrates_the_graded_variable_only(store, tmp_path, dla_card):
+    rid = execute_run(store, tmp_path, make_run())
+    assert trust_of(store, rid)["trust_by_variable"] == {"dla": "exploratory", "dla_heads": "exploratory"}
     write_card(dla_card, store)
-    assert compute_trust(make_run(), store) == "calibrated"
-    write_card(fake_card(dla_card, organism="planted_other", passed=False), store)
-    assert compute_trust(make_run(), store) == "exploratory"
+    t = trust_of(store, rid)                                  # derived now: the card came later
+    assert t["trust_by_variable"] == {"dla": "calibrated", "dla_heads": "exploratory"}
+    assert t["trust"] == "exploratory" and "not graded by any card: ['dla_heads']" in t["trust_reason"]
+    assert t["trust_scope"][0]["family"] == "llama" and t["trust_scope"][0]["organism"] == "planted"
+    ds = open_store(store).load(rid, "dla")
+    assert ds["dla"].attrs["trust"] == "calibrated" and ds["dla_heads"].attrs["trust"] == "exploratory"
+    rid2 = execute_run(store, tmp_path, make_run(limit=3))    # written after the card: cache agrees
+    assert open_store(store).document(rid2)["trust_by_variable"]["dla"] == "calibrated"
+    flags = dict(zip(*open_store(store).runs()[["run_id", "trust_verified"]].values.T))
+    # rid's cache predates the card: flagged, shown derived
+    assert flags == {rid: False, rid2: True, find_cards(store)[0]["run_id"]: True}
+    for other in (make_run("tiny_gpt2", limit=3), make_run(layers=[1], limit=3)):   # other family / hash
+        assert trust_of(store, execute_run(store, tmp_path, other))["trust_by_variable"]["dla"] == "exploratory"
+
+
+def test_later_failing_card_downgrades_earlier_runs(store, tmp_path, dla_card):
+    write_card(dla_card, store)
+    rid = execute_run(store, tmp_path, make_run())
+    assert trust_of(store, rid)["trust_by_variable"]["dla"] == "calibrated"
+    bad = copy.deepcopy(dla_card)
+    bad.organism, bad.passed = "planted_other", False
+    bad.readings = {"dla_share": [0.0] * 5}
+    bad.spearman = {"dla_share": None}
+    write_card(bad, store)
+    t = trust_of(store, rid)
+    assert t["trust_by_variable"]["dla"] == "exploratory" and "fails" in t["trust_reason"]
+    assert t["trust_verified"] is False            # its cached label said calibrated
+    assert open_store(store).provenance(rid)["trust_stored"] == "exploratory"
+
+
+def test_failing_card_never_upgrades(store, tmp_path, dla_card):
+    card = copy.deepcopy(dla_card)
+    card.spearman = {"dla_share": 0.5}
+    card.passed = False
+    write_card(card, store)
+    rid = execute_run(store, tmp_path, make_run())
+    assert trust_of(store, rid)["trust_by_variable"]["dla"] == "exploratory"
 
 
 def test_trust_key_in_config_is_refused():
@@ -159,44 +185,85 @@ def test_trust_key_in_config_is_refused():
             validate(OmegaConf.create(cfg))
 
 
-# -- registration gate ---------------------------------------------------------------------------
+def test_trust_override_gets_the_one_line_error(tmp_path):
+    import os
+    import subprocess
+    import sys
+    for arg in ("+experiment.trust=1", "+trust=registered", "+observable.trust=1"):
+        out = subprocess.run([sys.executable, "-m", "reward_lens_spec", arg], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()})
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+        assert out.stderr.strip().count("\n") == 0 and "trust is computed by gates" in out.stderr
 
-def test_unfrozen_study_is_not_registered_frozen_is(store, dla_card):
+
+# -- registration ----------------------------------------------------------------------------------
+
+def test_unfrozen_study_is_not_registered_frozen_is(store, tmp_path, dla_card):
     write_card(dla_card, store)
-    run = make_run(experiment=STUDY)
-    assert compute_trust(run, store) == "calibrated"
-    assert "not frozen" in trust_report(run, store)["registered"]["reason"]
+    rid = execute_run(store, tmp_path, make_run(experiment=STUDY))
+    t = trust_of(store, rid)
+    assert t["trust_by_variable"]["dla"] == "calibrated" and "not frozen" in t["trust_reason"]
+    with pytest.raises(SpecError, match="would not be a preregistration"):     # results exist already
+        studies.freeze(STUDY, store)
+
+
+def test_frozen_study_registers_matching_runs(store, tmp_path, dla_card):
+    write_card(dla_card, store)
     rec = studies.freeze(STUDY, store)
     assert not rec["reused"] and rec["study_hash"] == studies.study_hash(STUDY)
-    assert compute_trust(run, store) == "registered"
-    assert compute_trust(make_run(), store) == "calibrated"          # no study: not registered
+    assert set(rec["pins"]) == {"observable_spec_hash", "model_fingerprint", "dataset_checksum"}
+    assert rec["pins"]["observable_spec_hash"] == observable_hash(load_observable("dla"))
+    rid = execute_run(store, tmp_path, make_run(experiment=STUDY))
+    assert trust_of(store, rid)["trust_by_variable"]["dla"] == "registered"
     assert studies.freeze(STUDY, store)["reused"]                    # idempotent, first freeze kept
+    with pytest.raises(SpecError, match="preregistered with dataset.limit=4"):
+        execute_run(store, tmp_path, make_run(experiment=STUDY, limit=3))
 
 
-def test_registered_needs_calibration(store):
+def test_hole_a_same_name_other_instrument_is_refused(store, tmp_path, dla_card):
     studies.freeze(STUDY, store)
-    assert compute_trust(make_run(experiment=STUDY), store) == "exploratory"
-    assert trust_report(make_run(experiment=STUDY), store)["registered"]["ok"]
+    other = load_observable("dla")
+    other.layers = [0, 1]                                   # same name "dla", different content hash
+    with pytest.raises(SpecError, match="different instrument under the same name"):
+        execute_run(store, tmp_path, make_run(observable=other, experiment=STUDY))
 
 
-def test_modified_study_is_refused(store, dla_card):
+def test_hole_c_and_d_no_refreezing_after_results(store, tmp_path, dla_card):
+    write_card(dla_card, store)
+    studies.freeze(STUDY, store)
+    execute_run(store, tmp_path, make_run(experiment=STUDY))
+    first = studies.adjudicate("t_study", store)
+    moved = copy.deepcopy(STUDY)                                        # move the threshold after seeing it
+    moved["hypotheses"][0]["predictions"][0]["threshold"] = -100.0
+    with pytest.raises(SpecError, match="edited after it was frozen"):
+        execute_run(store, tmp_path, make_run(experiment=moved))
+    with pytest.raises(SpecError, match="already frozen with different content"):
+        studies.freeze(moved, store)
+    with pytest.raises(SpecError, match="amending study 't_study' now would not be a preregistration"):
+        studies.freeze(moved, store, amend=True)                        # (d): amending after the outcome
+    renamed = {**moved, "name": "t_study_again"}
+    with pytest.raises(SpecError, match="would not be a preregistration"):
+        studies.freeze(renamed, store)                                  # (c): a fresh name, same design
+    assert len(studies.frozen_studies(store, "t_study")) == 1
+    again = studies.adjudicate("t_study", store)
+    assert again["reused"] and again["run_id"] == first["run_id"] and again["outcome"] == first["outcome"]
+
+
+def test_modified_study_is_refused(store, tmp_path, dla_card):
     write_card(dla_card, store)
     studies.freeze(STUDY, store)
     edited = copy.deepcopy(STUDY)
     edited["hypotheses"][0]["predictions"][0]["threshold"] = -1.0
     with pytest.raises(SpecError, match="edited after it was frozen"):
-        compute_trust(make_run(experiment=edited), store)
+        studies.check_run(make_run(experiment=edited), store)
     with pytest.raises(SpecError, match="already frozen with different content"):
         studies.freeze(edited, store)
-    studies.freeze(edited, store, amend=True)                          # a dated amendment
-    assert compute_trust(make_run(experiment=edited), store) == "registered"
-    assert len(studies.frozen_studies(store, "t_study")) == 2
-
-
-def test_design_mismatch_is_refused(store):
-    studies.freeze(STUDY, store)
-    with pytest.raises(SpecError, match="preregistered with observable.name='dla'"):
-        compute_trust(make_run(observable="score", experiment=STUDY), store)
+    amended = studies.freeze(edited, store, amend=True)              # before any result: a new version
+    assert amended["version_index"] == 2 and amended["amends"] == [studies.study_hash(STUDY)]
+    rid = execute_run(store, tmp_path, make_run(experiment=edited))
+    assert trust_of(store, rid)["trust_by_variable"]["dla"] == "registered"
+    versions = studies.frozen_studies(store, "t_study")
+    assert [v["study_hash"] for v in versions] == [studies.study_hash(STUDY), studies.study_hash(edited)]
 
 
 def test_bad_study_schema():
@@ -206,37 +273,27 @@ def test_bad_study_schema():
         studies.validate_study(bad)
 
 
-# -- adjudication --------------------------------------------------------------------------------
+# -- adjudication ----------------------------------------------------------------------------------
 
-def _fake_result(store, run_id, study, trust, mlp_l1):
-    """A stored dla result whose config executed ``study`` (what execute writes, minus the model)."""
-    vals = np.zeros((3, 2, 2))
-    vals[:, 1, 1] = mlp_l1
-    unit = np.array([["attn_L0", "mlp_L0"], ["attn_L1", "mlp_L1"]])
-    ds = xr.Dataset({"dla": (("pair", "layer", "component"), vals)},
-                    coords={"pair": ["a", "b", "c"], "layer": [0, 1], "component": ["attn", "mlp"],
-                            "unit": (("layer", "component"), unit)})
-    cfg = OmegaConf.to_yaml(OmegaConf.create({"observable": {"name": "dla"}, "experiment": study}))
-    write_run(store, run_id, {"dla": ds}, {"config_yaml": cfg, "trust": trust, "observable": "dla"})
-
-
-def test_adjudication_uses_the_frozen_copy(store):
+def test_adjudication_uses_the_frozen_copy_and_derived_trust(store, tmp_path, dla_card):
+    write_card(dla_card, store)
     studies.freeze(STUDY, store)
-    _fake_result(store, "dla-run1", STUDY, "registered", 0.5)
-    edited = copy.deepcopy(STUDY)                               # the "file" now says threshold 1.0
-    edited["hypotheses"][0]["predictions"][0]["threshold"] = 1.0
+    rid = execute_run(store, tmp_path, make_run(experiment=STUDY))
+    edited = copy.deepcopy(STUDY)                               # the "file" now says threshold 1e9
+    edited["hypotheses"][0]["predictions"][0]["threshold"] = 1e9
     rec = studies.adjudicate(edited, store)
-    assert rec["outcome"] == {"P1": "confirmed"} and rec["predictions"][0]["threshold"] == 0.0
-    assert rec["trust"] == "adjudicated" and rec["runs"] == ["dla-run1"]
-    stored = open_store(store).provenance(rec["run_id"])
-    assert stored["outcome"] == {"P1": "confirmed"} and stored["trust"] == "adjudicated"
+    assert rec["predictions"][0]["threshold"] == 0.0 and rec["runs"] == [rid]
+    mean = float(open_store(store).load(rid, "dla")["dla"].sel(layer=1, component="mlp").mean())
+    assert rec["outcome"] == {"P1": "confirmed" if mean > 0 else "refuted"}
+    assert rec["trust"] == "adjudicated" and rec["run_trust"] == {rid: "registered"}
+    assert open_store(store).trust(rec["run_id"])["trust"] == "adjudicated"
 
 
-def test_adjudication_refutes_and_keeps_lower_trust(store):
-    studies.freeze(STUDY, store)
-    _fake_result(store, "dla-run2", STUDY, "exploratory", -0.5)
+def test_adjudication_of_unregistered_runs_is_not_adjudicated(store, tmp_path):
+    studies.freeze(STUDY, store)                       # no card: the runs stay exploratory
+    execute_run(store, tmp_path, make_run(experiment=STUDY))
     rec = studies.adjudicate("t_study", store)
-    assert rec["outcome"] == {"P1": "refuted"} and rec["trust"] == "exploratory"
+    assert rec["trust"] == "exploratory" and open_store(store).trust(rec["run_id"])["trust"] == "exploratory"
 
 
 def test_adjudication_needs_a_frozen_study_and_runs(store):
@@ -247,31 +304,27 @@ def test_adjudication_needs_a_frozen_study_and_runs(store):
         studies.adjudicate("t_study", store)
 
 
-def test_freeze_refuses_after_data_exists(store):
-    _fake_result(store, "dla-early", STUDY, "exploratory", 0.5)
-    with pytest.raises(SpecError, match="would not be a preregistration"):
-        studies.freeze(STUDY, store)
-
-
 # -- end to end, through execute and the CLI functions ---------------------------------------------
 
-def test_end_to_end_example_study(tmp_path, dla_card, capsys):
+def test_end_to_end_example_study(tmp_path, dla_card, capsys, monkeypatch):
     from hydra import compose, initialize_config_dir
 
     from reward_lens_spec.paths import conf_dir
     from reward_lens_spec.run import execute
     from reward_lens_spec.spec import register_configs
 
+    monkeypatch.chdir(tmp_path)
     url = str(tmp_path / "s.zarr")
     write_card(dla_card, url)
     assert freeze_main(["experiment=example_dla_mlp", f"store.url={url}"]) == 0
     register_configs()
     with initialize_config_dir(str(conf_dir()), version_base="1.3"):
-        cfg = compose("config", overrides=["experiment=example_dla_mlp", "dataset.limit=16"])
+        cfg = compose("config", overrides=["experiment=example_dla_mlp"])
     run = validate(cfg)
     out = execute(run, resolved_yaml=OmegaConf.to_yaml(cfg), base_dir=str(tmp_path), store_url=url,
                   progress=False)
-    assert open_store(url).provenance(out.run_id)["trust"] == "registered"
+    prov = open_store(url).provenance(out.run_id)
+    assert prov["trust_by_variable"] == {"dla": "registered", "dla_heads": "exploratory"} and prov["trust_verified"]
     assert adjudicate_main(["experiment=example_dla_mlp", f"store.url={url}"]) == 0
     text = capsys.readouterr().out
     assert "P1:" in text and "P2:" in text and "trust: adjudicated" in text
@@ -282,7 +335,26 @@ def test_calibrate_cli(tmp_path, capsys):
     url = str(tmp_path / "c.zarr")
     assert calibrate_main(["observable=score", "n_pairs=3", f"store.url={url}"]) == 0
     text = capsys.readouterr().out
-    assert "score" in text and "PASS" in text and "s=0.25" in text
+    assert "score" in text and "PASS" in text and "s=0.25" in text and "magnitude" in text
     assert find_cards(url)[0]["passed"] is True
     assert calibrate_main(["observable=nope", f"store.url={url}"]) == 2
     assert calibrate_main(["observabel=dla"]) == 2
+
+
+def test_amending_the_design_keeps_earlier_versions_and_adjudications(store, tmp_path, dla_card):
+    write_card(dla_card, store)
+    studies.freeze(STUDY, store)
+    execute_run(store, tmp_path, make_run(experiment=STUDY))
+    first = studies.adjudicate("t_study", store)
+    moved = copy.deepcopy(STUDY)                     # a new design (other data): no matching run exists yet
+    moved["design"]["dataset"]["limit"] = 3
+    v2 = studies.freeze(moved, store, amend=True)
+    v1 = studies.frozen_studies(store, "t_study")[0]
+    assert v2["version_index"] == 2 and v2["pins"]["dataset_checksum"] != v1["pins"]["dataset_checksum"]
+    execute_run(store, tmp_path, make_run(experiment=moved, limit=3))
+    second = studies.adjudicate("t_study", store)
+    assert second["run_id"] != first["run_id"] and second["study_hash"] == studies.study_hash(moved)
+    st = open_store(store)
+    assert st.trust(first["run_id"])["trust"] == st.trust(second["run_id"])["trust"] == "adjudicated"
+    assert st.document(first["run_id"])["outcome"] == first["outcome"]           # never overwritten
+    assert [v["version_index"] for v in studies.frozen_studies(store, "t_study")] == [1, 2]

@@ -9,6 +9,12 @@ as ``Spectrum(mean (d,), basis (d × r, orthonormal columns), eigval (r,), iso, 
 Σ̂ on the complement of the data span. Units: activation² (whatever the activations are).
 
 Shrinkage intensity ρ:
+  auto         (default) ρ = 0 when n > d and S is well conditioned (smallest eigenvalue
+               > ``AUTO_MIN_EIG`` × largest), else Ledoit–Wolf. With ρ = 0, Σ̂ = S transforms as
+               Aᵀ S A under any invertible re-parameterisation x → xA of the residual basis, so
+               whitened and shared-frame cosines are exactly invariant under GL(d); shrinkage towards
+               μI is only orthogonally equivariant, so where an inverse forces it (n ≤ d or a
+               near-singular S) the invariance is approximate (``Spectrum.exact_invariance``).
   ledoit_wolf  Ledoit & Wolf (2004), "A well-conditioned estimator for large-dimensional
                covariance matrices", J. Multivariate Anal. 88(2):365–411, Lemma 3.2–3.4 /
                Theorem 3.2: ρ = min(b̄², δ²) / δ² with δ² = ‖S − μI‖², b̄² = n⁻² Σ_k ‖x_k x_kᵀ − S‖²
@@ -37,7 +43,8 @@ import scipy.linalg
 
 from ..errors import SpecError
 
-SHRINKAGE = ("ledoit_wolf", "oas", "none")
+SHRINKAGE = ("auto", "ledoit_wolf", "oas", "none")
+AUTO_MIN_EIG = 1e-8
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,11 @@ class Spectrum:
     n: int
     d: int
     timing: dict = field(default_factory=dict)   # seconds per stage: gram, eigh, basis
+
+    @property
+    def exact_invariance(self) -> bool:
+        """True when Σ̂ = S of full rank: frame cosines invariant under every invertible basis change."""
+        return self.rho == 0.0 and self.basis.shape[1] == self.d
 
 
 def check_shrinkage(value, where: str = "frame.shrinkage") -> str | float:
@@ -84,7 +96,7 @@ def _intensity(method, tr_s: float, fro2_s: float, sum_norm4: float, n: int, d: 
     return 1.0 if den <= 0 else float(min(num / den, 1.0))
 
 
-def shrunk_spectrum(acts, shrinkage="ledoit_wolf", where: str = "frame") -> Spectrum:
+def shrunk_spectrum(acts, shrinkage="auto", where: str = "frame") -> Spectrum:
     """Fit Σ̂ to ``acts`` (n × d, any float dtype; computed in float64); see the module doc."""
     method = check_shrinkage(shrinkage, f"{where}.shrinkage")
     X = np.asarray(acts, dtype=np.float64)
@@ -103,11 +115,13 @@ def shrunk_spectrum(acts, shrinkage="ledoit_wolf", where: str = "frame") -> Spec
         M = Xc.T @ Xc
     tr_s = float(norms2.sum()) / n
     fro2_s = float(np.einsum("ij,ij->", M, M)) / (n * n)
-    rho = _intensity(method, tr_s, fro2_s, float((norms2 ** 2).sum()), n, d)
+    rho = _intensity("ledoit_wolf" if method == "auto" else method, tr_s, fro2_s, float((norms2 ** 2).sum()), n, d)
     mu = tr_s / d
     t1 = time.perf_counter()
     g, vecs = scipy.linalg.eigh(M, overwrite_a=True, check_finite=False, driver="evd")   # divide and conquer
     g, vecs = g[::-1], vecs[:, ::-1]
+    if method == "auto" and n > d and g[-1] > AUTO_MIN_EIG * max(float(g[0]), 1e-300):
+        rho = 0.0                                   # S invertible: no shrinkage, exact GL(d) invariance
     t2 = time.perf_counter()
     if n <= d:
         keep = g > max(float(g[0]), 0.0) * max(n, d) * np.finfo(np.float64).eps

@@ -44,6 +44,7 @@ def express(ds: xr.Dataset, frame: Frame | None, model: str) -> xr.Dataset:
                             "'affine' attr (point or vector), so its centring in the frame is unknown.",
                             fix="output it from capture (points), diff (vectors) or direction, or use frame=native.")
         out[name] = mapped.astype(arr.dtype).transpose(*arr.dims)
+        out[name].attrs["invariance"] = frame.provenance.get("invariance", "approximate")  # frames.covariance
     return xr.Dataset(out, attrs=ds.attrs)
 
 

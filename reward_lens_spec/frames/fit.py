@@ -182,10 +182,17 @@ def _checksum(acts: np.ndarray) -> str:
 def _fit_provenance(spec, acts, shrinkage) -> dict:
     return {"n": spec.n, "d": spec.d, "rank": int(spec.basis.shape[1]), "shrinkage": str(shrinkage),
             "shrinkage_intensity": spec.rho, "trace_over_d": spec.mu, "activations_sha256": _checksum(acts),
-            "timing": spec.timing}
+            "invariance": _invariance(spec), "timing": spec.timing}
 
 
-def fit_whitened(acts, model: str = "model", *, shrinkage="ledoit_wolf", provenance: dict | None = None) -> Frame:
+def _invariance(spec) -> str:
+    if spec.exact_invariance:
+        return "exact: any invertible basis change (no shrinkage, full-rank covariance)"
+    return (f"approximate: orthogonal basis changes only (shrinkage intensity {spec.rho:.3g}; "
+            f"n={spec.n}, d={spec.d}: an inverse needs it)")
+
+
+def fit_whitened(acts, model: str = "model", *, shrinkage="auto", provenance: dict | None = None) -> Frame:
     """Whitened frame of one model from reference activations ``acts`` (n × d); see the module doc.
 
     Raises ``SpecError`` (bad shape, NaN/inf, unknown shrinkage, singular covariance).
@@ -193,12 +200,13 @@ def fit_whitened(acts, model: str = "model", *, shrinkage="ledoit_wolf", provena
     t0 = time.perf_counter()
     spec = shrunk_spectrum(acts, shrinkage)
     prov = {"method": "zca_whitening", "covariance": "shrunk (see frames.covariance)",
+            "invariance": _invariance(spec).split(":")[0],
             "models_fit": {model: _fit_provenance(spec, acts, shrinkage)}, **(provenance or {})}
     prov["fit_s"] = round(time.perf_counter() - t0, 4)
     return make_frame("whitened", (model,), (spec.mean,), (spec.basis,), (spec.eigval,), (spec.iso,), (None,), prov)
 
 
-def fit_shared(acts_a, acts_b, models: tuple[str, str] = ("a", "b"), *, shrinkage="ledoit_wolf",
+def fit_shared(acts_a, acts_b, models: tuple[str, str] = ("a", "b"), *, shrinkage="auto",
                provenance: dict | None = None) -> Frame:
     """Shared frame of two models from activations on the SAME inputs (row i of each = input i).
 
@@ -222,7 +230,9 @@ def fit_shared(acts_a, acts_b, models: tuple[str, str] = ("a", "b"), *, shrinkag
     resid = float(np.linalg.norm(za @ R - zb) / max(np.linalg.norm(zb), 1e-300))
     prov = {"method": "zca_whitening + orthogonal_procrustes (a onto b)", "reference_model": models[1],
             "models_fit": {**fa.provenance["models_fit"], **fb.provenance["models_fit"]},
-            "alignment_residual": resid, "underdetermined": bool(A.shape[0] <= A.shape[1]), **(provenance or {})}
+            "alignment_residual": resid, "underdetermined": bool(A.shape[0] <= A.shape[1]),
+            "invariance": "exact" if fa.provenance["invariance"] == fb.provenance["invariance"] == "exact"
+            else "approximate", **(provenance or {})}
     prov["fit_s"] = round(time.perf_counter() - t0, 4)
     return make_frame("shared", tuple(models), fa.mean + fb.mean, fa.basis + fb.basis, fa.eigval + fb.eigval,
                       fa.iso + fb.iso, (R, None), prov)

@@ -1,7 +1,8 @@
 """bradley_terry: probability, loss and gradient of a margin under Bradley–Terry.
 
 Bradley & Terry (1952): ``p = σ(Δ)``; loss ``−log σ(Δ) = softplus(−Δ)`` in nats;
-``∂loss/∂Δ = σ(Δ) − 1``. Computed stably (scipy ``expit``/``log_expit``).
+``∂loss/∂Δ = σ(Δ) − 1 = −σ(−Δ)``, computed as ``−σ(−Δ)`` (no cancellation: exact to
+relative precision for large Δ, where ``σ(Δ) − 1`` rounds to 0). Stable scipy ``expit``/``log_expit``.
 Worked check: Δ = ln 3 → p = 0.75, loss 0.287682 nats, gradient −0.25.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from ..registry import register
 from .base import INVARIANT, Operator, labelled
 
 _Q = {"p": ("probability", lambda d: expit(d)), "loss": ("nats", lambda d: -log_expit(d)),
-      "grad": ("nats/reward", lambda d: expit(d) - 1.0)}
+      "grad": ("nats/reward", lambda d: -expit(-d))}
 
 
 def bt(delta, quantity: str):
@@ -31,7 +32,7 @@ class BradleyTerryParams:
 
 @register
 class BradleyTerry(Operator):
-    """Bradley–Terry p = σ(Δ), loss softplus(−Δ) (nats) or gradient σ(Δ) − 1 of a margin."""
+    """Bradley–Terry p = σ(Δ), loss softplus(−Δ) (nats) or gradient −σ(−Δ) of a margin."""
 
     name = "bradley_terry"
     Params = BradleyTerryParams

@@ -96,6 +96,13 @@ class _PatchBase(Operator):
         base = rewards[:, base_side][:, None, None, :]
         src = rewards[:, 1 - base_side][:, None, None, :]
         data = patched if self.approximate else patched - base   # attribution returns the estimated effect
+        if not self.approximate and self.p.positions == "readout":
+            # patching an activation with a bitwise-identical one (e.g. a side into itself) is the identity
+            # intervention: its effect is exactly 0, not the rerun's rounding against the capture
+            same = np.stack([np.stack([np.all(ctx.capture.sites[_COMP[c]][pidx, 0, l] ==
+                                              ctx.capture.sites[_COMP[c]][pidx, 1, l], axis=-1) for c in comps], -1)
+                             for l in layers], 1)                                   # (pair, layer, component)
+            data = np.where(same[..., None], 0.0, data)
         if self.p.quantity == "restored":
             with np.errstate(divide="ignore", invalid="ignore"):
                 data = np.where(src != base, data / (src - base), np.nan)

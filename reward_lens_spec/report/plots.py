@@ -135,7 +135,7 @@ def plot_crystallization(ds, path: Path, title: str) -> str:
     v = v[np.isfinite(v)]
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.hist(v, bins=np.linspace(0, 1, 21) if v.size else 10, color="tab:purple")
-    ax.set_xlabel("crystallization fraction (layer / n_layers)")
+    ax.set_xlabel("crystallization fraction (0 = embedding, 1 = last layer)")
     ax.set_ylabel("pairs")
     ax.set_title(f"{title}: crystallization{tag}, n={v.size}")
     fig.tight_layout()

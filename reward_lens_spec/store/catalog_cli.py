@@ -2,8 +2,12 @@
 
 Commands (all key=value arguments; loads no model, imports no torch):
 
-    ls       url= [model_fingerprint= dataset= observable= trust= spec_hash= model=]
+    ls       url= [model_fingerprint= dataset= observable= trust= trust_verified= spec_hash= model=]
     show     url= run=                 provenance + each observable's dims/variables
+
+``trust`` is derived on read from the store's evidence (``trust.evidence``), never the
+stored label; ``trust_verified=false`` lists the records whose stored label or documents
+fail to verify (``show`` prints ``trust_reason``).
     diff     url= run= run_b=          unified diff of the two resolved configs
     export   url= run= observable= out=PATH.nc|PATH.csv
     gc       url= [older_than=SECONDS] remove incomplete/crashed runs (never complete ones)
@@ -23,8 +27,8 @@ from reward_lens_spec.errors import StoreError, did_you_mean
 
 COMMANDS = ("ls", "show", "diff", "export", "gc", "migrate")
 KEYS = {"url", "run", "run_b", "observable", "out", "model_fingerprint", "dataset", "trust",
-        "spec_hash", "model", "older_than", "endpoint_url"}
-FILTERS = ("model_fingerprint", "dataset", "observable", "trust", "spec_hash", "model")
+        "trust_verified", "spec_hash", "model", "older_than", "endpoint_url"}
+FILTERS = ("model_fingerprint", "dataset", "observable", "trust", "trust_verified", "spec_hash", "model")
 
 
 def _parse(argv: list[str]) -> tuple[str, dict]:
@@ -71,6 +75,10 @@ def _run(cmd: str, kv: dict) -> None:
         else:
             df = df.assign(observables=df["observables"].map(",".join))
             print(df.to_string(index=False))
+        n_unverified = int((~df["trust_verified"].astype(bool)).sum()) if not df.empty else 0
+        if n_unverified:
+            print(f"({n_unverified} run(s) with trust_verified=False: the stored label or a document fails to "
+                  f"verify; `store show run=...` gives trust_reason)")
         n_bad = len(store.incomplete())
         if n_bad:
             print(f"({n_bad} incomplete run(s); `reward-lens-spec store gc url={url}` removes them)")

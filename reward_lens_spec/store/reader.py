@@ -8,8 +8,16 @@ none of them stops the good runs from being listed or loaded.
 Catalog columns come from the run attrs the writer was given:
 ``model_fingerprint``, ``model`` (or ``model_name``; a dict's ``name``),
 ``dataset`` (or ``dataset_name``), ``dataset_checksum``, ``spec_hash``,
-``trust``, ``wall_s``; plus the store's own ``run_id``, ``observables``,
-``created``. ``Store.diff`` compares the ``config_yaml`` (or ``config``) attr.
+``wall_s``; plus the store's own ``run_id``, ``observables``, ``created``, and the derived
+``trust`` and ``trust_verified``.
+``Store.diff`` compares the ``config_yaml`` (or ``config``) attr.
+
+Trust is never read from a stored label: ``trust`` (in ``runs()``,
+``provenance``, each loaded variable's ``trust`` attr) is derived on every read
+from the store's evidence chain (``trust.evidence``; variable attrs: sealed runs only);
+``trust_verified`` is false,
+with ``trust_reason``, when the stored label disagrees or a document fails to
+verify. ``document(run_id)`` gives the attrs exactly as stored.
 """
 from __future__ import annotations
 
@@ -29,10 +37,10 @@ from reward_lens_spec.store._backend import RUNS, Backend
 from reward_lens_spec.store.writer import check_layout, check_name, run_state
 
 COLUMNS = ("run_id", "observables", "model_fingerprint", "model", "dataset", "dataset_checksum",
-           "spec_hash", "trust", "created", "wall_s")
+           "spec_hash", "trust", "trust_verified", "created", "wall_s")
 _SOURCES = {"model_fingerprint": ("model_fingerprint",), "model": ("model", "model_name"),
             "dataset": ("dataset", "dataset_name"), "dataset_checksum": ("dataset_checksum",),
-            "spec_hash": ("spec_hash",), "trust": ("trust",), "wall_s": ("wall_s",)}
+            "spec_hash": ("spec_hash",), "wall_s": ("wall_s",)}
 CONFIG_KEYS = ("config_yaml", "config")
 
 
@@ -85,11 +93,16 @@ class Store:
             if k not in allowed:
                 raise StoreError(f"runs(): unknown filter {k!r}.{did_you_mean(k, allowed)} "
                                  f"Valid: {', '.join(sorted(allowed))}.")
+        from reward_lens_spec.trust.evidence import derive_all
+
         rows = []
-        for run_id, a in self._complete().items():
+        docs = self._complete()
+        derived = derive_all(docs)
+        for run_id, a in docs.items():
             row = {c: _pick(a, src) for c, src in _SOURCES.items()}
             row.update(run_id=run_id, observables=list(a.get("observables", [])),
-                       created=a.get("created"))
+                       created=a.get("created"), trust=derived[run_id]["trust"],
+                       trust_verified=derived[run_id]["trust_verified"])
             rows.append(row)
         df = pd.DataFrame(rows, columns=list(COLUMNS))
         df["created"] = pd.to_datetime(df["created"], utc=True, errors="coerce")
@@ -98,6 +111,9 @@ class Store:
             # which pandas would read as a column selection and drop every column
             if k == "observable":
                 df = df.loc[df["observables"].map(lambda obs: v in obs).astype(bool)]
+            elif k == "trust_verified":
+                want = str(v).lower() in ("true", "1", "yes") if isinstance(v, str) else bool(v)
+                df = df.loc[(df[k] == want).astype(bool)]
             elif k == "created":
                 df = df.loc[(df["created"] == pd.to_datetime(v, utc=True)).astype(bool)]
             else:
@@ -153,9 +169,28 @@ class Store:
         raise StoreError(f"store {self.url}: run {run_id!r} is {state} (crashed, still being "
                          "written, or damaged); it is not a result. `store gc` removes it.")
 
-    def provenance(self, run_id: str) -> dict:
-        """The run's attrs (config, hashes, fingerprints, versions, ...) as a dict."""
+    def document(self, run_id: str) -> dict:
+        """The run's attrs exactly as stored (a stored ``trust`` label included, unverified)."""
         return dict(self._attrs(run_id))
+
+    def documents(self) -> dict[str, dict]:
+        """Stored attrs of every complete run, by run id (one scan of the store)."""
+        return self._complete()
+
+    def trust(self, run_id: str) -> dict:
+        """Derived trust of one run: ``{trust, trust_by_variable, trust_verified, trust_reason,
+        trust_stored, trust_scope}`` (see ``trust.evidence``). Reads only."""
+        from reward_lens_spec.trust.evidence import Evidence
+
+        self._attrs(run_id)                        # StoreError for an unknown or incomplete run
+        return Evidence(self._complete()).derive(run_id)
+
+    def provenance(self, run_id: str) -> dict:
+        """The run's attrs (config, hashes, fingerprints, versions, ...) with trust derived on read.
+
+        ``trust`` is the verified level, never the stored label (that is ``trust_stored``).
+        """
+        return {**self._attrs(run_id), **self.trust(run_id)}
 
     def observables(self, run_id: str) -> list[str]:
         """Observable names stored in a complete run."""
@@ -169,12 +204,22 @@ class Store:
         or a group that cannot be read (naming the run and observable).
         """
         names = self.observables(run_id)
-        if observable is None:
-            return {o: self._open(run_id, o, lazy) for o in names}
-        if observable not in names:
+        if observable is not None and observable not in names:
             raise StoreError(f"run {run_id} has no observable {observable!r}."
                              f"{did_you_mean(observable, names)} Valid: {', '.join(names)}.")
-        return self._open(run_id, observable, lazy)
+        # sealed (trust-bearing) runs: each variable's ``trust`` attr is its derived level, not the cache
+        verdict = self.trust(run_id) if self._attrs(run_id).get("content_hash") else None
+        out = {o: self._with_trust(self._open(run_id, o, lazy), verdict) for o in names
+               if observable in (None, o)}
+        return out if observable is None else out[observable]
+
+    @staticmethod
+    def _with_trust(ds: xr.Dataset, verdict: dict | None) -> xr.Dataset:
+        if verdict is None or verdict["trust"] is None:
+            return ds
+        for v in ds.data_vars:
+            ds[v].attrs["trust"] = verdict["trust_by_variable"].get(v, verdict["trust"])
+        return ds
 
     def _open(self, run_id: str, obs: str, lazy: bool) -> xr.Dataset:
         try:

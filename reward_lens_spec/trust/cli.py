@@ -3,7 +3,7 @@
     calibrate  observable=NAME [organism=planted|trained_keyword|trained_length] [base=tiny_llama]
                [n_pairs=12] [seed=0] [store.url=PATH]
     freeze     experiment=NAME [amend=true] [store.url=PATH]
-    adjudicate experiment=NAME [runs=ID,ID] [study_hash=PREFIX] [force=true] [store.url=PATH]
+    adjudicate experiment=NAME [runs=ID,ID] [study_hash=PREFIX] [store.url=PATH]
 
 ``store.url`` defaults to ``outputs/store.zarr`` under the current directory
 (the main app's default). Each returns an exit code: 0 done (calibrate: card
@@ -96,14 +96,14 @@ def adjudicate_main(argv: list[str]) -> int:
     """Score a frozen study's predictions on its runs; print and store the outcome."""
     def run(argv):
         from .studies import adjudicate
-        a = parse_args(argv, ("experiment", "runs", "study_hash", "force"), ("experiment",))
+        a = parse_args(argv, ("experiment", "runs", "study_hash"), ("experiment",))
         runs = [r for r in a["runs"].split(",") if r] if a.get("runs") else None
-        rec = adjudicate(a["experiment"], a["store.url"], run_ids=runs, shash=a.get("study_hash"),
-                         force=_bool(a.get("force", "false"), "force"))
+        rec = adjudicate(a["experiment"], a["store.url"], run_ids=runs, shash=a.get("study_hash"))
         print(f"study {rec['study_id']} (frozen {rec['frozen_at']}) on runs {', '.join(rec['runs'])}")
         for p in rec["predictions"]:
             vals = ", ".join("nan" if v is None else f"{v:.4g}" for v in rec["values"][p["id"]])
             print(f"  {p['id']}: [{vals}] {p['comparator']} {p['threshold']} -> {rec['outcome'][p['id']]}")
-        print(f"trust: {rec['trust']}; record {rec['run_id']}")
+        print(f"trust: {rec['trust']}; record {rec['run_id']}" + (" (already adjudicated, kept)"
+                                                                   if rec.get("reused") else ""))
         return 0
     return _guard(run, argv)

@@ -1,85 +1,64 @@
 """Trust levels, computed from what a run has — never typed into a config.
 
-Levels form a ladder; a run gets the highest level whose gate passes together
-with every gate below it:
+exploratory   the default, and the level of every output variable no passing card graded.
+calibrated    every latest scorecard (per organism kind and base) for this observable's
+              content hash on the run's model family is valid and passes — ranking,
+              floor, magnitude against planted truth and identities (``trust.scorecard``)
+              — and the run's own exactness identities hold (``trust.identities``).
+registered    calibrated, and the run executes a verified frozen study, frozen before
+              the run, whose pins (observable content hash, model fingerprint,
+              dataset checksum) equal the run's (``trust.studies``).
+adjudicated   the trust of an adjudication record whose runs all derive registered.
 
-exploratory   the default.
-calibrated    the store holds a passing scorecard (``trust.scorecard``) for this
-              observable's canonical spec hash, graded on organisms of the SAME
-              model family as the run's model (``llama`` cards say nothing about
-              ``gpt2``). Per (organism kind, base model) the latest card counts;
-              every one of them must pass — a failing card is never outweighed,
-              a card for another hash or family is ignored.
-registered    calibrated, and the run executes a study (``run.experiment``) whose
-              hash is frozen in the store (``trust.studies.check_run``). A study
-              edited after freezing raises ``SpecError`` instead.
-adjudicated   never earned by a run: it is the trust of the adjudication record
-              written when a study's results are scored (``studies.adjudicate``).
-
+The level is derived on read from the evidence chain (``trust.evidence``); what a
+run stores is a cache, written by ``seal_run`` from the same derivation.
 ``spec.validate`` refuses a ``trust`` key anywhere in a config.
 """
 from __future__ import annotations
 
-LEVELS = ("exploratory", "calibrated", "registered", "adjudicated")
+from datetime import datetime, timezone
+
+from .evidence import LEVELS, Evidence, seal
+
+__all__ = ["LEVELS", "seal_run", "derive_pending"]
 
 
-def _family_of(run) -> str | None:
-    from ..models.describe import describe_model
+def derive_pending(run_id: str, attrs: dict, store_url: str, *, storage_options=None) -> dict:
+    """The verdict ``attrs`` would get on read if written now as ``run_id`` (reads the store only)."""
+    from ..errors import StoreError
+    from ..store import open_store
+
     try:
-        return describe_model(run.model)[0].name
-    except Exception:           # unreadable model config: no family, so no calibration claim
-        return None
+        docs = open_store(store_url, storage_options=storage_options).documents()
+    except StoreError:          # no store yet: no cards, no studies
+        docs = {}
+    now = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    docs[run_id] = {**attrs, "run_id": run_id, "created": now}
+    return Evidence(docs).derive(run_id)
 
 
-def calibration(run, store_url: str, *, model_family: str | None = None) -> dict:
-    """``{"ok", "reason", "cards"}`` for the calibration gate (see module doc)."""
-    from .scorecard import find_cards, observable_hash
+def seal_run(run_id: str, attrs: dict, result, ctx, run, store_url: str, *, storage_options=None) -> dict:
+    """``attrs`` of a computed result, completed for the evidence chain, sealed, with the trust cache.
 
-    family = model_family or _family_of(run)
-    h = observable_hash(run.observable)
-    so = dict(getattr(run.store, "storage_options", {}) or {})
-    cards = [c for c in find_cards(store_url, spec_hash=h, storage_options=so)
-             if c.get("model_family") == family and family is not None]
-    latest: dict = {}
-    for c in cards:                                   # oldest first: later cards replace earlier ones
-        latest[(c.get("organism"), c.get("base"))] = c
-    ids = [c["run_id"] for c in latest.values()]
-    if not latest:
-        return {"ok": False, "reason": f"no scorecard for observable '{run.observable.name}' "
-                f"[{h[:12]}] on family '{family}'", "cards": []}
-    failed = [c["run_id"] for c in latest.values() if c.get("passed") is not True]
-    if failed:
-        return {"ok": False, "reason": f"failing scorecard(s) {failed}", "cards": ids}
-    return {"ok": True, "reason": f"passing scorecard(s) {ids}", "cards": ids}
-
-
-def registration(run, store_url: str) -> dict:
-    """``{"ok", "reason", "study_id"}``; raises ``SpecError`` for a study edited after freezing."""
-    from .studies import check_run
-
-    if not run.experiment:
-        return {"ok": False, "reason": "the run executes no study", "study_id": None}
-    rec = check_run(run, store_url, storage_options=dict(getattr(run.store, "storage_options", {}) or {}))
-    if rec is None:
-        return {"ok": False, "reason": "its study is not frozen in the store", "study_id": None}
-    return {"ok": True, "reason": f"executes frozen study {rec['study_id']}", "study_id": rec["study_id"]}
-
-
-def trust_report(run, store_url: str, *, model_family: str | None = None) -> dict:
-    """Every gate's verdict and the resulting level: ``{"level", "calibrated", "registered"}``."""
-    cal = calibration(run, store_url, model_family=model_family)
-    reg = registration(run, store_url)
-    level = "exploratory"
-    if cal["ok"]:
-        level = "registered" if reg["ok"] else "calibrated"
-    return {"level": level, "calibrated": cal, "registered": reg}
-
-
-def compute_trust(run, store_url: str, *, model_family: str | None = None) -> str:
-    """The trust level this run earns (one of ``LEVELS[:3]``); see the module doc.
-
-    ``model_family``: the loaded model's family name when the caller knows it
-    (otherwise read from the model config, no weights). Raises ``SpecError``
-    when the run's study was edited after it was frozen or departs from its design.
+    Adds ``observable_spec_hash``, the hash of the study it executed (frozen or not) and the
+    run's ``identities`` (checked against the model's own head output), seals, then caches the
+    derived level as ``trust`` and ``trust_by_variable`` — also as each output variable's
+    ``trust`` attr in ``result``.
     """
-    return trust_report(run, store_url, model_family=model_family)["level"]
+    from .identities import check_identities
+    from .scorecard import observable_hash
+
+    lm = ctx.lm
+    attrs = {**attrs, "observable_spec_hash": observable_hash(run.observable),
+             "identities": check_identities(result, ctx.capture.logits, ctx.encoded.pair_ids,
+                                            n_layers=lm.n_layers, objectives=lm.head.objectives,
+                                            dtype=str(lm.dtype))}
+    if run.experiment and not attrs.get("study_hash"):     # executed a study never frozen: say which
+        from .studies import load_study, study_hash
+        attrs["study_hash"] = study_hash(load_study(dict(run.experiment)))
+    attrs.pop("trust", None)
+    sealed = seal(attrs)
+    verdict = derive_pending(run_id, sealed, store_url, storage_options=storage_options)
+    for v in result.data_vars:
+        result[v].attrs["trust"] = verdict["trust_by_variable"].get(v, verdict["trust"])
+    return {**sealed, "trust": verdict["trust"], "trust_by_variable": verdict["trust_by_variable"]}

@@ -23,11 +23,21 @@ score              margin               mean σ(Δ) (Bradley–Terry p)         
 
 A criterion passes when its readings rise monotonically with strength —
 Spearman ρ(strength, reading) ≥ ``MIN_SPEARMAN`` (0.9; with 5 strengths one
-adjacent swap gives 0.9) — AND its floor holds at full strength. A card passes
-only when every applicable criterion passes. Unit criteria need an organism with
-a planted unit (``planted``); ``score`` applies to all. An observable with no
-applicable criterion raises ``SpecError``. Readings that are not finite fail.
-Cards go to the store with ``write_run`` (observable name ``scorecard``).
+adjacent swap gives 0.9) — AND its floor holds at full strength AND, on a
+planted organism, its *magnitude* matches the planted truth: the planted unit's
+reading in reward units (DLA, patch effect, attribution effect, lens jump at the
+planted layer, the margin for ``score``), minus the same reading at strength 0,
+is within ``MAG_RTOL`` of the planted effect ``Δ(s) − Δ(0)`` measured by a plain
+HF forward pass per pair (batch of one, float64 difference). Every organism run
+also checks the observable's exactness identities (``trust.identities``); a
+broken identity fails the card. A card passes only when every applicable
+criterion passes. Unit criteria need an organism with a planted unit
+(``planted``); ``score`` applies to all. An observable with no applicable
+criterion raises ``SpecError``. Readings that are not finite fail. Output
+variables no criterion reads are listed as ``ungraded`` and stay exploratory in
+runs. The card records its ``scope`` (family, organism kind, base, strengths,
+number of pairs). Cards go to the store sealed (``trust.evidence.seal``) with
+``write_run`` (observable name ``scorecard``); readers re-derive ``passed``.
 """
 from __future__ import annotations
 
@@ -41,8 +51,9 @@ import xarray as xr
 
 from ..errors import SpecError
 from ..models.organisms import STRENGTHS, Organism, organism_family
+from .evidence import FLOORS, MIN_SPEARMAN, card_verdict, seal
+from .identities import check_identities
 
-MIN_SPEARMAN = 0.9
 CARD_OBSERVABLE = "scorecard"
 
 
@@ -80,15 +91,32 @@ def _auc(ds, truth) -> float:
     return float((m > 0).mean() + 0.5 * (m == 0).mean())
 
 
+def _unit_value(var):
+    """The planted unit's reading of ``var`` per pair, reward units."""
+    return lambda ds, t: np.asarray(ds[var].sel(layer=t["layer"], component=t["component"]).values, np.float64)
+
+
+def _lens_step(ds, t) -> np.ndarray:
+    """Normed-lens change over the planted layer per pair, reward units."""
+    lens = ds["lens"]
+    layers = list(lens.layer.values)
+    i = layers.index(t["layer"])
+    return np.asarray((lens.isel(layer=i) - lens.isel(layer=i - 1)).values, np.float64)
+
+
 @dataclass(frozen=True)
 class Criterion:
     name: str
     needs: tuple
     reading: object          # (Dataset, truth) -> per-pair array
     floor_value: object      # (Dataset at strength 1, truth) -> float
-    floor: float
     floor_what: str
+    magnitude: object        # (Dataset, truth) -> per-pair reward-unit reading of the planted unit
     needs_unit: bool = True
+
+    @property
+    def floor(self) -> float:
+        return FLOORS[self.name]
 
 
 def _mean(f):
@@ -96,21 +124,23 @@ def _mean(f):
 
 CRITERIA = (
     Criterion("dla_share", ("dla",), lambda ds, t: _share(ds["dla"], t), _mean(lambda ds, t: _share(ds["dla"], t)),
-              0.5, "planted unit's signed DLA share ≥ 0.5"),
+              "planted unit's signed DLA share ≥ 0.5", _unit_value("dla")),
     Criterion("patch_share", ("patch_effect",), lambda ds, t: _share(ds["patch_effect"], t, ("attn", "mlp")),
-              _mean(lambda ds, t: _share(ds["patch_effect"], t, ("attn", "mlp"))), 0.5,
-              "planted unit's signed share of |patch effect| over attn/mlp units ≥ 0.5"),
+              _mean(lambda ds, t: _share(ds["patch_effect"], t, ("attn", "mlp"))),
+              "planted unit's signed share of |patch effect| over attn/mlp units ≥ 0.5", _unit_value("patch_effect")),
     Criterion("attribution_share", ("attribution_patch_effect",),
               lambda ds, t: _share(ds["attribution_patch_effect"], t, ("attn", "mlp")),
-              _mean(lambda ds, t: _share(ds["attribution_patch_effect"], t, ("attn", "mlp"))), 0.5,
-              "planted unit's signed share of |attribution patch effect| ≥ 0.5"),
-    Criterion("lens_jump", ("lens",), _lens_jump, _mean(_lens_jump), 0.5,
-              "share of the normed lens' total movement made at the planted layer ≥ 0.5"),
+              _mean(lambda ds, t: _share(ds["attribution_patch_effect"], t, ("attn", "mlp"))),
+              "planted unit's signed share of |attribution patch effect| ≥ 0.5",
+              _unit_value("attribution_patch_effect")),
+    Criterion("lens_jump", ("lens",), _lens_jump, _mean(_lens_jump),
+              "share of the normed lens' total movement made at the planted layer ≥ 0.5", _lens_step),
     Criterion("crystallization", ("lens", "crystallization_layer"), _lens_jump,
-              lambda ds, t: float((np.asarray(ds["crystallization_layer"].values) >= t["layer"]).mean()), 0.8,
-              "fraction of pairs crystallizing at or after the planted layer ≥ 0.8"),
+              lambda ds, t: float((np.asarray(ds["crystallization_layer"].values) >= t["layer"]).mean()),
+              "fraction of pairs crystallizing at or after the planted layer ≥ 0.8", _lens_step),
     Criterion("score", ("margin",), lambda ds, t: 1.0 / (1.0 + np.exp(-np.asarray(ds["margin"].values, float))),
-              _auc, 0.8, "detection AUC P(Δ>0) + ½P(Δ=0) ≥ 0.8", needs_unit=False),
+              _auc, "detection AUC P(Δ>0) + ½P(Δ=0) ≥ 0.8",
+              lambda ds, t: np.asarray(ds["margin"].values, np.float64), needs_unit=False),
 )
 
 
@@ -124,7 +154,10 @@ def spearman(x, y) -> float:
 
 
 def evaluate(obs, org: Organism) -> xr.Dataset:
-    """Run observable ``obs`` (an ``ObservableSpec``) on one organism; the plan's outputs as a Dataset."""
+    """Run observable ``obs`` (an ``ObservableSpec``) on one organism; the plan's outputs as a Dataset.
+
+    ``attrs["identities"]``: the run's exactness-identity records (``trust.identities``).
+    """
     from ..context import RunContext
     from ..models.capture import capture
     from ..models.formatting import encode_pairs
@@ -144,7 +177,29 @@ def evaluate(obs, org: Organism) -> xr.Dataset:
     values: dict[str, xr.DataArray] = {}
     for step in plan.steps:
         values[step.name] = step.op.run(ctx, *[values[s] for s in step.inputs])
-    return xr.Dataset({o: values[o] for o in plan.outputs})
+    out = xr.Dataset({o: values[o] for o in plan.outputs})
+    out.attrs["identities"] = check_identities(out, cap.logits, enc.pair_ids, n_layers=lm.n_layers,
+                                               objectives=lm.head.objectives, dtype=str(lm.dtype))
+    return out
+
+
+def planted_margins(org: Organism) -> np.ndarray:
+    """Margin per pair by a plain HF forward pass, one side at a time (batch of one, no padding), float64.
+
+    Independent of the capture and operator path: the planted truth a card compares against.
+    """
+    import torch
+
+    from ..models.formatting import encode_pairs
+    enc = encode_pairs(org.lm.tokenizer, list(org.pairs), model_name=org.lm.name)
+    dev = next(org.lm.model.parameters()).device
+    out = []
+    with torch.no_grad():
+        for c, r in zip(enc.chosen, enc.rejected):
+            rc, rr = (org.lm.model(input_ids=torch.tensor([ids], device=dev)).logits[0, 0].double().item()
+                      for ids in (c, r))
+            out.append(rc - rr)
+    return np.asarray(out)
 
 
 def _finite(x):                 # store attrs must be JSON: NaN -> None
@@ -172,6 +227,10 @@ class Scorecard:
     organism_checksum: str = ""
     organism_params: dict = field(default_factory=dict)
     organism_fingerprints: list = field(default_factory=list)     # model_fingerprint per strength
+    magnitude: dict = field(default_factory=dict)    # criterion -> {reading, truth} reward units, full strength
+    identities: list = field(default_factory=list)   # per strength: the run's identity records
+    graded: list = field(default_factory=list)       # output variables some criterion read
+    scope: dict = field(default_factory=dict)        # family, organism, base, strengths, n_pairs
     wall_s: float = 0.0
 
     def describe(self) -> str:
@@ -186,9 +245,19 @@ class Scorecard:
             lines.append(f"  {c:<18}{row}{rho if rho is None else round(rho, 3):>10}  "
                          f"{fl['value'] if fl['value'] is None else round(fl['value'], 3)} "
                          f"(needs {fl['what']}) -> {'pass' if self.criteria_passed[c] else 'FAIL'}")
+        for c, m in self.magnitude.items():
+            lines.append(f"  {c:<18}magnitude {m['reading']} vs planted {m['truth']} reward units")
+        worst: dict = {}
+        for rec in (r for per in self.identities for r in per):        # the worst strength per identity
+            k = rec["identity"]
+            if k not in worst or rec["max_abs_err"] / rec["scale"] > worst[k]["max_abs_err"] / worst[k]["scale"]:
+                worst[k] = rec
+        for k, rec in worst.items():
+            lines.append(f"  identity {k}: max |err| {rec['max_abs_err']:.3g} (margin scale {rec['scale']:.3g})")
         if self.ungraded:
             lines.append(f"  not graded (no planted truth to compare): {', '.join(self.ungraded)}")
-        lines.append(f"  => {'PASS' if self.passed else 'FAIL'}")
+        why = card_verdict(asdict(self))[1]
+        lines.append(f"  => {'PASS' if self.passed else 'FAIL'}" + (f" ({why})" if why else ""))
         return "\n".join(lines)
 
 
@@ -218,6 +287,8 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
         organisms = organism_family(organism, tuple(strengths), base=base, seed=seed, **kw)
     results = [evaluate(obs, o) for o in organisms]
     s = [o.strength for o in organisms]
+    zero = int(np.argmin(s)) if min(s) == 0 else None      # the unplanted twin: reference for magnitudes
+    planted = "layer" in organisms[0].truth
     card = Scorecard(observable=obs.name, spec_hash=observable_hash(obs), version=int(obs.version),
                      model_family=organisms[0].family, organism=organisms[0].kind,
                      base=organisms[0].params.get("base", base), strengths=s,
@@ -226,18 +297,30 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
                      organism_fingerprints=[model_fingerprint(o.lm.model, o.lm.tokenizer) for o in organisms])
     used = {v for c in crits for v in c.needs}
     card.ungraded = [o for o in outputs if o not in used]
+    card.graded = [o for o in outputs if o in used]
+    card.identities = [ds.attrs["identities"] for ds in results]
+    card.scope = {"family": card.model_family, "organism": card.organism, "base": card.base,
+                  "strengths": s, "n_pairs": len(organisms[0].pairs)}
+    top = int(np.argmax(s))
+    truth_effect = None
+    if planted and zero is not None:
+        truth_effect = float(np.mean(planted_margins(organisms[top]) - planted_margins(organisms[zero])))
     for c in crits:
         vals = [float(np.mean(c.reading(ds, o.truth))) for ds, o in zip(results, organisms)]
         rho = spearman(s, vals)
-        top = int(np.argmax(s))
+        if planted:
+            got = None if zero is None else float(np.mean(c.magnitude(results[top], organisms[top].truth)
+                                                          - c.magnitude(results[zero], organisms[zero].truth)))
+            card.magnitude[c.name] = {"reading": _finite(got) if got is not None else None,
+                                      "truth": _finite(truth_effect) if truth_effect is not None else None}
         fv = float(c.floor_value(results[top], organisms[top].truth))
-        ok = bool(np.isfinite(rho) and rho >= MIN_SPEARMAN and np.isfinite(fv) and fv >= c.floor)
         card.readings[c.name] = [_finite(v) for v in vals]
         card.spearman[c.name] = _finite(rho)
         card.floors[c.name] = {"value": _finite(fv), "floor": c.floor, "what": c.floor_what,
                                "at_strength": s[top]}
-        card.criteria_passed[c.name] = ok
-    card.passed = all(card.criteria_passed.values())
+        one = {k: getattr(card, k) for k in ("truth", "spearman", "floors", "magnitude")}
+        card.criteria_passed[c.name] = card_verdict({**one, "readings": {c.name: card.readings[c.name]}})[0]
+    card.passed = card_verdict(asdict(card))[0]
     card.wall_s = round(time.perf_counter() - t0, 3)
     return card
 
@@ -275,12 +358,14 @@ def write_card(card: Scorecard, store_url: str, *, force: bool = True, storage_o
                                                            "base": card.base, "strengths": card.strengths}}))
     attrs.pop("version")
     run_id = card_run_id(card)
-    write_run(store_url, run_id, {CARD_OBSERVABLE: ds}, attrs, storage_options=storage_options, force=force)
+    write_run(store_url, run_id, {CARD_OBSERVABLE: ds}, seal(attrs), storage_options=storage_options, force=force)
     return run_id
 
 
 def find_cards(store_url: str, *, spec_hash: str | None = None, storage_options=None) -> list[dict]:
-    """Attrs of every complete scorecard in the store (optionally for one observable hash), oldest first.
+    """Stored attrs of every complete scorecard (optionally for one observable hash), oldest first.
+
+    As stored: validity is judged by ``trust.evidence`` (seal, re-derived verdict).
 
     A store that does not exist yet holds no cards (``[]``); other store errors propagate.
     """
@@ -291,9 +376,6 @@ def find_cards(store_url: str, *, spec_hash: str | None = None, storage_options=
         st = open_store(store_url, storage_options=storage_options)
     except StoreError:
         return []
-    out = []
-    for run_id in st.runs(observable=CARD_OBSERVABLE)["run_id"]:
-        a = st.provenance(run_id)
-        if a.get("kind") == "scorecard" and (spec_hash is None or a.get("observable_spec_hash") == spec_hash):
-            out.append(a)
-    return out
+    docs = sorted(st.documents().values(), key=lambda a: (str(a.get("created")), a["run_id"]))
+    return [a for a in docs if a.get("kind") == "scorecard"
+            and (spec_hash is None or a.get("observable_spec_hash") == spec_hash)]

@@ -14,14 +14,23 @@ The study hash is sha256 of the canonical JSON of the whole study (any edit
 changes it); its id is ``<name>-<hash[:12]>``. Lifecycle (preregistration, after
 Nosek et al. 2018, *The preregistration revolution*, PNAS):
 
-1. ``freeze`` stores the study (run ``study-…``, observable ``study``); it reads no
-   data and refuses when runs of the study already exist;
-2. a run whose ``experiment`` is a frozen study is registered (``check_run``); a
-   study edited after freezing is refused (``SpecError``) unless the edit is
-   frozen as a dated amendment (``amend=True``);
-3. ``adjudicate`` scores each prediction on the study's runs with the FROZEN copy
-   from the store, never the file, and stores the outcome (run ``adjudication-…``;
-   trust ``adjudicated`` when every run was registered).
+1. ``freeze`` stores the study (run ``study-…``, observable ``study``, sealed)
+   with its design *pins* (``trust.pins``: observable content hash, model
+   fingerprint, dataset checksum — computed by composing the design and loading
+   the model and the pairs; no result is read). It refuses when the store already
+   holds a result run with those pins, of this study or of none: once results
+   were seen, a prediction cannot be (re)frozen and still count as preregistered.
+   That holds for an amendment too;
+2. a run whose ``experiment`` is a frozen study is registered when its own pins
+   equal the study's (derived on read, ``trust.evidence``); a study edited after
+   freezing is refused (``SpecError``) unless the edit is frozen as a dated
+   amendment (``amend=True``), a new version — earlier versions and their
+   adjudications stay in the store, never overwritten;
+3. ``adjudicate`` re-verifies the stored study (seal and study hash; a tampered
+   record is refused naming it), scores each prediction on the study's runs with
+   that FROZEN copy, never the file, and stores the outcome (run
+   ``adjudication-…``; trust ``adjudicated`` when, in every run, each variable
+   the predictions read derives ``registered`` on read).
 """
 from __future__ import annotations
 
@@ -34,11 +43,11 @@ import xarray as xr
 import yaml
 
 from ..errors import SpecError, StoreError
+from .evidence import LEVELS, NOT_RESULTS, Evidence, level_of, seal
 
 COMPARATORS = {">": np.greater, "<": np.less, ">=": np.greater_equal, "<=": np.less_equal}
 REDUCTIONS = {"mean": np.mean, "median": np.median, "sum": np.sum, "min": np.min, "max": np.max,
               "fraction_positive": lambda x: np.mean(x > 0)}
-_LEVEL = {"exploratory": 0, "calibrated": 1, "registered": 2, "adjudicated": 3}
 
 
 def load_study(experiment) -> dict:
@@ -116,24 +125,31 @@ def _open(store_url, storage_options=None):
         return None
 
 
-def frozen_studies(store_url: str, name: str | None = None, *, storage_options=None) -> list[dict]:
-    """Attrs of every frozen study in the store (optionally one name), oldest first."""
+def _documents(store_url, storage_options=None) -> list[dict]:
+    """Stored attrs of every complete run, oldest first ([] when there is no store)."""
     st = _open(store_url, storage_options)
     if st is None:
         return []
-    out = [st.provenance(r) for r in st.runs(observable="study")["run_id"]]
-    return [a for a in out if a.get("kind") == "study" and (name is None or a.get("study_name") == name)]
+    return sorted(st.documents().values(), key=lambda a: (str(a.get("created")), a["run_id"]))
+
+
+def frozen_studies(store_url: str, name: str | None = None, *, storage_options=None) -> list[dict]:
+    """Stored attrs of every frozen study in the store (optionally one name), oldest first."""
+    return [a for a in _documents(store_url, storage_options)
+            if a.get("kind") == "study" and (name is None or a.get("study_name") == name)]
+
+
+def matching_runs(store_url: str, pins: dict, *, storage_options=None) -> list[str]:
+    """Ids of complete result runs whose pins all equal ``pins``."""
+    return [a["run_id"] for a in _documents(store_url, storage_options)
+            if a.get("kind") not in NOT_RESULTS and all(a.get(k) == v for k, v in pins.items())]
 
 
 def runs_of_study(store_url: str, shash: str, *, storage_options=None) -> list[dict]:
     """Attrs of complete result runs that executed the study with hash ``shash`` (oldest first)."""
-    st = _open(store_url, storage_options)
-    if st is None:
-        return []
     out = []
-    for run_id in st.runs()["run_id"]:
-        a = st.provenance(run_id)
-        if a.get("kind") in ("study", "scorecard", "adjudication"):
+    for a in _documents(store_url, storage_options):
+        if a.get("kind") in NOT_RESULTS:
             continue
         h = a.get("study_hash")
         if h is None and a.get("config_yaml"):
@@ -144,15 +160,20 @@ def runs_of_study(store_url: str, shash: str, *, storage_options=None) -> list[d
     return out
 
 
-def freeze(experiment, store_url: str, *, amend: bool = False, storage_options=None) -> dict:
-    """Hash and store a study before any of its data exists; return its frozen record (attrs).
+def freeze(experiment, store_url: str, *, amend: bool = False, base_dir: str | None = None,
+           storage_options=None) -> dict:
+    """Hash, pin and store a study before any matching result exists; return its frozen record (attrs).
 
-    Reads no data. Idempotent for an unchanged study (the first freeze is kept).
-    Raises ``SpecError`` when runs of this study already exist (too late to
-    preregister), or when another version of the study name is frozen and
-    ``amend`` is false.
+    Reads no result. Idempotent for an unchanged study (the first freeze is kept).
+    Raises ``SpecError`` when the store already holds a run of this study or any
+    result run with the design's pins (too late to preregister, amendments
+    included), or when another version of the study name is frozen and ``amend``
+    is false. ``base_dir``: where relative dataset/model paths resolve (default cwd).
     """
+    import os
+
     from ..store import write_run
+    from .pins import design_run, pins
 
     study = load_study(experiment)
     h, name = study_hash(study), study["name"]
@@ -167,16 +188,24 @@ def freeze(experiment, store_url: str, *, amend: bool = False, storage_options=N
     if runs_of_study(store_url, h, storage_options=storage_options):
         raise SpecError("experiment", f"runs of study '{name}' ({h[:12]}) are already in the store: freezing "
                         "now would not be a preregistration.", fix="freeze a study before running it.")
+    pinned = pins(design_run(experiment, study), base_dir or os.getcwd())
+    seen = matching_runs(store_url, pinned, storage_options=storage_options)
+    if seen:
+        raise SpecError("experiment", f"the store already holds run(s) {seen[:3]} with this design's observable, "
+                        f"model and dataset: {'amending' if earlier else 'freezing'} study '{name}' now would not "
+                        "be a preregistration.", fix="preregister a new design (another dataset or model), "
+                        "or report the edit as exploratory.")
     preds = predictions(study)
     ds = xr.Dataset({"threshold": ("prediction", [float(p["threshold"]) for p in preds], {"units": "as the metric"})},
                     coords={"prediction": [p["id"] for p in preds],
                             "comparator": ("prediction", [p["comparator"] for p in preds])})
     attrs = {"kind": "study", "study_name": name, "study_hash": h, "spec_hash": h, "study_id": study_id(study),
-             "study": study, "amends": [a["study_hash"] for a in earlier],
+             "study": study, "amends": [a["study_hash"] for a in earlier], "pins": pinned,
+             "version_index": len(earlier) + 1,
              "frozen_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
              "config_yaml": yaml.safe_dump({"experiment": study}, sort_keys=True)}
     rid = f"study-{name}-{h[:16]}"
-    write_run(store_url, rid, {"study": ds}, attrs, storage_options=storage_options)
+    write_run(store_url, rid, {"study": ds}, seal(attrs), storage_options=storage_options)
     return {**frozen_studies(store_url, name, storage_options=storage_options)[-1], "reused": False}
 
 
@@ -213,6 +242,19 @@ def check_run(run, store_url: str, *, storage_options=None) -> dict | None:
     if not frozen:
         return None
     match = [a for a in frozen if a["study_hash"] == h]
+    if match:
+        ev = Evidence({a["run_id"]: a for a in frozen})
+        bad = ev.study_error(match[0]["run_id"], match[0])
+        if bad:
+            raise StoreError(f"{bad}; the study cannot register runs. Fix: freeze the study file again in a "
+                             "fresh store, or remove the damaged record.")
+        pinned = (match[0].get("pins") or {}).get("observable_spec_hash")
+        from .scorecard import observable_hash
+        if pinned and pinned != observable_hash(run.observable):
+            raise SpecError("observable", f"study '{study['name']}' pinned observable content "
+                            f"{pinned[:12]}; this run's '{run.observable.name}' is "
+                            f"{observable_hash(run.observable)[:12]} (a different instrument under the same name).",
+                            fix="run the observable exactly as frozen (same steps, version and restrictions).")
     if not match:
         raise SpecError("experiment", f"study '{study['name']}' was edited after it was frozen (frozen "
                         f"{', '.join(a['study_hash'][:12] for a in frozen)}; now {h[:12]}): runs under it are refused.",
@@ -244,13 +286,15 @@ def metric_value(pred: dict, ds: xr.Dataset) -> float:
 
 
 def adjudicate(experiment: str, store_url: str, *, run_ids=None, shash: str | None = None,
-               force: bool = False, storage_options=None) -> dict:
+               storage_options=None) -> dict:
     """Score the FROZEN predictions of study ``experiment`` (a name) on its runs; store and return the record.
 
     Runs: ``run_ids``, else every complete run of the frozen study created after it
     was frozen. Per prediction: ``confirmed`` (holds on every run), ``refuted``,
-    or ``undetermined`` (metric not finite). Raises ``SpecError`` when the study
-    was never frozen, or no run of it exists.
+    or ``undetermined`` (metric not finite). An existing record for the same study
+    version and runs is returned as it is (``reused``), never rewritten. Raises
+    ``SpecError`` when the study was never frozen or no run of it exists;
+    ``StoreError`` when the stored study fails verification (edited in the store).
     """
     from ..store import open_store, write_run
 
@@ -261,6 +305,9 @@ def adjudicate(experiment: str, store_url: str, *, run_ids=None, shash: str | No
         raise SpecError("experiment", f"study '{name}' is not frozen in {store_url}.",
                         fix=f"reward-lens-spec freeze experiment={name} store.url=... (before running it).")
     rec = frozen[-1]
+    bad = Evidence({a["run_id"]: a for a in frozen}).study_error(rec["run_id"], rec)
+    if bad:
+        raise StoreError(f"{bad}: refusing to adjudicate against it.")
     study, h = rec["study"], rec["study_hash"]
     runs = [a for a in runs_of_study(store_url, h, storage_options=storage_options)
             if a["created"] > rec["frozen_at"] and (not run_ids or a["run_id"] in run_ids)]
@@ -271,6 +318,10 @@ def adjudicate(experiment: str, store_url: str, *, run_ids=None, shash: str | No
         raise SpecError("experiment", f"no run of study {rec['study_id']} since it was frozen.",
                         fix=f"run it first: reward-lens-spec experiment={name}")
     st = open_store(store_url, storage_options=storage_options)
+    ids = sorted(a["run_id"] for a in runs)
+    rid = f"adjudication-{name}-{h[:12]}-{hashlib.sha256(' '.join(ids).encode()).hexdigest()[:8]}"
+    if rid in st.documents():
+        return {**st.provenance(rid), "reused": True}
     preds = predictions(study)
     loaded = {a["run_id"]: xr.merge(list(st.load(a["run_id"], lazy=False).values()), compat="override")
               for a in runs}
@@ -279,9 +330,10 @@ def adjudicate(experiment: str, store_url: str, *, run_ids=None, shash: str | No
                       for p, row in zip(preds, values)])
     outcome = {p["id"]: ("undetermined" if not np.isfinite(values[i]).all() else
                          "confirmed" if holds[i].all() else "refuted") for i, p in enumerate(preds)}
-    lowest = min(_LEVEL.get(a.get("trust"), 0) for a in runs)
-    trust = "adjudicated" if lowest >= _LEVEL["registered"] else [k for k, v in _LEVEL.items() if v == lowest][0]
-    ids = sorted(a["run_id"] for a in runs)
+    variables = sorted({p["metric"]["variable"] for p in preds})
+    derived = {a["run_id"]: level_of(st.trust(a["run_id"]), variables) for a in runs}
+    lowest = min(LEVELS.index(t) for t in derived.values())
+    trust = "adjudicated" if lowest >= LEVELS.index("registered") else LEVELS[lowest]
     ds = xr.Dataset({"value": (("prediction", "run"), values, {"units": "as the metric"}),
                      "holds": (("prediction", "run"), holds, {"units": "bool"})},
                     coords={"prediction": np.array([p["id"] for p in preds], dtype=str),
@@ -292,8 +344,7 @@ def adjudicate(experiment: str, store_url: str, *, run_ids=None, shash: str | No
                              for p in preds],
              "values": {p["id"]: [v if np.isfinite(v) else None for v in values[i].tolist()]
                         for i, p in enumerate(preds)},
-             "trust": trust, "run_trust": {a["run_id"]: a.get("trust") for a in runs},
+             "trust": trust, "run_trust": derived,
              "config_yaml": yaml.safe_dump({"adjudicate": {"study_id": rec["study_id"], "runs": ids}})}
-    rid = f"adjudication-{name}-{h[:12]}-{hashlib.sha256(' '.join(ids).encode()).hexdigest()[:8]}"
-    write_run(store_url, rid, {"adjudication": ds}, attrs, storage_options=storage_options, force=force)
-    return {**attrs, "run_id": rid}
+    write_run(store_url, rid, {"adjudication": ds}, seal(attrs), storage_options=storage_options)
+    return {**attrs, "run_id": rid, "reused": False}

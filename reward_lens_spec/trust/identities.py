@@ -1,0 +1,91 @@
+"""Exactness identities a run checks on its own outputs, against the model's own margin.
+
+The reference margin is ``Δ = r(chosen) − r(rejected)`` from the model's own head
+output at the readout token (``CaptureResult.logits``, the HF forward pass), not
+from any operator. Where an output variable of that name is present and covers
+the whole model:
+
+==================  =================================================  ==========================
+variable            identity                                           applies when
+==================  =================================================  ==========================
+``dla``             Σ over (layer, component) of dla = Δ               embedding + every layer
+``lens``            normed lens at the last layer = Δ                  last layer present
+``patch_restored``  restored fraction at (last layer, resid) = 1       (err scaled by |Δ|)
+``patch_effect``    |effect at (last layer, resid)| = |Δ|              denoise or noise
+==================  =================================================  ==========================
+
+Each record: ``{variable, identity, max_abs_err, scale, dtype, n}`` with ``scale``
+the margin scale ``max(RMS(Δ), eps·RMS(r))`` in reward units (``eps`` the dtype's
+relative precision, so a near-zero margin does not demand more than the dtype
+holds). The verdict (``evidence.identities_ok``) is re-derived on read: max |err| ≤
+``IDENTITY_RTOL[dtype]`` × scale. A broken identity keeps the run from
+``calibrated`` and fails a scorecard. Source: DLA and the lens are linear in the
+residual stream once the final norm is frozen (Elhage et al. 2021, *A Mathematical
+Framework for Transformer Circuits*); patching the whole last residual replaces
+the readout input, so it restores the source reward exactly.
+"""
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+
+_EPS = {"float64": 1e-6, "float32": 1e-6, "bfloat16": 1e-2, "float16": 2e-3}
+
+
+def _margin(logits: np.ndarray, pair_ids, objectives) -> tuple[xr.DataArray, float]:
+    lg = np.asarray(logits, np.float64)
+    m = lg[:, 0] - lg[:, 1]
+    reward_rms = float(np.sqrt(np.mean(lg ** 2))) if lg.size else 0.0
+    if m.shape[-1] == 1:
+        return xr.DataArray(m[:, 0], dims=("pair",), coords={"pair": list(pair_ids)}), reward_rms
+    return xr.DataArray(m, dims=("pair", "objective"),
+                        coords={"pair": list(pair_ids), "objective": list(objectives)}), reward_rms
+
+
+def _record(var, what, err: xr.DataArray, margin: xr.DataArray, reward_rms, dtype) -> dict | None:
+    e = np.abs(np.asarray(err.values, np.float64))
+    e = e[np.isfinite(e)]
+    if e.size == 0:
+        return None
+    mv = np.asarray(margin.values, np.float64)
+    scale = max(float(np.sqrt(np.mean(mv ** 2))), _EPS.get(dtype, 1e-6) * reward_rms)
+    return {"variable": var, "identity": what, "max_abs_err": float(e.max()), "scale": scale,
+            "dtype": dtype, "n": int(e.size)}
+
+
+def check_identities(result: xr.Dataset, logits, pair_ids, *, n_layers: int, objectives=(),
+                     dtype: str = "float32") -> list[dict]:
+    """Identity records (see module doc) for every applicable output of ``result``.
+
+    ``logits``: pair × side × output, the model's own head output (reward units).
+    A non-finite margin or reading counts as an infinite error.
+    """
+    margin, rr = _margin(logits, pair_ids, objectives)
+    out = []
+    last = n_layers - 1
+
+    def add(var, what, err):
+        rec = _record(var, what, err, margin, rr, dtype)
+        if rec:
+            out.append(rec)
+
+    if "dla" in result and {"layer", "component"} <= set(result["dla"].dims):
+        da = result["dla"]
+        if set(range(-1, n_layers)) <= set(int(x) for x in da.layer.values):
+            add("dla", "sum of dla = margin", (da.sum(("layer", "component"), skipna=True) - margin).fillna(np.inf))
+    if "lens" in result and "layer" in result["lens"].dims and last in result["lens"].layer.values:
+        add("lens", "normed lens at the last layer = margin", (result["lens"].sel(layer=last) - margin).fillna(np.inf))
+    for var, what in (("patch_restored", "patching the last resid restores 1"),
+                      ("patch_effect", "|patch effect at the last resid| = |margin|")):
+        da = result.get(var)
+        if da is None or not {"layer", "component"} <= set(da.dims):
+            continue
+        if last not in da.layer.values or "resid" not in da.component.values:
+            continue
+        cell = da.sel(layer=last, component="resid")
+        err = (cell - 1) * abs(margin) if var == "patch_restored" else abs(cell) - abs(margin)
+        err = err.where(np.isfinite(cell) | ~np.isfinite(margin))     # pairs outside observable.pairs: NaN
+        if var == "patch_restored":
+            err = err.where(margin != 0)
+        add(var, what, err)
+    return out
