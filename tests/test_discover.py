@@ -20,7 +20,7 @@ from reward_lens_spec.models.tiny import init_weights
 from reward_lens_spec.models.tiny_tokenizer import VOCAB_SIZE, build_tiny_tokenizer
 
 COMMON = dict(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, num_labels=1,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, num_labels=1,
               pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
 CONFIGS = {"phi3": lambda: tf.Phi3Config(**COMMON),
            "stablelm": lambda: tf.StableLmConfig(**COMMON, use_parallel_residual=True, partial_rotary_factor=0.5),

@@ -28,13 +28,15 @@ Parquet without pyarrow), ``dataset.fields.<name>`` (a key missing or of the wro
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import warnings
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from ..errors import SpecError, did_you_mean
-from .checksum import dataset_checksum, effective_sample_size
+from .checksum import dataset_checksum, effective_sample_size, pair_hash
 from .pairs import FLAG_REASONS, Pair, PairSet, make_meta
 
 V1_KEYS = ("id", "prompt", "chosen", "rejected", "subset")
@@ -58,7 +60,7 @@ def load_rewardbench(path, *, version: int = 1, fields: Mapping[str, str] | None
     ``dimensions`` keeps the named subsets; ``limit`` keeps the first N rows (pairs, or items for
     version 2). Returns a ``PairSet`` whose ``dimension`` is the subset.
     """
-    from .loaders import _check_dimension_names, _check_limit, _resolve, _stem
+    from .loaders import _check_dimension_names, _check_limit, _file_info, _resolve, _stem
 
     kind = "rewardbench" if version == 1 else "rewardbench2"
     if path is None or str(path).strip() == "":
@@ -110,7 +112,8 @@ def load_rewardbench(path, *, version: int = 1, fields: Mapping[str, str] | None
             flags["empty_response"].append(p.id)
     ess = effective_sample_size(pairs)
     return PairSet(name=stem, pairs=tuple(pairs), checksum=dataset_checksum(pairs), n_unique=ess["n_unique"],
-                   n_prompt_clusters=ess["n_prompt_clusters"], flags=flags)
+                   n_prompt_clusters=ess["n_prompt_clusters"], flags=flags,
+                   source_file=_file_info(resolved.name, resolved.read_bytes()))
 
 
 def read_rows(resolved: Path, given) -> list[tuple[int, str, Any]]:
@@ -132,7 +135,7 @@ def read_rows(resolved: Path, given) -> list[tuple[int, str, Any]]:
             raise SpecError("dataset.path", f"{resolved} is not a readable Parquet file ({exc}).",
                             fix="check the file, or convert it to JSON-Lines.") from None
         return [(i, f"row {i}", r) for i, r in enumerate(table.to_pylist())]
-    text = _read_text(resolved, given)
+    text, _ = _read_text(resolved, given)
     if name.endswith((".json", ".json.gz")) and text.lstrip().startswith("["):
         return list(_json_list_records(text, str(resolved)))
     return list(_jsonl_records(text, str(resolved)))
@@ -175,22 +178,28 @@ def _subset(row, keys, where, file, default):
 
 def _v1_pair(row, index, where, keys, file, default_subset) -> list[Pair]:
     subset, raw = _subset(row, keys, where, file, default_subset)
-    pid = _field(row, "id", keys, where, file, required=False) or f"{Path(str(file)).stem}-{index:05d}"
+    pid = _field(row, "id", keys, where, file, required=False)
     used = {keys[k] for k in V1_KEYS}
     extra = {k: v for k, v in row.items() if k not in used}
     if raw is not None and raw != subset:
         extra["source_subset"] = raw
-    return [Pair(id=str(pid), prompt=_field(row, "prompt", keys, where, file),
-                 chosen=_field(row, "chosen", keys, where, file), rejected=_field(row, "rejected", keys, where, file),
-                 dimension=subset, source=Path(str(file)).name, meta=make_meta(extra))]
+    pair = Pair(id=str(pid), prompt=_field(row, "prompt", keys, where, file),
+                chosen=_field(row, "chosen", keys, where, file), rejected=_field(row, "rejected", keys, where, file),
+                dimension=subset, source=Path(str(file)).name, meta=make_meta(extra))
+    # no id in the row: one from its content (as data.loaders does), never from its position in the file
+    return [pair if pid is not None else dataclasses.replace(pair, id="pair-" + pair_hash(pair)[:16])]
 
 
 def _v2_pairs(row, index, where, keys, file, default_subset) -> list[Pair]:
     subset, raw = _subset(row, keys, where, file, default_subset)
-    item = str(_field(row, "id", keys, where, file, required=False) or f"{Path(str(file)).stem}-{index:05d}")
     prompt = _field(row, "prompt", keys, where, file)
     chosen = _field(row, "chosen", keys, where, file, kind=list)
     rejected = _field(row, "rejected", keys, where, file, kind=list)
+    item = _field(row, "id", keys, where, file, required=False)
+    if item is None:              # an id from the item's content, never from its position in the file
+        blob = json.dumps([prompt, chosen, rejected, subset], ensure_ascii=False, separators=(",", ":"), default=str)
+        item = "item-" + hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+    item = str(item)
     used = {keys[k] for k in V1_KEYS}
     extra = {k: v for k, v in row.items() if k not in used}
     if raw is not None and raw != subset:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .capture import _first
-from .formatting import _encode, _prompt_len
+from .formatting import _common_prefix, _encode
 from .head import get_module
 from .padding import batches_by_length, pad_batch
 
@@ -42,7 +42,7 @@ def response_starts(tokenizer, pairs, encoded) -> np.ndarray:
             prompt = pair.prompt if s == 0 or pair.prompt_rejected is None else pair.prompt_rejected
             full = ids if len(ids) < encoded.max_length else _encode(tokenizer, prompt, resp, encoded.fmt,
                                                                      encoded.template)
-            n_prompt = _prompt_len(tokenizer, prompt, full, encoded.fmt, encoded.template)
+            n_prompt = _common_prefix(_encode(tokenizer, prompt, "", encoded.fmt, encoded.template), full)
             out[i, s] = min(max(len(ids) - (len(full) - n_prompt), encoded.bos_count), len(ids) - 1)
     return out
 
