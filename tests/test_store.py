@@ -78,7 +78,7 @@ if cfg.get("slow_marker"):  # sleep after the first observable's data is stored
     def slow(self, *a, **k):
         out = orig(self, *a, **k)
         open(cfg["slow_marker"], "w").close()
-        time.sleep(60)
+        time.sleep(cfg.get("slow_s", 60))
         return out
     setattr(owner, name, slow)
 if cfg.get("barrier"):
@@ -87,8 +87,9 @@ if cfg.get("barrier"):
     while not os.path.exists(os.path.join(cfg["barrier"], "go")):
         assert time.time() - t0 < 120, "barrier timeout"
         time.sleep(0.005)
-write_run(cfg["url"], cfg["run_id"], make_results(cfg["seed"]), make_attrs(cfg["seed"]),
-          storage_options=cfg.get("storage_options"))
+won = write_run(cfg["url"], cfg["run_id"], make_results(cfg["seed"]), make_attrs(cfg["seed"]),
+                storage_options=cfg.get("storage_options"), force=cfg.get("force", False))
+print("WON" if won else "LOST")
 """
 
 
