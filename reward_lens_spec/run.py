@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import xarray as xr
 
@@ -24,8 +25,9 @@ class Outcome:
     run_id: str
     store_url: str
     reused: bool
-    result: xr.Dataset | None
+    result: xr.Dataset | None        # the stored run, opened lazily (None when reused or not complete yet)
     plan: object
+    status: str = "complete"         # or "shard_done": this job's chunks are in, the last shard completes the run
 
 
 KEEP_PREFIX_MAX = 64      # patched rows whose prefix KV cache the capture pass keeps (capture(keep_prefix=))
@@ -68,7 +70,7 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     from .frames.resolve import resolve_frame
     from .models.fingerprint import model_fingerprint
     from .models.loading import load_model
-    from .store import is_complete, write_run
+    from .store import is_complete
     from .trust.gates import compute_trust
     from .trust.studies import check_run
 
@@ -94,28 +96,44 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     so = dict(run.store.storage_options)
     if not run.store.force and is_complete(store_url, run_id, storage_options=so):
         return Outcome(run_id, store_url, True, None, plan)
-    result, ctx, enc = compute(lm, pairs, plan, info, fmt=m.format.value, template=m.template,
-                               max_length=m.max_length, batch_size=m.batch_size, max_tokens=m.max_tokens,
-                               padding_side=m.padding_side.value, progress=progress, frame=frame)
-    from .frames import Frame, save_frame
-    for made in [v for v in ctx.memo.values() if isinstance(v, Frame)]:   # operators' own frames: stored too,
-        save_frame(made, store_url, storage_options=so)                    # so every gauge label resolves
-    wall = time.perf_counter() - t0
-    attrs = {
+    from .models.formatting import encode_pairs
+    from .store import open_store
+    from .store._backend import Backend
+    from .store.writer import check_layout
+    from .streaming import stream
+
+    enc = encode_pairs(lm.tokenizer, list(pairs), fmt=m.format.value, template=m.template, max_length=m.max_length,
+                       model_name=lm.name)
+    if not enc.pair_ids:
+        raise SpecError("dataset", "no pair is left to score after exclusions.", fix="check dataset.limit and filters.")
+    b = Backend(store_url, so)
+    check_layout(b, create=True)
+
+    def run_attrs(counts, chunks, result):               # result: the stored outputs, opened lazily
+        wall = time.perf_counter() - t0
+        return {
         "config_yaml": resolved_yaml, "spec_hash": spec_hash(hash_parts), "model": m.name, "model_fingerprint": fp,
         "model_family": lm.family.name, "dataset": ds.name, "dataset_checksum": pairs.checksum,
         "effective_n": {"n": len(pairs), "n_scored": len(enc.pair_ids), "n_unique": pairs.n_unique,
                         "n_prompt_clusters": pairs.n_prompt_clusters},
         "data_flags": {k: len(v) for k, v in pairs.flags.items()},
         "excluded": {k: list(v) for k, v in enc.excluded.items()}, "observable": run.observable.name,
+        "observables": [run.observable.name],
         "observable_version": run.observable.version, "versions": versions(), "git_sha": git_sha(),
         "seed": run.seed, "device": lm.device, "dtype": lm.dtype, "wall_s": round(wall, 3),
-        "counts": ctx.counts, "trust": compute_trust(run, store_url, model_family=lm.family.name),
+        "counts": counts, "chunks": chunks, "trust": compute_trust(run, store_url, model_family=lm.family.name),
         "study_hash": study["study_hash"] if study else None,
         "gauge": {v: str(result[v].attrs.get("gauge", "")) for v in result.data_vars},
         "frame": {"requested": run.frame.name.value, "id": frame.id if frame is not None else None,
                   "expressed_outputs": [v for v in result.data_vars
                                         if frame is not None and result[v].attrs.get("gauge") == frame.gauge]},
-    }
-    write_run(store_url, run_id, {run.observable.name: result}, attrs, storage_options=so, force=run.store.force)
+        "run_id": run_id, "created": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+        }
+
+    done = stream(b, run_id, lm, pairs, enc, plan, info, frame=frame, store_spec=run.store, run_attrs=run_attrs,
+                  capture_kw=dict(batch_size=m.batch_size, max_tokens=m.max_tokens, padding_side=m.padding_side.value,
+                                  progress=False), progress=progress)
+    if done.status != "complete":
+        return Outcome(run_id, store_url, False, None, plan, status=done.status)
+    result = open_store(store_url, storage_options=so).load(run_id, run.observable.name)
     return Outcome(run_id, store_url, False, result, plan)
