@@ -134,6 +134,10 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     keep = {s.name for s in plan.steps if st[s.name] == "pair" and (s.name in plan.outputs or s.name in read_by_reduce)}
     need_h = any(s.op.reads_capture for s in reduce_steps)
     full_coords = RunContext(lm=lm, pairs=pairs, encoded=enc, capture=None, info=info).pair_coords()
+    # a reduction over a pair label (e.g. ``reduce by: dimension``) makes that label a dim of its own
+    # output: the run's group keeps it as that dim, not as a pair coord (what one in-memory Dataset does)
+    clash = {d for s in reduce_steps if s.name in plan.outputs for d in s.dims} - {"pair"}
+    out_coords = {k: v for k, v in full_coords.items() if k not in clash}
     done = att.chunks_done()
     mine = [k for k in range(len(slices)) if k % store_spec.shards == store_spec.shard and k not in done]
     it = mine
@@ -146,8 +150,8 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
         lim = None if info.pairs is None else max(0, min(info.pairs - sl.start, sl.stop - sl.start))
         ds_out, ds_scr, counts = _pair_chunk(lm, pairs, subset(enc, sl), plan, st, replace(info, pairs=lim),
                                              keep, capture_kw, frame, need_h)
-        _ensure_skeleton(att, role, b, [(out_g, ds_out), (scr_g, ds_scr)], len(enc.pair_ids),
-                         store_spec.chunk_pairs, full_coords)
+        _ensure_skeleton(att, role, b, [(out_g, ds_out, out_coords), (scr_g, ds_scr, full_coords)],
+                         len(enc.pair_ids), store_spec.chunk_pairs)
         for group, ds in ((out_g, ds_out), (scr_g, ds_scr)):
             if ds.data_vars:
                 att.fence(role)
@@ -168,7 +172,8 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     by_writer: dict = {}
     for marker in done.values():
         by_writer[marker.get("writer", "?")] = by_writer.get(marker.get("writer", "?"), 0) + 1
-    red_counts = _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, frame, need_h)
+    red_counts = _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, frame, need_h,
+                         full_coords)
     for key, v in red_counts.items():
         counts[key] = counts.get(key, 0) + int(v)
     chunk_info = {"n": len(slices), "chunk_pairs": store_spec.chunk_pairs, "shards": store_spec.shards,
@@ -214,7 +219,7 @@ def _pair_chunk(lm, pairs, enc_k, plan, st, info_k, keep, capture_kw, frame, nee
     return ds_out, xr.Dataset(scratch), ctx.counts
 
 
-def _ensure_skeleton(att, role, b, groups, n, size, full_coords):
+def _ensure_skeleton(att, role, b, groups, n, size):
     """Create every run array once per attempt (full pair length, zarr chunks = run chunks)."""
     import dask.array as da
 
@@ -223,7 +228,7 @@ def _ensure_skeleton(att, role, b, groups, n, size, full_coords):
             att.fence(role)
             time.sleep(0.2)                        # another job is creating it
             continue
-        for group, ds in groups:
+        for group, ds, pair_coords in groups:
             if not ds.data_vars:
                 continue
             tmpl = {}
@@ -232,7 +237,7 @@ def _ensure_skeleton(att, role, b, groups, n, size, full_coords):
                 chunks = tuple(size if d == "pair" else v.sizes[d] for d in v.dims)
                 tmpl[name] = xr.DataArray(da.zeros(shape, chunks=chunks, dtype=v.dtype), dims=v.dims, attrs=v.attrs)
             coords = {k: c.variable for k, c in ds.coords.items() if "pair" not in c.dims}
-            coords.update(full_coords)
+            coords.update(pair_coords)
             att.fence("skeleton")
             portable(xr.Dataset(tmpl, coords=coords, attrs=ds.attrs)).to_zarr(
                 b.zarr_store(), group=group, mode="w", compute=False, consolidated=False, zarr_format=3)
@@ -248,7 +253,7 @@ def _write_region(b, group, ds, sl):
     ds.to_zarr(b.zarr_store(), group=group, region={"pair": sl}, consolidated=False, zarr_format=3)
 
 
-def _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, frame, need_h) -> dict:
+def _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, frame, need_h, pair_coords) -> dict:
     """Stage 2 on the stored per-pair arrays (opened lazily); write its outputs into the run's group."""
     from .context import RunContext
     from .frames import Frame
@@ -257,16 +262,18 @@ def _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, 
     if not reduce_steps:
         return {}
 
-    def _open(group):
+    def _open(group):                  # data lazy (dask); coords (labels along pair, layer, ...) in memory
         try:
-            return xr.open_zarr(b.zarr_store(), group=group, consolidated=False, chunks={})
+            ds = xr.open_zarr(b.zarr_store(), group=group, consolidated=False, chunks={})
         except (FileNotFoundError, KeyError):
             return xr.Dataset()
+        return ds.assign_coords({c: ds[c].load() for c in ds.coords})
 
     stored = {**dict(_open(scr_g).data_vars), **dict(_open(out_g).data_vars)}
     ctx = RunContext(lm=lm, pairs=pairs, encoded=enc, info=info,
                      capture=_Readout(stored.get(READOUT_H) if need_h else None))
-    values = {name: stored[name] for name in {i for s in reduce_steps for i in s.inputs if st[i] == "pair"}}
+    values = {name: stored[name].assign_coords(pair_coords)       # pair labels as the chunks had them
+              for name in {i for s in reduce_steps for i in s.inputs if st[i] == "pair"}}
     for s in reduce_steps:
         values[s.name] = s.op.run(ctx, *[values[i] for i in s.inputs])
         values[s.name].attrs.setdefault("gauge", s.gauge)

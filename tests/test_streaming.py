@@ -162,3 +162,22 @@ def test_four_shard_joblib_multirun_equals_one_job(tmp_path):
     _, rid1, single = only_run(tmp_path / "single.zarr")
     assert rid1 == rid
     assert_bit_identical(sharded, single)
+
+
+def test_bfloat16_streamed_run_self_checks_with_its_own_tolerance(tmp_path):
+    """bf16 on CPU: the chunked run passes the capture self-check at bf16's tolerance, DLA still sums to
+    the margin (to bf16 rounding), and a wrong readout still stops the run."""
+    import torch
+    from reward_lens_spec.errors import CaptureError
+    from reward_lens_spec.models.capture import _TOL, capture
+    lm, pairs = tiny_lm("tiny_llama", dtype="bfloat16"), make_pairs(6)
+    assert lm.head.W.dtype == np.float32 and _TOL["bfloat16"] > _TOL["float32"]
+    plan, info = plan_of(lm, "dla")
+    ds, prov = streamed(lm, pairs, plan, info, str(tmp_path / "bf16.zarr"), 2)
+    assert prov["chunks"]["n"] == 3
+    margin = lm.head.rewards(capture(lm, encode_pairs(lm.tokenizer, pairs, fmt="plain", template=TEMPLATE),
+                                     batch_size=4).h)[..., 0]
+    np.testing.assert_allclose(ds["dla"].sum(["layer", "component"]), margin[:, 0] - margin[:, 1], atol=3e-2)
+    enc = encode_pairs(lm.tokenizer, pairs, fmt="plain", template=TEMPLATE)
+    with pytest.raises(CaptureError, match="self-check failed"):
+        capture(lm, enc, ("resid_post",), batch_size=4, readout_fn=lambda m: torch.zeros(m.shape[0], dtype=torch.long))
