@@ -15,6 +15,9 @@ Resume and shards: a job computes the chunks ``k`` with ``k % store.shards == st
 that have no marker yet, in the attempt it shares with its launch (``store.launch``, or Hydra's
 sweep dir) or adopts from a dead writer (``store.attempts``). Chunks are the same pairs
 whoever computes them, so a resumed or sharded run is bit-identical to one uninterrupted job.
+A killed writer on this host is seen dead at once (its process is gone); one on another host only
+when its lease expires (``store.attempts.LEASE_S``, 60 s): a rerun started elsewhere before that
+computes the run in an attempt of its own instead of resuming.
 """
 from __future__ import annotations
 
@@ -161,7 +164,7 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     att.release(role)
     done = att.chunks_done()
     if len(done) < len(slices) or not att.claim("reduce"):
-        return Streamed("shard_done", att.aid, len(slices), len(mine))
+        return Streamed("complete" if att.named() else "shard_done", att.aid, len(slices), len(mine))
     if att.marker("skeleton") is None or set(done) != set(range(len(slices))):
         raise StoreError(f"store {b.url}: run {run_id} attempt {att.aid} lost chunks or its skeleton while it "
                          "was written (a gc with older_than=0?); not completing it. Fix: run again.")
