@@ -70,13 +70,13 @@ def test_two_writers_of_one_run_id_killed_at_random_points(tmp_path):
         victim = rng.randrange(2)
         time.sleep(rng.uniform(0.5, 3.0))                 # imports take ~1 s: kill before, during or after
         procs[victim].send_signal(signal.SIGKILL)
-        procs[victim].wait(timeout=30)
+        victim_out, _ = procs[victim].communicate(timeout=30)
         out, err = procs[1 - victim].communicate(timeout=180)
         assert procs[1 - victim].returncode == 0, err.decode()[-2000:]
         seed = assert_one_writer(url)
         assert seed in (0, 1, 2) and (seed != 0 or rnd % 2)
-        # the survivor forced its run: it is what readers list, whatever the victim had done
-        assert seed == (1 - victim) + 1
+        # the survivor forced its run: readers list it, unless the victim finished (both forced) after it
+        assert seed == (1 - victim) + 1 or b"WON" in victim_out
 
 
 def test_killed_writer_leaves_its_attempt_unlisted_and_its_lease_dead(tmp_path):
