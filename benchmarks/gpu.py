@@ -130,9 +130,6 @@ def bench_model(shape, args, device):
         wall = time.perf_counter() - t
         rows[name] = (wall, n / wall, _peak(device))
     tokens = sum(len(s) for s in seqs)
-    del lm
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
     return {"shape": shape, "pairs": n, "tokens": tokens, "built_s": built, "rows": rows}
 
 
@@ -157,7 +154,11 @@ def main() -> None:
              f"NOT a GPU run: CPU ({platform.processor() or platform.machine()}), torch {torch.__version__}; "
              "tiny 'smoke' shapes only — these numbers say nothing about GPU speed")
     t0 = time.perf_counter()
-    results = [bench_model(s, args, device) for s in shapes]
+    results = []
+    for s in shapes:
+        results.append(bench_model(s, args, device))   # the model is freed when bench_model returns
+        if cuda:
+            torch.cuda.empty_cache()
     lines = [f"## GPU benchmark ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
              f"Ran on: {where}.", f"Command: `python benchmarks/gpu.py {' '.join(sys.argv[1:])}`; dtype {args.dtype}; "
              f"batch {args.batch_size} sequences; chunk {args.chunk_pairs} pairs; patching on the first "

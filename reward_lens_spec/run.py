@@ -1,7 +1,8 @@
-"""Spec → plan → one capture pass → operators → xarray → store.
+"""Spec → plan → capture pass and operators, streamed chunk by chunk → xarray → store.
 
-``execute`` is the whole main job for one composed config. The run id is the
-hash of what determines the numbers (model fingerprint, dataset checksum, the
+``execute`` is the whole main job for one composed config (``streaming.stream`` runs the plan's
+two stages into the run's attempt; ``compute`` is the same plan in memory, for tests and
+benchmarks). The run id is the hash of what determines the numbers (model fingerprint, dataset checksum, the
 observable's expanded steps and version, numerics settings, package version);
 paths, time, batch size and launcher are not part of it. A complete run with
 the same id is found in the store and not recomputed unless ``store.force``.
