@@ -21,13 +21,16 @@ def test_gc_during_a_live_write_removes_nothing_of_it(tmp_path):
     url = str(tmp_path / "s.zarr")
     write_run(url, "done", make_results(0), make_attrs(0))
     marker = tmp_path / "sleeping"
-    w = spawn_writer(url=url, run_id="live", seed=3, slow_marker=str(marker), slow_s=3)
+    go = tmp_path / "go"
+    w = spawn_writer(url=url, run_id="live", seed=3, slow_marker=str(marker), resume_on=str(go))
     _wait(marker, w)                                       # first observable on disk, writer alive
     store = open_store(url)
     assert store.incomplete() == ["live"]
     for _ in range(3):                                     # any age, repeatedly, from the CLI too
         assert store.remove_incomplete(older_than_s=0) == []
     assert store_cli(["gc", f"url={url}", "older_than=0"]) == 0
+    assert w.poll() is None                                # still alive and mid-write throughout
+    go.touch()
     out, err = w.communicate(timeout=120)
     assert w.returncode == 0 and b"WON" in out, err.decode()[-2000:]
     assert sorted(store.runs().run_id) == ["done", "live"]

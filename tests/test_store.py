@@ -78,7 +78,9 @@ if cfg.get("slow_marker"):  # sleep after the first observable's data is stored
     def slow(self, *a, **k):
         out = orig(self, *a, **k)
         open(cfg["slow_marker"], "w").close()
-        time.sleep(cfg.get("slow_s", 60))
+        t0 = time.time()   # sleep 60 s, or until the file cfg["resume_on"] appears
+        while time.time() - t0 < 60 and not os.path.exists(cfg.get("resume_on") or "/nonexistent"):
+            time.sleep(0.01)
         return out
     setattr(owner, name, slow)
 if cfg.get("barrier"):

@@ -43,12 +43,14 @@ def test_displaced_writer_resumes_and_cannot_change_the_listed_run(tmp_path, for
     """A is slowed after its first observable, B (force) completes, then A resumes and finishes."""
     url = str(tmp_path / "s.zarr")
     marker = tmp_path / "a_sleeping"
-    a = spawn_writer(url=url, run_id="r", seed=1, slow_marker=str(marker), slow_s=4, force=force_a)
+    go = tmp_path / "a_go"
+    a = spawn_writer(url=url, run_id="r", seed=1, slow_marker=str(marker), resume_on=str(go), force=force_a)
     _wait(marker, a)
     b = spawn_writer(url=url, run_id="r", seed=2, force=True)
     out_b, err_b = b.communicate(timeout=120)
     assert b.returncode == 0 and b"WON" in out_b, err_b.decode()[-2000:]
-    assert assert_one_writer(url) == 2                    # while A still sleeps mid-write
+    assert assert_one_writer(url) == 2 and a.poll() is None     # while A still sleeps mid-write
+    go.touch()
     out_a, err_a = a.communicate(timeout=120)
     assert a.returncode == 0, err_a.decode()[-2000:]
     # A forced: its own whole run replaces B's at once; not forced: B's stays listed, A's attempt goes
