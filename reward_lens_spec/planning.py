@@ -53,3 +53,25 @@ def frame_dependent(plan) -> list[str]:
     """
     return [s.name for s in plan.steps if s.name in plan.outputs and s.gauge.startswith("frame:native:")
             and "d_model" in s.dims]
+
+
+def stages(plan) -> dict[str, str]:
+    """Step name -> ``"pair"`` (runs batch by batch, pair-chunk regions) or ``"reduce"`` (after the last chunk).
+
+    A step is in the pair stage when its operator acts pair by pair (``Operator.acts_per_pair``),
+    its output keeps the ``pair`` dim and every input is a pair-stage step; anything reading a
+    reduction runs after it. Raises ``SpecError`` naming the step when an operator that declares
+    itself per-pair drops the ``pair`` dim of an input that has one (it would reduce over pairs).
+    """
+    out: dict[str, str] = {}
+    by_name = {s.name: s for s in plan.steps}
+    for s in plan.steps:
+        per_pair = s.op.acts_per_pair()
+        if per_pair and "pair" not in s.dims and any("pair" in by_name[i].dims for i in s.inputs):
+            raise SpecError(f"observable.{plan.observable}.steps.{s.name}",
+                            f"operator '{s.op.name}' is declared per-pair but its output ({' × '.join(s.dims)}) "
+                            "drops the 'pair' dim of its input.",
+                            fix="set per_pair = False on the operator (it reduces over pairs).")
+        pair = per_pair and "pair" in s.dims and all(out[i] == "pair" for i in s.inputs)
+        out[s.name] = "pair" if pair else "reduce"
+    return out

@@ -1,10 +1,11 @@
-"""Spec → plan → one capture pass → operators → xarray → store.
+"""Spec → plan → capture pass and operators, streamed chunk by chunk → xarray → store.
 
-``execute`` is the whole main job for one composed config. The run id is the
-hash of what determines the numbers (model fingerprint, dataset checksum, the
-token ids of every side the model sees with the pair ids in order
-(``EncodedPairs.digest``), the pairs excluded or flagged, the observable's
-expanded steps and version, numerics settings, package version);
+``execute`` is the whole main job for one composed config (``streaming.stream`` runs the plan's
+two stages into the run's attempt; ``compute`` is the same plan in memory, for tests and
+benchmarks). The run id is the hash of what determines the numbers (model fingerprint, dataset
+checksum, the token ids of every side the model sees with the pair ids in order
+(``EncodedPairs.digest``), the pairs excluded or flagged, the observable's expanded steps and
+version, numerics settings, package version);
 paths, time, batch size and launcher are not part of it. A complete run with
 the same id is found in the store and not recomputed unless ``store.force``.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import xarray as xr
 
@@ -26,8 +28,9 @@ class Outcome:
     run_id: str
     store_url: str
     reused: bool
-    result: xr.Dataset | None
+    result: xr.Dataset | None        # the stored run, opened lazily (None when reused or not complete yet)
     plan: object
+    status: str = "complete"         # or "shard_done": this job's chunks are in, the last shard completes the run
 
 
 KEEP_PREFIX_MAX = 64      # patched rows whose prefix KV cache the capture pass keeps (capture(keep_prefix=))
@@ -70,7 +73,7 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     from .frames.resolve import resolve_frame
     from .models.fingerprint import model_fingerprint
     from .models.loading import load_model
-    from .store import is_complete, write_run
+    from .store import is_complete
     from .trust.gates import seal_run
     from .trust.studies import check_run
 
@@ -89,6 +92,9 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     from .models.formatting import encode_pairs
     seen = encode_pairs(lm.tokenizer, list(pairs), fmt=m.format.value, template=m.template, max_length=m.max_length,
                         model_name=lm.name)                   # what the model sees: ids of every side, in order
+    if not seen.pair_ids:
+        raise SpecError("dataset", "no pair is left to score after exclusions.", fix="check dataset.limit and filters.")
+    enc = seen
     acc = accounting(pairs, seen)
     hash_parts = {"model_fingerprint": fp, "model_name": m.name, "dataset_checksum": pairs.checksum,
                   "model_input": seen.digest(), "accounting": acc,
@@ -104,14 +110,17 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     so = dict(run.store.storage_options)
     if not run.store.force and is_complete(store_url, run_id, storage_options=so):
         return Outcome(run_id, store_url, True, None, plan)
-    result, ctx, enc = compute(lm, pairs, plan, info, fmt=m.format.value, template=m.template,
-                               max_length=m.max_length, batch_size=m.batch_size, max_tokens=m.max_tokens,
-                               padding_side=m.padding_side.value, progress=progress, frame=frame)
-    from .frames import Frame, save_frame
-    for made in [v for v in ctx.memo.values() if isinstance(v, Frame)]:   # operators' own frames: stored too,
-        save_frame(made, store_url, storage_options=so)                    # so every gauge label resolves
-    wall = time.perf_counter() - t0
-    attrs = {
+    from .store import open_store
+    from .store._backend import Backend
+    from .store.writer import check_layout
+    from .streaming import stream
+
+    b = Backend(store_url, so)
+    check_layout(b, create=True)
+
+    def run_attrs(counts, chunks, result, logits):     # result: the stored outputs, opened lazily
+        wall = time.perf_counter() - t0
+        attrs = {
         "config_yaml": resolved_yaml, "spec_hash": spec_hash(hash_parts), "model": m.name, "model_fingerprint": fp,
         "model_family": lm.family.name, "dataset": ds.name, "dataset_checksum": pairs.checksum,
         "dataset_file": pairs.source_file, "model_input_sha256": hash_parts["model_input"], "pair_flags": acc["pair_flags"],
@@ -119,15 +128,24 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
                         "n_prompt_clusters": pairs.n_prompt_clusters},
         "data_flags": {k: len(v) for k, v in pairs.flags.items()},
         "excluded": acc["excluded"], "observable": run.observable.name,
+        "observables": [run.observable.name],
         "observable_version": run.observable.version, "versions": versions(), "git_sha": git_sha(),
         "seed": run.seed, "device": lm.device, "dtype": lm.dtype, "wall_s": round(wall, 3),
-        "counts": ctx.counts,
+        "counts": counts, "chunks": chunks,
         "study_hash": study["study_hash"] if study else None,
         "gauge": {v: str(result[v].attrs.get("gauge", "")) for v in result.data_vars},
         "frame": {"requested": run.frame.name.value, "id": frame.id if frame is not None else None,
                   "expressed_outputs": [v for v in result.data_vars
                                         if frame is not None and result[v].attrs.get("gauge") == frame.gauge]},
-    }
-    attrs = seal_run(run_id, attrs, result, ctx, run, store_url, storage_options=so)   # identities, seal, trust
-    write_run(store_url, run_id, {run.observable.name: result}, attrs, storage_options=so, force=run.store.force)
+        "run_id": run_id, "created": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+        }
+        return seal_run(run_id, attrs, result, run, store_url, logits=logits, pair_ids=enc.pair_ids, lm=lm,
+                        storage_options=so)                   # identities, seal, derived trust cache
+
+    done = stream(b, run_id, lm, pairs, enc, plan, info, frame=frame, store_spec=run.store, run_attrs=run_attrs,
+                  capture_kw=dict(batch_size=m.batch_size, max_tokens=m.max_tokens, padding_side=m.padding_side.value,
+                                  progress=False), progress=progress)
+    if done.status != "complete":
+        return Outcome(run_id, store_url, False, None, plan, status=done.status)
+    result = open_store(store_url, storage_options=so).load(run_id, run.observable.name)
     return Outcome(run_id, store_url, False, result, plan)

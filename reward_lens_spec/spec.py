@@ -152,6 +152,10 @@ class StoreSpec:
     url: Optional[str] = None
     force: bool = False
     storage_options: dict[str, Any] = field(default_factory=dict)
+    chunk_pairs: int = 64          # pairs per stored chunk: the unit of streaming, resume and sharding
+    shard: int = 0                 # this job computes the chunks k with k % shards == shard
+    shards: int = 1
+    launch: Optional[str] = None   # shared by the jobs of one sharded launch (default: Hydra's sweep dir)
 
 
 @dataclass

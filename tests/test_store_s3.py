@@ -20,7 +20,7 @@ boto3 = pytest.importorskip("boto3")
 import xarray as xr  # noqa: E402
 
 from reward_lens_spec.errors import StoreError  # noqa: E402
-from reward_lens_spec.store import is_complete, open_store, write_run  # noqa: E402
+from reward_lens_spec.store import LAYOUT_VERSION, is_complete, open_store, write_run  # noqa: E402
 from test_store import (assert_overlapping, assert_same, make_attrs, make_results,  # noqa: E402
                         run_concurrently, spawn_writer)
 
@@ -79,8 +79,11 @@ def test_s3_round_trip_catalog_and_reuse(s3):
     assert write_run(url, "r0", make_results(0), make_attrs(0), storage_options=so) is True
     assert write_run(url, "r1", make_results(1), make_attrs(1), storage_options=so) is True
     assert write_run(url, "r1", make_results(5), make_attrs(5), storage_options=so) is False
+    import s3fs
+    fs = s3fs.S3FileSystem(**so)
+    attempt = json.loads(fs.cat_file(f"{url[5:]}/runs/r1/zarr.json"))["attributes"]["attempt"]
     for obs, want in make_results(1).items():  # a colleague without this package
-        got = xr.open_zarr(url, group=f"runs/r1/{obs}", storage_options=so, consolidated=False)
+        got = xr.open_zarr(url, group=f"runs/r1/{attempt}/{obs}", storage_options=so, consolidated=False)
         assert_same(got, want)
     store = open_store(url, storage_options=so)
     assert sorted(store.runs().run_id) == ["r0", "r1"]
@@ -124,15 +127,17 @@ def test_s3_sigkill_and_corrupt_run_are_isolated(s3, tmp_path):
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    assert store._b.fs.exists(store._b.path("runs/victim/lens/raw/zarr.json"))  # partial data
+    assert store._b.fs.glob(store._b.path("runs/victim/attempt-*/lens/raw/zarr.json"))  # partial data
     assert list(store.runs().run_id) == ["good"]
     assert store.incomplete() == ["bad", "victim"] and store.corrupt() == ["bad"]
     assert write_run(url, "victim", make_results(2), make_attrs(2), storage_options=so) is True
-    assert store.remove_incomplete() == ["bad"]
+    assert store.remove_incomplete() == []        # the default age keeps a just-crashed writer's work
+    gone = store.remove_incomplete(older_than_s=0)
+    assert gone[0] == "bad" and [g.split("/")[0] for g in gone[1:]] == ["victim"]   # the killed attempt
     assert sorted(store.runs().run_id) == ["good", "victim"] and store.incomplete() == []
     assert_same(store.load("victim", "lens"), make_results(2)["lens"])
     root = json.loads(store._b.read("zarr.json"))
-    assert root["attributes"] == {"reward_lens_spec_layout": 1}
+    assert root["attributes"] == {"reward_lens_spec_layout": LAYOUT_VERSION}
 
 
 def test_s3_unreachable_and_missing(s3):

@@ -33,6 +33,7 @@ class Combine(Operator):
     """Element-wise input (add|sub|mul|div) another step, broadcasting by dim name."""
 
     name = "combine"
+    per_pair = True
     Params = CombineParams
     extra_inputs = ("other",)
 
@@ -66,6 +67,7 @@ class Scale(Operator):
     """Divide by a constant or by the model's n_layers."""
 
     name = "scale"
+    per_pair = True
     Params = ScaleParams
 
     def out_dims(self, in_dims, info, where):

@@ -3,7 +3,9 @@
 An operator is one class with a frozen ``Params`` dataclass, the number of
 inputs it reads, the dims it reads and writes (``out_dims``, checked at plan
 time, before any model loads), what it needs from the runtime (``sites`` to
-capture, ``reruns`` for interventions) and its gauge behaviour (``gauge``).
+capture, ``reruns`` for interventions), its stage (``per_pair``: pair by pair, or
+reducing over pairs; checked at plan time by ``planning.stages``) and its gauge
+behaviour (``gauge``).
 ``run`` maps ``xarray.DataArray`` inputs to one ``DataArray`` with ``units``
 and ``gauge`` attrs.
 """
@@ -55,6 +57,8 @@ class Operator:
     n_inputs: ClassVar[int] = 1
     extra_inputs: ClassVar[tuple[str, ...]] = ()   # params that name other steps (e.g. "reference")
     reruns: ClassVar[bool] = False                 # needs model re-runs beyond the capture pass
+    per_pair: ClassVar[bool] = False               # stage: out[pairs] depends only on in[pairs] (see below)
+    reads_capture: ClassVar[bool] = False          # a reduce step that reads ctx.capture.h of every pair
 
     def __init__(self, params):
         self.p = params
@@ -66,6 +70,13 @@ class Operator:
     def prefix_rows(self, info: PlanInfo, n_pairs: int) -> set[tuple[int, int]]:
         """``(pair, side)`` rows this step re-runs from a KV-cached prefix (the capture keeps those caches)."""
         return set()
+
+    def acts_per_pair(self) -> bool:
+        """True when this step acts pair by pair: its rows for a set of pairs depend only on the
+        inputs' (and the capture's) rows for those pairs. Such steps run batch by batch in the
+        first stage of a plan and write pair-chunk regions; the others reduce over pairs and run
+        after the last chunk, on the stored arrays (``planning.stages``)."""
+        return self.per_pair
 
     def out_dims(self, in_dims: list[tuple[str, ...]], info: PlanInfo, where: str) -> tuple[str, ...]:
         raise NotImplementedError

@@ -35,6 +35,7 @@ class BradleyTerry(Operator):
     """Bradley–Terry p = σ(Δ), loss softplus(−Δ) (nats) or gradient −σ(−Δ) of a margin."""
 
     name = "bradley_terry"
+    per_pair = True
     Params = BradleyTerryParams
 
     def out_dims(self, in_dims, info, where):

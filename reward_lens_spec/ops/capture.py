@@ -39,6 +39,7 @@ class Capture(Operator):
     """Activations at the readout token at one site (pair × side × [layer ×] d_model)."""
 
     name = "capture"
+    per_pair = True
     Params = CaptureParams
     n_inputs = 0
 

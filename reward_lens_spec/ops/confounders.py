@@ -118,6 +118,7 @@ class PairFeature(Operator):
     """A per-pair confounder feature (length, prompt overlap, presentation position)."""
 
     name = "pair_feature"
+    per_pair = True
     Params = PairFeatureParams
     n_inputs = 0
 

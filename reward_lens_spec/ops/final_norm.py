@@ -34,6 +34,7 @@ class FinalNorm(Operator):
     """Apply the final norm, or freeze its scale at the readout token (linear attribution)."""
 
     name = "final_norm"
+    per_pair = True
     Params = FinalNormParams
     extra_inputs = ("reference",)
 

@@ -40,6 +40,7 @@ class FirstCrossing(Operator):
     """First coordinate along a dim reaching `fraction` of the final value (sign-aware)."""
 
     name = "first_crossing"
+    per_pair = True
     Params = FirstCrossingParams
 
     def out_dims(self, in_dims, info, where):

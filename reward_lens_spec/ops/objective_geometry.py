@@ -62,6 +62,7 @@ class ObjectiveGeometry(Operator):
     """Cosines between the head's objective rows (objective × objective_b), native or whitened."""
 
     name = "objective_geometry"
+    reads_capture = True           # the whitened frame is fitted on every pair's readout h
     Params = ObjectiveGeometryParams
     n_inputs = 0
 

@@ -39,6 +39,7 @@ class _PatchBase(Operator):
     Params = PatchParams
     n_inputs = 0
     reruns = True
+    per_pair = True                # observable.pairs counts from the run's first pair (chunks get their share)
     approximate = False
 
     def _grid(self, info):
@@ -84,10 +85,12 @@ class _PatchBase(Operator):
         pidx = list(range(n))
         targets = [(_COMP[c], l) for l in layers for c in comps]
         key = (self.name, self.p.mode, self.p.positions, tuple(targets), n)
+        if n == 0:                             # a chunk past observable.pairs: every pair stays NaN
+            ctx.memo[key] = np.zeros((0, len(layers), len(comps), ctx.lm.head.n_outputs))
         if key not in ctx.memo:
             ctx.memo[key], counts = self._compute(ctx, targets, pidx)
             ctx.add_counts(self.name, counts)
-        patched = ctx.memo[key].reshape(n, len(layers), len(comps), -1)
+        patched = ctx.memo[key].reshape(n, len(layers), len(comps), ctx.lm.head.n_outputs)
         base_side = 1 if self.p.mode == "denoise" else 0
         # W·h + b of the captured h (the patched rewards' read-off), not the model's own head output,
         # which differs by its rounding in bfloat16/float16

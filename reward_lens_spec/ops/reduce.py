@@ -40,6 +40,9 @@ class Reduce(Operator):
         out = without(in_dims[0], self.p.dim)
         return (self.p.by,) + out if self.p.by else out
 
+    def acts_per_pair(self) -> bool:
+        return self.p.dim != "pair" and not self.p.by
+
     def run(self, ctx, x):
         target = x.groupby(self.p.by) if self.p.by else x
         kw = {} if self.p.by else {"dim": self.p.dim}

@@ -21,6 +21,7 @@ class Select(Operator):
     """Select along a dim by position (dim dropped) or by labels (dim kept)."""
 
     name = "select"
+    per_pair = True
     Params = SelectParams
 
     def out_dims(self, in_dims, info, where):

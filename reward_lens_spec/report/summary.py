@@ -12,6 +12,10 @@ def _short(gauge: str) -> str:
 
 def print_summary(outcome) -> None:
     """Print one line per output variable (dims, units, mean over finite cells) and the store path."""
+    if getattr(outcome, "status", "complete") != "complete":
+        print(f"run {outcome.run_id}: this job's chunks are stored in {outcome.store_url}; the run is complete "
+              "(and listed) once its last shard has finished")
+        return
     if outcome.reused:
         print(f"run {outcome.run_id} is already complete in {outcome.store_url}: reused, not recomputed "
               "(store.force=true recomputes)")

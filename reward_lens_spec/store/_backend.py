@@ -2,16 +2,17 @@
 
 The store is one Zarr v3 hierarchy::
 
-    <url>/zarr.json                 root group; attrs {"reward_lens_spec_layout": 1}
+    <url>/zarr.json                 root group; attrs {"reward_lens_spec_layout": 2}
     <url>/runs/zarr.json            the group holding every run
     <url>/runs/<run_id>/zarr.json   run group; its attrs are the run's provenance and,
-                                    written last, ``complete: true``
-    <url>/runs/<run_id>/<obs>/...   one xarray Dataset per observable
+                                    written last, ``complete: true`` + ``attempt``
+    <url>/runs/<run_id>/<attempt>/<obs>/...   one xarray Dataset per observable, under
+                                    the prefix of the writer the run document names
 
 This module reads and writes the small JSON documents (``zarr.json``) itself,
 so it can create them exclusively (root) or atomically (run documents), list
 runs without opening any array, and tell a garbage document from a missing
-one. Every failure to reach the store becomes a ``StoreError`` naming the URL.
+one; it never lists, writes or deletes through a symlink. Every failure to reach the store becomes a ``StoreError`` naming the URL.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from fsspec.utils import get_protocol
 from reward_lens_spec.errors import StoreError
 
 LAYOUT_KEY = "reward_lens_spec_layout"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 RUNS = "runs"
 DOC = "zarr.json"
 
@@ -108,6 +109,7 @@ class Backend:
         a single PUT, which is atomic.
         """
         target = self.path(key)
+        self.check_inside(key)
         try:
             if self.local:
                 os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -135,6 +137,7 @@ class Backend:
         refuses that, exists-then-PUT (only identical root documents race there).
         """
         target = self.path(key)
+        self.check_inside(key)
         try:
             if self.local:
                 os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -169,51 +172,121 @@ class Backend:
         return os.path.join(head, f".{tail}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
 
     # -- listing and removal ------------------------------------------------------
-    def list_runs(self) -> list[str]:
-        """Names of every child folder of ``runs/`` (complete or not), sorted."""
-        base = self.path(RUNS)
+    def list_dirs(self, key: str) -> list[str]:
+        """Names of the child folders of ``key``, sorted; symlinks are never listed.
+
+        A symlink placed in the store may point into another store or anywhere on disk:
+        nothing here lists, follows or deletes through one.
+        """
+        base = self.path(key)
         try:
             if self.local:
-                if not os.path.isdir(base):
+                if not os.path.isdir(base) or self.is_link(key):
                     return []
-                return sorted(n for n in os.listdir(base)
-                              if not n.startswith(".") and os.path.isdir(os.path.join(base, n)))
+                return sorted(n for n in os.listdir(base) if not n.startswith(".")
+                              and not os.path.islink(os.path.join(base, n))
+                              and os.path.isdir(os.path.join(base, n)))
             try:
                 entries = self.fs.ls(base, detail=True, refresh=True)
             except FileNotFoundError:
                 return []
         except Exception as e:
-            raise self._fail("list runs", e) from e
+            raise self._fail(f"list {key}", e) from e
         names = {e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries
                  if e.get("type") == "directory"}
         return sorted(n for n in names if not n.startswith("."))
 
-    def remove_run(self, run_id: str) -> None:
-        """Delete ``runs/<run_id>``: its run document first, then the rest.
-
-        Removing the document first means a reader never sees a completion
-        document over half-deleted data.
-        """
-        key = f"{RUNS}/{run_id}"
+    def list_files(self, key: str) -> list[str]:
+        """Names of the plain files directly in ``key`` (no symlinks), sorted; [] when absent."""
+        base = self.path(key)
         try:
             if self.local:
-                doc = self.path(f"{key}/{DOC}")
-                if os.path.lexists(doc):
-                    os.remove(doc)
-                if os.path.isdir(self.path(key)):
-                    shutil.rmtree(self.path(key))
-                return
+                if not os.path.isdir(base) or self.is_link(key):
+                    return []
+                return sorted(n for n in os.listdir(base) if not n.startswith(".")
+                              and os.path.isfile(os.path.join(base, n))
+                              and not os.path.islink(os.path.join(base, n)))
             try:
-                self.fs.rm_file(self.path(f"{key}/{DOC}"))
+                entries = self.fs.ls(base, detail=True, refresh=True)
             except FileNotFoundError:
-                pass
+                return []
+        except Exception as e:
+            raise self._fail(f"list {key}", e) from e
+        return sorted(e["name"].rsplit("/", 1)[-1] for e in entries if e.get("type") == "file")
+
+    def list_runs(self) -> list[str]:
+        """Names of every child folder of ``runs/`` (complete or not), sorted; never a symlink."""
+        return self.list_dirs(RUNS)
+
+    def is_link(self, key: str) -> bool:
+        """True when ``key`` or any folder between the store root and it is a symlink (local only)."""
+        if not self.local:
+            return False
+        parts = [p for p in key.split("/") if p]
+        return any(os.path.islink(self.path("/".join(parts[:i + 1]))) for i in range(len(parts)))
+
+    def check_inside(self, key: str) -> None:
+        """Raise StoreError when writing or deleting ``key`` would go through a symlink out of the store."""
+        if self.is_link(key):
+            raise StoreError(f"store {self.url}: {key} is (or lies under) a symbolic link; refusing to "
+                             "write or delete through it. Fix: remove the link from the store.")
+
+    def remove_tree(self, key: str) -> None:
+        """Delete the folder ``key`` and everything in it, never following a symlink.
+
+        ``key`` itself (or a folder above it) being a link raises StoreError; links
+        inside are removed as links, their targets untouched.
+        """
+        self.check_inside(key)
+        try:
+            if self.local:
+                if os.path.isdir(self.path(key)):
+                    shutil.rmtree(self.path(key))     # rmtree unlinks inner symlinks, never follows them
+                return
             try:
                 self.fs.rm(self.path(key), recursive=True)
             except FileNotFoundError:
                 pass
             self.fs.invalidate_cache(self.path(key))
         except Exception as e:
-            raise self._fail(f"remove run {run_id}", e) from e
+            raise self._fail(f"remove {key}", e) from e
+
+    def remove_run(self, run_id: str) -> None:
+        """Delete ``runs/<run_id>``: its run document first, then the rest (never through a link).
+
+        Removing the document first means a reader never sees a completion
+        document over half-deleted data.
+        """
+        key = f"{RUNS}/{run_id}"
+        self.check_inside(key)
+        self.remove_file(f"{key}/{DOC}")
+        self.remove_tree(key)
+
+    def remove_file(self, key: str) -> None:
+        """Delete one file; absent is fine."""
+        self.check_inside(key)
+        try:
+            if self.local:
+                if os.path.lexists(self.path(key)):
+                    os.remove(self.path(key))
+                return
+            try:
+                self.fs.rm_file(self.path(key))
+            except FileNotFoundError:
+                pass
+        except Exception as e:
+            raise self._fail(f"remove {key}", e) from e
+
+    def mtime(self, key: str) -> float | None:
+        """Modification time (POSIX seconds) of ``key`` or None when unknown/absent."""
+        try:
+            if self.local:
+                return os.lstat(self.path(key)).st_mtime
+            info = self.fs.info(self.path(key))
+            t = info.get("LastModified") or info.get("mtime")
+            return t.timestamp() if hasattr(t, "timestamp") else (float(t) if t else None)
+        except Exception:
+            return None
 
     def run_exists(self, run_id: str) -> bool:
         """True when anything at all is stored under ``runs/<run_id>``."""
@@ -253,6 +326,16 @@ class Backend:
         except Exception as e:
             raise self._fail("list the store", e) from e
         return any(not n.startswith(".") and n not in (DOC, RUNS) for n in names)
+
+    def exists_key(self, key: str) -> bool:
+        """True when the object/file ``key`` exists (fresh, uncached)."""
+        try:
+            if self.local:
+                return os.path.lexists(self.path(key))
+            self.fs.invalidate_cache(self.path(key))
+            return bool(self.fs.exists(self.path(key)))
+        except Exception as e:
+            raise self._fail(f"check {key}", e) from e
 
     def exists(self) -> bool:
         """True when the store root folder (or prefix) exists."""

@@ -10,7 +10,8 @@ stored label; ``trust_verified=false`` lists the records whose stored label or d
 fail to verify (``show`` prints ``trust_reason``).
     diff     url= run= run_b=          unified diff of the two resolved configs
     export   url= run= observable= out=PATH.nc|PATH.csv
-    gc       url= [older_than=SECONDS] remove incomplete/crashed runs (never complete ones)
+    gc       url= [older_than=SECONDS] remove what no live writer holds and no reader lists
+                                       (default age 3600 s; never a complete run, never via a symlink)
     migrate  url=                      bring an older store's root to this layout
 
 Optional ``endpoint_url=`` is passed to fsspec as ``client_kwargs.endpoint_url``
@@ -61,6 +62,7 @@ def _need(kv: dict, cmd: str, *keys: str) -> None:
 
 def _run(cmd: str, kv: dict) -> None:
     from reward_lens_spec.store import migrate, open_store
+    from reward_lens_spec.store.gc import GC_AGE_S
 
     so = {"client_kwargs": {"endpoint_url": kv["endpoint_url"]}} if kv.get("endpoint_url") else None
     url = kv["url"]
@@ -101,11 +103,12 @@ def _run(cmd: str, kv: dict) -> None:
         print(f"wrote {store.export(kv['run'], kv['observable'], kv['out'])}")
     elif cmd == "gc":
         try:
-            older = float(kv.get("older_than", 0) or 0)
+            older = float(kv["older_than"]) if kv.get("older_than") else GC_AGE_S
         except ValueError:
             raise StoreError(f"store gc: older_than={kv['older_than']!r} is not a number of seconds.")
         removed = store.remove_incomplete(older_than_s=older)
-        print(f"removed {len(removed)} incomplete run(s)" + (": " + ", ".join(removed) if removed else ""))
+        print(f"removed {len(removed)} run(s)/attempt(s) no live writer holds" +
+              (": " + ", ".join(removed) if removed else ""))
 
 
 def main(argv: list[str]) -> int:

@@ -1,7 +1,8 @@
 """Reading a result store: catalog, lazy loading, provenance, diff, export, gc.
 
 Needs no model and no torch. Only runs whose run document
-(``runs/<run_id>/zarr.json``) carries ``complete: true`` are results; the rest
+(``runs/<run_id>/zarr.json``) carries ``complete: true`` are results, read from
+the attempt that document names (``writer.data_group``); the rest
 are in progress, crashed (``incomplete()``) or unreadable (``corrupt()``), and
 none of them stops the good runs from being listed or loaded.
 
@@ -25,7 +26,6 @@ import difflib
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
 
 import pandas as pd
 import xarray as xr
@@ -33,8 +33,9 @@ import yaml
 
 from reward_lens_spec.errors import StoreError, did_you_mean
 from reward_lens_spec.store._attrs import encode_json_attrs
-from reward_lens_spec.store._backend import RUNS, Backend
-from reward_lens_spec.store.writer import check_layout, check_name, run_state
+from reward_lens_spec.store._backend import Backend
+from reward_lens_spec.store.gc import GC_AGE_S, collect_run
+from reward_lens_spec.store.writer import check_layout, check_name, data_group, run_state
 
 COLUMNS = ("run_id", "observables", "model_fingerprint", "model", "dataset", "dataset_checksum",
            "spec_hash", "trust", "trust_verified", "created", "wall_s")
@@ -122,35 +123,29 @@ class Store:
 
     def incomplete(self) -> list[str]:
         """Run ids that are not complete: in progress, crashed, or corrupt."""
-        return sorted(r for r, (s, _) in self._scan().items() if s != "complete")
+        return sorted(r for r, (s, _) in self._scan().items() if s not in ("complete", "absent"))
 
     def corrupt(self) -> list[str]:
         """Run ids whose run document cannot be parsed (a subset of ``incomplete()``)."""
         return sorted(r for r, (s, _) in self._scan().items() if s == "corrupt")
 
-    def remove_incomplete(self, *, older_than_s: float = 0.0) -> list[str]:
-        """Delete incomplete/corrupt run groups; never a complete one. Returns their ids.
+    def remove_incomplete(self, *, older_than_s: float = GC_AGE_S) -> list[str]:
+        """Collect garbage: delete what no live writer holds and no reader lists. Returns what went.
 
-        A run still being written is also incomplete: with live writers pass
-        ``older_than_s`` (age from the skeleton's ``created``; runs with no
-        readable document count as old). Each run's state is re-read right
-        before it is deleted.
+        Removed: attempts that no complete run document names, whose leases are all
+        released or dead (``store.attempts.lease_live``) and whose last heartbeat is older
+        than ``older_than_s`` (default one hour; 0 = any age, still never a live writer's);
+        then a run folder left with no attempt and no result. A run written before
+        attempts (no leases) ages from its document's ``created``; one with no readable
+        document counts as old. A complete run and the attempt it names are never
+        touched, nor is anything behind a symlink (links are skipped, not followed).
+        Each attempt's leases are re-read right before it is deleted. Returned entries
+        are run ids (whole runs) and ``<run_id>/<attempt>`` (an unlisted attempt of a
+        run that stays).
         """
-        now = datetime.now(timezone.utc)
         removed = []
-        for run_id in self.incomplete():
-            state, attrs = run_state(self._b, run_id)
-            if state == "complete" or state == "absent":
-                continue
-            created = (attrs or {}).get("created")
-            if older_than_s > 0 and created:
-                try:
-                    if (now - datetime.fromisoformat(created)).total_seconds() < older_than_s:
-                        continue
-                except (TypeError, ValueError):
-                    pass
-            self._b.remove_run(run_id)
-            removed.append(run_id)
+        for run_id in self._b.list_runs():
+            removed += collect_run(self._b, run_id, older_than_s)
         return removed
 
     # -- one run -------------------------------------------------------------------
@@ -223,7 +218,7 @@ class Store:
 
     def _open(self, run_id: str, obs: str, lazy: bool) -> xr.Dataset:
         try:
-            ds = xr.open_zarr(self._b.zarr_store(), group=f"{RUNS}/{run_id}/{obs}",
+            ds = xr.open_zarr(self._b.zarr_store(), group=data_group(run_id, self._attrs(run_id), obs),
                               consolidated=False, chunks={} if lazy else None)
             return ds if lazy else ds.load()
         except Exception as e:

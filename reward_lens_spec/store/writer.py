@@ -1,30 +1,26 @@
-"""Writing runs into a shared result store (pangeo-style skeleton -> data -> complete).
-
-One run = one group ``runs/<run_id>`` written by exactly one process:
+"""Writing runs into a shared result store: each writer its own attempt, completion names one.
 
 1. **root** (once per store, create-if-absent): ``zarr.json`` with
-   ``reward_lens_spec_layout: 1`` and ``runs/zarr.json``. Created exclusively;
+   ``reward_lens_spec_layout: 2`` and ``runs/zarr.json``. Created exclusively;
    nobody rewrites them afterwards (``migrate`` is the one exception).
-2. **skeleton**: any leftover ``runs/<run_id>`` (a crashed writer's partial
-   group, or a complete one under ``force=True``) is removed, then the run
-   document ``runs/<run_id>/zarr.json`` is written with the caller's attrs and
-   ``complete: false``.
-3. **data**: each observable's Dataset goes to ``runs/<run_id>/<observable>``
+2. **attempt**: the writer claims a lease and creates ``runs/<run_id>/<attempt>/``
+   (``store.attempts``): a prefix no other writer writes. Nothing is ever deleted
+   to make room: not a crashed writer's attempt, not a complete run under ``force``.
+3. **data**: each observable's Dataset goes to ``runs/<run_id>/<attempt>/<observable>``
    via ``Dataset.to_zarr(mode="w", consolidated=False)`` (never consolidated:
    xarray consolidates at the store root, which would rewrite shared metadata).
-4. **complete**: if the run document still names this writer (nobody removed
-   or took over the run meanwhile), it is replaced atomically by one with
-   ``complete: true``. Readers list only runs whose document says so, so a
-   writer killed at any point leaves nothing a reader mistakes for a result.
+   Streaming runs write pair-chunk regions instead (``reward_lens_spec.streaming``).
+4. **complete**: while its lease holds, the writer replaces the run document
+   ``runs/<run_id>/zarr.json`` atomically by one with ``complete: true`` and
+   ``attempt: <its attempt>``. Readers list only complete runs and read the
+   attempt that document names, so a displaced, slow or killed writer never
+   changes what they see: its data lie in a prefix nobody lists.
 """
 from __future__ import annotations
 
 import json
-import os
 import re
-import socket
 import time
-import uuid
 from datetime import datetime, timezone
 
 import xarray as xr
@@ -33,8 +29,9 @@ from reward_lens_spec.errors import StoreError
 from reward_lens_spec.store._attrs import check_json_safe, portable
 from reward_lens_spec.store._backend import (DOC, LAYOUT_KEY, LAYOUT_VERSION, RUNS, Backend,
                                              group_doc)
+from reward_lens_spec.store.attempts import Attempt
 
-RESERVED = ("run_id", "observables", "created", "complete", "store_write_s", "writer")
+RESERVED = ("run_id", "observables", "created", "complete", "store_write_s", "writer", "attempt")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,199}$")
 
 
@@ -80,7 +77,11 @@ def check_layout(b: Backend, *, create: bool = False) -> int:
 
 
 def run_state(b: Backend, run_id: str) -> tuple[str, dict | None]:
-    """``("complete"|"incomplete"|"corrupt"|"absent", run attrs or None)`` of one run."""
+    """``("complete"|"incomplete"|"corrupt"|"absent", run attrs or None)`` of one run.
+
+    A run document with no attrs is the placeholder attempts create; with no attempt
+    under it (a writer that failed and removed its own) the run is ``absent``.
+    """
     try:
         doc = b.read_json(f"{RUNS}/{run_id}/{DOC}")
     except ValueError:
@@ -90,7 +91,20 @@ def run_state(b: Backend, run_id: str) -> tuple[str, dict | None]:
     attrs = doc.get("attributes")
     if doc.get("node_type") != "group" or not isinstance(attrs, dict):
         return "corrupt", None
-    return ("complete" if attrs.get("complete") is True else "incomplete"), attrs
+    if attrs.get("complete") is True:
+        return "complete", attrs
+    if not attrs and not b.list_dirs(f"{RUNS}/{run_id}"):
+        return "absent", None
+    return "incomplete", attrs
+
+
+def data_group(run_id: str, attrs: dict, observable: str) -> str:
+    """The Zarr group holding ``observable`` of a complete run: under the attempt its document names.
+
+    Runs written before attempts existed (no ``attempt`` attr) hold their data in the run group.
+    """
+    att = attrs.get("attempt")
+    return f"{RUNS}/{run_id}/{att}/{observable}" if att else f"{RUNS}/{run_id}/{observable}"
 
 
 def _write_observable(b: Backend, ds: xr.Dataset, group: str) -> None:
@@ -114,11 +128,6 @@ def _write_observable(b: Backend, ds: xr.Dataset, group: str) -> None:
     b.put_many(files)
 
 
-def _owned(b: Backend, run_id: str, writer: str) -> bool:
-    """True when the run document still names ``writer`` (this process) as its writer."""
-    return (run_state(b, run_id)[1] or {}).get("writer") == writer
-
-
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
@@ -129,10 +138,12 @@ def write_run(url: str, run_id: str, results: dict, attrs: dict, *,
 
     ``results`` maps observable name -> ``xarray.Dataset``; ``attrs`` is the
     run's JSON-safe provenance (config YAML, spec hash, fingerprints, ...).
-    A run already complete is left alone (returns False) unless ``force``.
-    Raises StoreError for invalid names, non-JSON attrs (naming the key),
-    reserved attr keys, an unusable store, or a failed write (the partial run
-    is then removed, best effort).
+    A run already complete is left alone (returns False) unless ``force``; a
+    writer that finishes after another completed the same run id (no ``force``)
+    discards its own attempt and returns False. Raises StoreError for invalid
+    names, non-JSON attrs (naming the key), reserved attr keys, an unusable
+    store, a symlinked run folder, or a failed write (this writer's attempt is
+    then removed, best effort; nothing listed is touched).
     """
     check_name("run_id", run_id)
     if not isinstance(results, dict) or not results:
@@ -152,38 +163,43 @@ def write_run(url: str, run_id: str, results: dict, attrs: dict, *,
 
     b = Backend(url, storage_options)
     check_layout(b, create=True)
+    b.check_inside(f"{RUNS}/{run_id}")
     state, _ = run_state(b, run_id)
     if state == "complete" and not force:
         return False
     t0 = time.perf_counter()
-    doc_key = f"{RUNS}/{run_id}/{DOC}"
-    writer = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-    run_attrs = {**attrs, "run_id": run_id, "observables": sorted(results),
-                 "created": _now(), "complete": False, "writer": writer}
+    att = Attempt.create(b, run_id, {"kind": "write"}, role="write")
+    run_attrs = {**attrs, "run_id": run_id, "observables": sorted(results), "created": _now(),
+                 "writer": att.writer}
+    won = False
     try:
-        if state != "absent":
-            b.remove_run(run_id)
-        b.write_atomic(doc_key, group_doc(run_attrs))
         for obs in sorted(results):
+            att.fence("write")
             try:
-                _write_observable(b, portable(results[obs]), f"{RUNS}/{run_id}/{obs}")
+                _write_observable(b, portable(results[obs]), f"{att.prefix}/{obs}")
             except Exception as e:
                 raise StoreError(f"store {url}: writing run {run_id} observable {obs} failed "
                                  f"({type(e).__name__}: {e}).") from e
-        if not _owned(b, run_id, writer):
-            raise StoreError(f"store {url}: run {run_id} was removed or taken over by another "
-                             "writer while this process wrote it; not marking it complete. "
-                             "Fix: give each job its own run_id, and gc only with older_than=.")
-        run_attrs.update(complete=True, store_write_s=round(time.perf_counter() - t0, 3))
-        b.write_atomic(doc_key, group_doc(run_attrs))
+        run_attrs["store_write_s"] = round(time.perf_counter() - t0, 3)
+        won = att.complete(run_attrs, "write", force=force)
+        att.release("write")
     except BaseException:
-        try:  # clean up our own partial group only, never another writer's
-            if _owned(b, run_id, writer):
-                b.remove_run(run_id)
-        except Exception:
-            pass
+        if not won:
+            _discard(att)
         raise
-    return True
+    finally:
+        att.close()
+    if not won:                       # another writer completed this run id first: its data stay listed
+        _discard(att)
+    return won
+
+
+def _discard(att: Attempt) -> None:
+    """Remove this process's own unlisted attempt (best effort; gc collects what is left)."""
+    try:
+        att.remove()
+    except Exception:
+        pass
 
 
 def is_complete(url: str, run_id: str, *, storage_options: dict | None = None) -> bool:
@@ -200,9 +216,9 @@ def is_complete(url: str, run_id: str, *, storage_options: dict | None = None) -
 def migrate(url: str, *, storage_options: dict | None = None) -> int:
     """Bring a store's root to this package's layout; return the layout version.
 
-    Layout 1 stores written before the attr existed get
-    ``reward_lens_spec_layout: 1`` added (other root attrs kept). A current
-    store is left alone. Raises StoreError for a missing/garbage root or a
+    Stores written before the attr existed, or with layout 1 (data in the run
+    group, still read there), get ``reward_lens_spec_layout: 2`` (other root attrs
+    kept). A current store is left alone. Raises StoreError for a missing/garbage root or a
     store from a newer version.
     """
     b = Backend(url, storage_options)
@@ -215,7 +231,7 @@ def migrate(url: str, *, storage_options: dict | None = None) -> int:
         raise StoreError(f"no result store at {url} (no zarr.json); nothing to migrate.")
     attrs = dict(doc.get("attributes") or {})
     version = attrs.get(LAYOUT_KEY)
-    if version is None:
+    if version is None or (isinstance(version, int) and version < LAYOUT_VERSION):
         doc["attributes"] = {**attrs, LAYOUT_KEY: LAYOUT_VERSION}
         b.write_atomic(DOC, json.dumps(doc, indent=2, sort_keys=True).encode())
         return LAYOUT_VERSION

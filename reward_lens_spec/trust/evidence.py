@@ -44,7 +44,7 @@ import json
 
 LEVELS = ("exploratory", "calibrated", "registered", "adjudicated")
 CACHE_KEYS = ("trust", "trust_by_variable", "content_hash")
-STORE_KEYS = ("run_id", "observables", "created", "complete", "store_write_s", "writer")
+STORE_KEYS = ("run_id", "observables", "created", "complete", "store_write_s", "writer", "attempt")
 DERIVED_KEYS = ("trust_stored", "trust_verified", "trust_reason", "trust_by_variable", "trust_scope")
 NOT_RESULTS = ("scorecard", "study", "adjudication")
 

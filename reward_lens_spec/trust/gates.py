@@ -37,20 +37,20 @@ def derive_pending(run_id: str, attrs: dict, store_url: str, *, storage_options=
     return Evidence(docs).derive(run_id)
 
 
-def seal_run(run_id: str, attrs: dict, result, ctx, run, store_url: str, *, storage_options=None) -> dict:
+def seal_run(run_id: str, attrs: dict, result, run, store_url: str, *, logits, pair_ids, lm,
+             storage_options=None) -> dict:
     """``attrs`` of a computed result, completed for the evidence chain, sealed, with the trust cache.
 
     Adds ``observable_spec_hash``, the hash of the study it executed (frozen or not) and the
-    run's ``identities`` (checked against the model's own head output), seals, then caches the
-    derived level as ``trust`` and ``trust_by_variable`` — also as each output variable's
-    ``trust`` attr in ``result``.
+    run's ``identities`` (checked against the model's own head output ``logits``, pair × side ×
+    output in reward units, for ``pair_ids`` in order), seals, then caches the derived level as
+    ``trust`` and ``trust_by_variable`` — also as each output variable's ``trust`` attr in ``result``.
     """
     from .identities import check_identities
     from .scorecard import observable_hash
 
-    lm = ctx.lm
     attrs = {**attrs, "observable_spec_hash": observable_hash(run.observable),
-             "identities": check_identities(result, ctx.capture.logits, ctx.encoded.pair_ids,
+             "identities": check_identities(result, logits, pair_ids,
                                             n_layers=lm.n_layers, objectives=lm.head.objectives,
                                             dtype=str(lm.dtype))}
     if run.experiment and not attrs.get("study_hash"):     # executed a study never frozen: say which

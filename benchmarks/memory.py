@@ -1,0 +1,161 @@
+"""Peak host memory against the number of pairs: in-memory ``run.compute`` vs the streamed run.
+
+    python benchmarks/memory.py                                  # battery, 512 and 4096 pairs (long)
+    python benchmarks/memory.py --pairs 64 256 --obs dla         # a moderate run
+    python benchmarks/memory.py --pairs 64 256 --modes streamed
+
+Model: a random-init Llama sequence classifier, d_model 1024, 8 layers (16 heads, 4 KV heads, MLP
+2816), with the built-in byte tokenizer; short synthetic sides (~20 tokens), so activations dominate
+memory. Each (mode, pairs) runs in a fresh subprocess; it reports the peak RSS while computing
+(``VmHWM`` after a reset through ``/proc/self/clear_refs`` once the model is built) and the RSS
+before. ``in_memory`` is ``run.compute`` (every step's array of every pair held to the end, as runs
+were before streaming); ``streamed`` is ``streaming.stream`` into a fresh local store
+(``--chunk-pairs``, default 64). The battery's patching is limited to ``--patch-pairs`` pairs (8) so
+that it does not dominate the time. Appends a section to ``benchmarks/results_memory.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def _rss_kb(field: str) -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith(field):
+            return int(line.split()[1])
+    return -1
+
+
+def build_model(d: int, layers: int):
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from reward_lens_spec.models.loading import wrap_model
+    from reward_lens_spec.models.tiny_tokenizer import VOCAB_SIZE, build_tiny_tokenizer
+    tok = build_tiny_tokenizer()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=d, intermediate_size=int(d * 2.75), num_hidden_layers=layers,
+                      num_attention_heads=d // 64, num_key_value_heads=max(1, d // 256), num_labels=1,
+                      pad_token_id=tok.pad_token_id, max_position_embeddings=512)
+    model = LlamaForSequenceClassification(cfg).eval()
+    return wrap_model(f"llama_d{d}_L{layers}", model, tok)
+
+
+def short_pairs(n: int):
+    from reward_lens_spec.data import Pair
+    return [Pair(id=f"q{i}", prompt=f"Q{i % 97}: {i % 7} + {i % 5}?", chosen=f"It is {i % 7 + i % 5}.",
+                 rejected=f"Maybe {i % 11}.") for i in range(n)]
+
+
+def child(args) -> dict:
+    import torch
+    torch.set_num_threads(args.threads)
+    from reward_lens_spec.models.formatting import encode_pairs
+    from reward_lens_spec.observables import load_observable
+    from reward_lens_spec.ops.base import PlanInfo
+    from reward_lens_spec.registry import build_plan
+    lm = build_model(args.d_model, args.layers)
+    pairs = short_pairs(args.n)
+    obs = load_observable(args.obs)
+    obs.pairs = args.patch_pairs if args.obs == "battery" else None
+    info = PlanInfo(family=lm.family, n_layers=lm.n_layers, n_objectives=lm.head.n_objectives,
+                    objectives=lm.head.objectives, model_name=lm.name, pairs=obs.pairs)
+    plan = build_plan(obs, info, load_observable)
+    template = "User: {prompt}\nAssistant: {response}"
+    before = _rss_kb("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:      # reset VmHWM to the current RSS
+        f.write("5")
+    t0 = time.perf_counter()
+    if args.mode == "in_memory":
+        from reward_lens_spec.run import compute
+        ds, _, _ = compute(lm, pairs, plan, info, batch_size=args.batch_size, template=template)
+        n_vars = len(ds.data_vars)
+    else:
+        from reward_lens_spec.spec import StoreSpec
+        from reward_lens_spec.store import open_store
+        from reward_lens_spec.store._backend import Backend
+        from reward_lens_spec.store.writer import check_layout
+        from reward_lens_spec.streaming import stream
+        url = tempfile.mkdtemp(prefix="rl_mem_") + "/s.zarr"
+        b = Backend(url)
+        check_layout(b, create=True)
+        enc = encode_pairs(lm.tokenizer, pairs, fmt="plain", template=template, max_length=512)
+        stream(b, "r", lm, pairs, enc, plan, info, capture_kw=dict(batch_size=args.batch_size), frame=None,
+               store_spec=StoreSpec(chunk_pairs=args.chunk_pairs),
+               run_attrs=lambda c, ch, r: {"observables": [plan.observable], "chunks": ch})
+        n_vars = len(open_store(url).load("r", plan.observable).data_vars)
+    wall = time.perf_counter() - t0
+    return {"mode": args.mode, "pairs": args.n, "rss_before_mb": before / 1024, "peak_mb": _rss_kb("VmHWM") / 1024,
+            "wall_s": wall, "n_vars": n_vars}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pairs", type=int, nargs="+", default=[512, 4096])
+    ap.add_argument("--obs", default="battery")
+    ap.add_argument("--modes", nargs="+", default=["in_memory", "streamed"])
+    ap.add_argument("--d-model", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--chunk-pairs", type=int, default=64)
+    ap.add_argument("--patch-pairs", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--child", action="store_true")
+    ap.add_argument("--mode", default="streamed")
+    ap.add_argument("--n", type=int, default=0)
+    ap.add_argument("--out", default=str(HERE / "results_memory.md"))
+    args = ap.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(child(args)))
+        return
+    rows = []
+    for mode in args.modes:
+        for n in args.pairs:
+            cmd = [sys.executable, __file__, "--child", "--mode", mode, "--n", str(n), "--obs", args.obs,
+                   "--d-model", str(args.d_model), "--layers", str(args.layers), "--batch-size", str(args.batch_size),
+                   "--chunk-pairs", str(args.chunk_pairs), "--patch-pairs", str(args.patch_pairs),
+                   "--threads", str(args.threads)]
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
+            if res.returncode or not line:
+                rows.append({"mode": mode, "pairs": n, "error": res.stderr[-500:]})
+            else:
+                rows.append(json.loads(line[0][7:]))
+            print(rows[-1], flush=True)
+    lines = [f"## Peak RSS vs pairs: `{args.obs}`, random Llama d_model {args.d_model}, {args.layers} layers "
+             f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
+             f"Command: `python benchmarks/memory.py {' '.join(sys.argv[1:])}`; machine: {platform.processor() or platform.machine()}, "
+             f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; torch threads {args.threads}; "
+             f"batch {args.batch_size}; chunk {args.chunk_pairs} pairs" +
+             (f"; patching on the first {args.patch_pairs} pairs" if args.obs == "battery" else "") + ".", "",
+             "| mode | pairs | RSS before compute (MB) | peak RSS while computing (MB) | growth over RSS before (MB) | wall (s) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['mode']} | {r['pairs']} | failed: {r['error'][-120:]!r} | | | |")
+        else:
+            lines.append(f"| {r['mode']} | {r['pairs']} | {r['rss_before_mb']:.0f} | {r['peak_mb']:.0f} | "
+                         f"{r['peak_mb'] - r['rss_before_mb']:.0f} | {r['wall_s']:.1f} |")
+    for mode in args.modes:
+        ok = sorted((r for r in rows if r["mode"] == mode and "error" not in r), key=lambda r: r["pairs"])
+        if len(ok) >= 2:
+            a, b = ok[0], ok[-1]
+            per_pair = (b["peak_mb"] - a["peak_mb"]) / (b["pairs"] - a["pairs"])
+            lines.append(f"\n{mode}: peak {a['peak_mb']:.0f} → {b['peak_mb']:.0f} MB from {a['pairs']} to {b['pairs']} "
+                         f"pairs (×{b['peak_mb'] / a['peak_mb']:.2f}; {per_pair:.3f} MB per added pair).")
+    with open(args.out, "a") as f:
+        f.write("\n".join(lines) + "\n\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,282 @@
+"""One writer's prefix inside a run: attempts, leases, chunk markers and completion.
+
+However many processes write one run id, each launch writes under an **attempt**
+prefix of its own, and the run becomes visible by one atomic write of the run
+document naming the attempt whose data it lists::
+
+    runs/<run_id>/zarr.json                 run document: empty attrs until completion, then the
+                                            run's attrs + ``complete: true`` + ``attempt: <aid>``
+    runs/<run_id>/<aid>/zarr.json           attempt group; attrs: shards, chunk_pairs, n_pairs, created
+    runs/<run_id>/<aid>/<observable>/       that attempt's data (an xarray Dataset in Zarr v3)
+    runs/<run_id>/<aid>/_ctl/lease.<role>.<gen>.json   who works on a role, renewed by a heartbeat
+    runs/<run_id>/<aid>/_ctl/chunk.<k>.json chunk ``k``'s regions are written (its counts, its writer)
+    runs/<run_id>/<aid>/_ctl/skeleton.json  the arrays of every chunk exist (regions may be written)
+
+Roles are ``write`` (a whole-dataset ``write_run``), ``skeleton``, ``shard-<i>``
+(the pair chunks ``k`` with ``k % shards == i``) and ``reduce`` (the steps that
+reduce over pairs, then completion). A role is claimed by creating generation
+``g + 1`` of its lease exclusively (hard link locally, ``If-None-Match`` on object
+stores), only when generation ``g`` is released or dead: its writer's heartbeat is
+older than ``lease_s`` or, on the same host, its process no longer exists. So shards
+of one launch share an attempt, a rerun after a kill adopts the dead attempt and
+computes only its missing chunks, and a second live launch gets an attempt of its own.
+
+Fencing: before every write a holder checks that its own heartbeat succeeded within
+``lease_s / 2`` and that no later generation of its role exists; a displaced or
+stalled writer stops there. Data of an attempt named by a complete run document is
+never written again (no role of it can be claimed), so a displaced or killed writer
+can never change what readers list.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import threading
+import time
+import uuid
+
+from reward_lens_spec.errors import StoreError
+from reward_lens_spec.store._backend import DOC, RUNS, Backend, group_doc
+
+LEASE_S = 60.0               # a lease whose heartbeat is older than this is dead
+PREFIX = "attempt-"
+CTL = "_ctl"
+_LEASE = re.compile(r"^lease\.(?P<role>[A-Za-z0-9-]+)\.(?P<gen>\d+)\.json$")
+_CHUNK = re.compile(r"^chunk\.(?P<k>\d+)\.json$")
+HOST = socket.gethostname()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:                                          # a zombie (killed, not yet reaped) is dead
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def lease_live(doc: dict | None, *, lease_s: float = LEASE_S, now: float | None = None) -> bool:
+    """True when a lease document may belong to a live writer (unreleased, fresh heartbeat,
+    and — on this host — its process exists)."""
+    if not doc or doc.get("released"):
+        return False
+    if doc.get("host") == HOST and isinstance(doc.get("pid"), int) and not _pid_alive(doc["pid"]):
+        return False
+    beat = doc.get("beat")
+    return isinstance(beat, (int, float)) and (now or time.time()) - beat < lease_s
+
+
+def list_attempts(b: Backend, run_id: str) -> list[str]:
+    """Attempt ids under ``runs/<run_id>`` (never through a symlink), sorted."""
+    return [n for n in b.list_dirs(f"{RUNS}/{run_id}") if n.startswith(PREFIX)]
+
+
+class Attempt:
+    """One attempt prefix of one run, as seen (and, for claimed roles, written) by this process."""
+
+    def __init__(self, b: Backend, run_id: str, aid: str, meta: dict, *, lease_s: float = LEASE_S):
+        self.b, self.run_id, self.aid, self.meta, self.lease_s = b, run_id, aid, meta, lease_s
+        self.prefix = f"{RUNS}/{run_id}/{aid}"
+        self.writer = f"{HOST}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._held: dict[str, int] = {}
+        self._last_ok = time.monotonic()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = None
+
+    # -- creation and discovery -------------------------------------------------------
+    @classmethod
+    def create(cls, b: Backend, run_id: str, meta: dict, *, aid: str | None = None, role: str | None = None,
+               lease_s: float = LEASE_S) -> "Attempt":
+        """A new attempt (``aid`` given: join it if it exists with the same ``meta``).
+
+        The run document is created first as an empty placeholder (zarr then never writes it
+        while it builds parent groups; a garbage one is replaced by the placeholder).
+        With ``role``, the role is claimed before the attempt document exists, so a gc never
+        sees the attempt without a live lease. Raises StoreError when a given ``aid`` exists
+        with other meta, or ``role`` is held there.
+        """
+        from reward_lens_spec.store.writer import run_state
+
+        b.check_inside(f"{RUNS}/{run_id}")
+        if not b.create_exclusive(f"{RUNS}/{run_id}/{DOC}", group_doc({})) and \
+                run_state(b, run_id)[0] == "corrupt":        # garbage lists nothing: a placeholder replaces it
+            b.write_atomic(f"{RUNS}/{run_id}/{DOC}", group_doc({}))
+        att = cls(b, run_id, aid or PREFIX + uuid.uuid4().hex[:16], dict(meta), lease_s=lease_s)
+        if role is not None and not att.claim(role):
+            raise StoreError(f"store {b.url}: run {run_id} attempt {att.aid}: role {role} is held by a live writer.")
+        doc = group_doc({**meta, "created": time.time()})
+        if not b.create_exclusive(f"{att.prefix}/{DOC}", doc):
+            other = att.read_meta()
+            if other is None or any(other.get(k) != v for k, v in meta.items()):
+                att.close()
+                raise StoreError(f"store {b.url}: run {run_id} attempt {att.aid} exists with other settings "
+                                 f"({other}); refusing to join it.")
+        return att
+
+    @classmethod
+    def open(cls, b: Backend, run_id: str, aid: str, *, lease_s: float = LEASE_S) -> "Attempt | None":
+        """An existing attempt, or None when its document is missing or garbage."""
+        att = cls(b, run_id, aid, {}, lease_s=lease_s)
+        meta = att.read_meta()
+        if meta is None:
+            return None
+        att.meta = meta
+        return att
+
+    def read_meta(self) -> dict | None:
+        try:
+            doc = self.b.read_json(f"{self.prefix}/{DOC}")
+        except ValueError:
+            return None
+        return None if doc is None else dict(doc.get("attributes") or {})
+
+    # -- leases ------------------------------------------------------------------------
+    def leases(self) -> dict[str, tuple[int, dict | None]]:
+        """role -> (highest generation, its lease document or None when unreadable)."""
+        best: dict[str, int] = {}
+        for name in self.b.list_files(f"{self.prefix}/{CTL}"):
+            m = _LEASE.match(name)
+            if m and int(m["gen"]) >= best.get(m["role"], -1):
+                best[m["role"]] = int(m["gen"])
+        out = {}
+        for role, gen in best.items():
+            try:
+                out[role] = (gen, self.b.read_json(self._lease_key(role, gen)))
+            except ValueError:
+                out[role] = (gen, None)
+        return out
+
+    def live_roles(self) -> list[str]:
+        """Roles whose latest lease may belong to a live writer."""
+        now = time.time()
+        return sorted(r for r, (_, d) in self.leases().items() if lease_live(d, lease_s=self.lease_s, now=now))
+
+    def last_activity(self) -> float | None:
+        """Newest heartbeat (or release) of any lease, else the attempt's creation time (POSIX s)."""
+        beats = [d.get("beat") for _, d in self.leases().values() if d and isinstance(d.get("beat"), (int, float))]
+        if beats:
+            return max(beats)
+        created = (self.read_meta() or {}).get("created")
+        return created if isinstance(created, (int, float)) else self.b.mtime(self.prefix)
+
+    def released(self, role: str) -> bool:
+        gen_doc = self.leases().get(role)
+        return bool(gen_doc and gen_doc[1] and gen_doc[1].get("released"))
+
+    def claim(self, role: str) -> bool:
+        """Claim ``role`` when it is free, released-and-``reclaimable`` or dead; True when this process holds it."""
+        if self.named():
+            return False                  # a listed attempt is never written again
+        cur = self.leases().get(role)
+        if cur is not None and lease_live(cur[1], lease_s=self.lease_s):
+            return False
+        gen = 0 if cur is None else cur[0] + 1
+        if not self.b.create_exclusive(self._lease_key(role, gen), self._lease_doc(False)):
+            return False
+        with self._lock:
+            self._held[role] = gen
+            self._last_ok = time.monotonic()
+        self._start_heartbeat()
+        return True
+
+    def release(self, role: str) -> None:
+        """Mark ``role`` done (its lease says ``released``) and stop renewing it."""
+        with self._lock:
+            gen = self._held.pop(role, None)
+        if gen is not None:
+            self.b.write_atomic(self._lease_key(role, gen), self._lease_doc(True))
+
+    def fence(self, role: str) -> None:
+        """Raise StoreError unless this process still holds ``role`` (heartbeat fresh, not superseded)."""
+        with self._lock:
+            gen, age = self._held.get(role), time.monotonic() - self._last_ok
+        if gen is None:
+            raise StoreError(f"store {self.b.url}: run {self.run_id}: this process does not hold role {role}.")
+        if age > self.lease_s / 2:
+            raise StoreError(f"store {self.b.url}: run {self.run_id}: the lease on {role} was not renewed for "
+                             f"{age:.0f} s; stopping before writing (another writer may have taken over).")
+        if self.b.exists_key(self._lease_key(role, gen + 1)):
+            raise StoreError(f"store {self.b.url}: run {self.run_id} attempt {self.aid}: role {role} was taken "
+                             "over by another writer; this one stops without writing.")
+
+    def _lease_key(self, role: str, gen: int) -> str:
+        return f"{self.prefix}/{CTL}/lease.{role}.{gen}.json"
+
+    def _lease_doc(self, released: bool) -> bytes:
+        return json.dumps({"writer": self.writer, "host": HOST, "pid": os.getpid(), "beat": time.time(),
+                           "released": released}).encode()
+
+    def _start_heartbeat(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._beat, name=f"lease-{self.aid}", daemon=True)
+            self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.lease_s / 6):
+            with self._lock:
+                held = dict(self._held)
+            try:
+                for role, gen in held.items():
+                    self.b.write_atomic(self._lease_key(role, gen), self._lease_doc(False))
+                with self._lock:
+                    self._last_ok = time.monotonic()
+            except Exception:         # an unreachable store: fence() stops this writer
+                pass
+
+    def close(self) -> None:
+        """Stop the heartbeat (held roles then expire; released ones stay released)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    # -- chunks and completion ---------------------------------------------------------------
+    def mark(self, name: str, info: dict, role: str) -> None:
+        """Record ``_ctl/<name>.json`` (e.g. ``chunk.3``, ``skeleton``) after its data are written."""
+        self.fence(role)
+        self.b.write_atomic(f"{self.prefix}/{CTL}/{name}.json", json.dumps(info, sort_keys=True).encode())
+
+    def marker(self, name: str) -> dict | None:
+        try:
+            return self.b.read_json(f"{self.prefix}/{CTL}/{name}.json")
+        except ValueError:
+            return None
+
+    def chunks_done(self) -> dict[int, dict]:
+        """chunk index -> its marker, for every chunk whose regions are written."""
+        ks = [int(m["k"]) for m in map(_CHUNK.match, self.b.list_files(f"{self.prefix}/{CTL}")) if m]
+        return {k: self.marker(f"chunk.{k}") or {} for k in ks}
+
+    def named(self) -> bool:
+        """True when the run document is complete and names this attempt."""
+        from reward_lens_spec.store.writer import run_state
+
+        state, attrs = run_state(self.b, self.run_id)
+        return state == "complete" and attrs.get("attempt") == self.aid
+
+    def complete(self, run_attrs: dict, role: str, *, force: bool = False) -> bool:
+        """Name this attempt in the run document (one atomic write); False when another completed first.
+
+        Without ``force`` a run already complete is left as it is (both are whole and
+        consistent; the first stays listed). Raises StoreError when this process no longer
+        holds ``role``.
+        """
+        from reward_lens_spec.store.writer import run_state
+
+        self.fence(role)
+        if not force and run_state(self.b, self.run_id)[0] == "complete":
+            return False
+        self.b.write_atomic(f"{RUNS}/{self.run_id}/{DOC}",
+                            group_doc({**run_attrs, "complete": True, "attempt": self.aid}))
+        return True
+
+    def remove(self) -> None:
+        """Delete this attempt's prefix (callers only remove attempts no run document names)."""
+        self.b.remove_tree(self.prefix)

@@ -1,0 +1,65 @@
+"""``store gc``: remove what no live writer holds and no reader lists.
+
+Garbage is an attempt (``store.attempts``) that no complete run document names,
+whose leases are all released or dead and whose last heartbeat is older than the
+age limit, and a run folder left with nothing but a placeholder or a crashed
+pre-attempt writer's partial data. Deletion goes entry by entry — never a whole
+run folder at once, so an attempt a new writer creates meanwhile survives — and
+never through a symlink (``Backend.check_inside``).
+"""
+from __future__ import annotations
+
+import os
+import time
+from datetime import datetime
+
+from reward_lens_spec.store._backend import DOC, RUNS, Backend
+from reward_lens_spec.store.attempts import PREFIX, Attempt, list_attempts
+
+GC_AGE_S = 3600.0            # default age limit: a dead writer's attempt stays an hour
+
+
+def _young(last: float | None, now: float, older_than_s: float) -> bool:
+    return older_than_s > 0 and last is not None and now - last < older_than_s
+
+
+def _created(attrs: dict | None) -> float | None:
+    try:
+        return datetime.fromisoformat(str((attrs or {})["created"])).timestamp()
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def collect_run(b: Backend, run_id: str, older_than_s: float = GC_AGE_S) -> list[str]:
+    """Collect one run's garbage; return ``[run_id]`` if the run went, else its removed ``run_id/attempt``s."""
+    from reward_lens_spec.store.writer import run_state
+
+    if b.is_link(f"{RUNS}/{run_id}"):
+        return []
+    now = time.time()
+    state, attrs = run_state(b, run_id)
+    named = attrs.get("attempt") if state == "complete" else None
+    removed, held = [], False
+    for aid in list_attempts(b, run_id):
+        if aid == named:
+            continue
+        att = Attempt.open(b, run_id, aid) or Attempt(b, run_id, aid, {})
+        if att.live_roles() or _young(att.last_activity(), now, older_than_s):
+            held = True
+            continue
+        att.remove()
+        removed.append(f"{run_id}/{aid}")
+    if state == "complete" or held or state == "absent" and not b.run_exists(run_id):
+        return removed
+    if state == "incomplete" and attrs and _young(_created(attrs), now, older_than_s):
+        return removed                            # a pre-attempt writer's run, still young
+    b.remove_file(f"{RUNS}/{run_id}/{DOC}")
+    for child in b.list_dirs(f"{RUNS}/{run_id}"):
+        if not child.startswith(PREFIX):          # partial data of a writer from before attempts
+            b.remove_tree(f"{RUNS}/{run_id}/{child}")
+    if b.local:
+        try:
+            os.rmdir(b.path(f"{RUNS}/{run_id}"))  # only if empty: a new writer's attempt stays
+        except OSError:
+            pass
+    return [run_id]

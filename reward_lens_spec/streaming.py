@@ -1,0 +1,297 @@
+"""A plan in two stages, streamed into the store: memory bounded by the chunk, resumable, sharded.
+
+Stage 1 (``planning.stages`` → ``"pair"``): the capture pass and every step that acts pair by
+pair run one chunk of ``store.chunk_pairs`` pairs at a time. Each chunk's outputs are written
+to its region of the run's arrays (Zarr region writes; the arrays' pair chunks are the run's
+chunks), then a marker ``_ctl/chunk.<k>.json`` records it. Per-pair steps that only
+reductions read go to a scratch group (``_stage``); every other intermediate is dropped as soon
+as no later step of the chunk reads it, so no step holds more than one chunk's activations.
+
+Stage 2 (``"reduce"``): after the last chunk, whoever wrote it runs the steps that reduce over
+pairs on the stored arrays, opened lazily (dask), writes their outputs next to the per-pair
+ones, and completes the run (``store.attempts``: the run document names the attempt).
+
+Resume and shards: a job computes the chunks ``k`` with ``k % store.shards == store.shard``
+that have no marker yet, in the attempt it shares with its launch (``store.launch``, or Hydra's
+sweep dir) or adopts from a dead writer (``store.attempts``). Chunks are the same pairs
+whoever computes them, so a resumed or sharded run is bit-identical to one uninterrupted job.
+A killed writer on this host is seen dead at once (its process is gone); one on another host only
+when its lease expires (``store.attempts.LEASE_S``, 60 s): a rerun started elsewhere before that
+computes the run in an attempt of its own instead of resuming.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+import xarray as xr
+
+from .errors import SpecError, StoreError
+from .planning import stages
+from .store._attrs import portable
+from .store.attempts import PREFIX, Attempt, list_attempts
+
+SCRATCH = "_stage"           # not a valid observable name (store.writer.check_name), so no clash
+READOUT_H = "readout_h"
+HEAD_LOGITS = "head_logits"  # the model's own head output per pair (pair × side × output): the identities' reference
+
+
+@dataclass
+class Streamed:
+    status: str              # "complete", or "shard_done": this job's chunks are in, others are not yet
+    attempt: str
+    chunks: int              # chunks in the run
+    computed: int            # chunks this job computed
+
+
+def chunk_slices(n: int, size: int) -> list[slice]:
+    """Pair chunks ``[k·size, (k+1)·size)`` of ``n`` pairs."""
+    return [slice(a, min(a + size, n)) for a in range(0, n, size)]
+
+
+def subset(enc, sl: slice):
+    """``EncodedPairs`` of the pairs in ``sl`` (pair-aligned fields sliced, the rest shared)."""
+    aligned = ("pair_ids", "chosen", "rejected") + tuple(getattr(type(enc), "pair_aligned", ()))
+    return replace(enc, **{k: getattr(enc, k)[sl] for k in aligned})
+
+
+class _Readout:
+    """What a reduce step sees as ``ctx.capture``: the stored readout ``h`` (pair × side × d_model)."""
+
+    def __init__(self, arr):
+        self._arr, self._h = arr, None
+
+    @property
+    def h(self) -> np.ndarray:
+        if self._h is None:
+            if self._arr is None:
+                raise StoreError("a reduce step read the capture, but the run stored no readout h.")
+            self._h = np.asarray(self._arr.values, np.float32)
+        return self._h
+
+
+def check_sharding(store_spec) -> None:
+    """Plan-time checks of ``store.chunk_pairs`` / ``store.shard`` / ``store.shards``."""
+    if store_spec.chunk_pairs < 1:
+        raise SpecError("store.chunk_pairs", f"must be ≥ 1, got {store_spec.chunk_pairs}.", fix="e.g. store.chunk_pairs=64")
+    if store_spec.shards < 1 or not 0 <= store_spec.shard < store_spec.shards:
+        raise SpecError("store.shard", f"shard {store_spec.shard} of {store_spec.shards}: need 0 ≤ store.shard < "
+                        "store.shards.", fix="e.g. store.shard=0,1,2,3 store.shards=4 with --multirun")
+
+
+def launch_key(store_spec) -> str | None:
+    """What the jobs of one launch share: ``store.launch``, else Hydra's sweep dir in a multirun."""
+    if store_spec.launch:
+        return str(store_spec.launch)
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        hc = HydraConfig.get()
+        return str(hc.sweep.dir) if str(hc.mode) .endswith("MULTIRUN") else None
+    except Exception:
+        return None
+
+
+def stream(b, run_id, lm, pairs, enc, plan, info, *, capture_kw, frame, store_spec, run_attrs, progress=False):
+    """Compute this job's chunks of ``plan`` into attempt storage; complete the run after the last.
+
+    ``run_attrs(counts, chunk_info, stored outputs, head logits) -> dict``: the run's attrs, called
+    once by the completing job (head logits: pair × side × output, the model's own, reward units).
+    Returns ``Streamed``. Raises ``StoreError`` (lease lost, store damaged) and the operators' errors.
+    """
+    check_sharding(store_spec)
+    st = stages(plan)
+    n, size, shards = len(enc.pair_ids), store_spec.chunk_pairs, store_spec.shards
+    slices = chunk_slices(n, size)
+    meta = {"kind": "stream", "shards": shards, "chunk_pairs": size, "n_pairs": n,
+            "pairs_sha": hashlib.sha256("\n".join(enc.pair_ids).encode()).hexdigest()[:16]}
+    att, role = _attempt(b, run_id, meta, store_spec.shard, launch_key(store_spec))
+    try:
+        return _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_kw, frame,
+                    store_spec, run_attrs, progress)
+    finally:
+        att.close()
+
+
+def _attempt(b, run_id, meta, shard, launch):
+    """Adopt the oldest matching attempt whose ``shard-<i>`` role is free or dead; else create one."""
+    role = f"shard-{shard}"
+    found = [a for a in (Attempt.open(b, run_id, aid) for aid in list_attempts(b, run_id)) if a is not None]
+    for att in sorted(found, key=lambda a: (a.meta.get("created") or 0, a.aid)):
+        if all(att.meta.get(k) == v for k, v in meta.items()) and att.claim(role):
+            return att, role
+    aid = None
+    if launch:
+        aid = PREFIX + hashlib.sha256(json.dumps([run_id, meta, launch], sort_keys=True).encode()).hexdigest()[:16]
+    return Attempt.create(b, run_id, meta, aid=aid, role=role), role
+
+
+def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_kw, frame, store_spec,
+         run_attrs, progress):
+    from .context import RunContext
+
+    out_g, scr_g = f"{att.prefix}/{plan.observable}", f"{att.prefix}/{SCRATCH}"
+    reduce_steps = [s for s in plan.steps if st[s.name] == "reduce"]
+    read_by_reduce = {i for s in reduce_steps for i in s.inputs if st[i] == "pair"}
+    keep = {s.name for s in plan.steps if st[s.name] == "pair" and (s.name in plan.outputs or s.name in read_by_reduce)}
+    need_h = any(s.op.reads_capture for s in reduce_steps)
+    full_coords = RunContext(lm=lm, pairs=pairs, encoded=enc, capture=None, info=info).pair_coords()
+    # a reduction over a pair label (e.g. ``reduce by: dimension``) makes that label a dim of its own
+    # output: the run's group keeps it as that dim, not as a pair coord (what one in-memory Dataset does)
+    clash = {d for s in reduce_steps if s.name in plan.outputs for d in s.dims} - {"pair"}
+    out_coords = {k: v for k, v in full_coords.items() if k not in clash}
+    done = att.chunks_done()
+    mine = [k for k in range(len(slices)) if k % store_spec.shards == store_spec.shard and k not in done]
+    it = mine
+    if progress and mine:
+        from tqdm.auto import tqdm
+        it = tqdm(mine, desc=f"chunks {run_id[:24]}", unit="chunk")
+    for k in it:
+        sl = slices[k]
+        att.fence(role)
+        lim = None if info.pairs is None else max(0, min(info.pairs - sl.start, sl.stop - sl.start))
+        ds_out, ds_scr, counts = _pair_chunk(lm, pairs, subset(enc, sl), plan, st, replace(info, pairs=lim),
+                                             keep, capture_kw, frame, need_h)
+        _ensure_skeleton(att, role, b, [(out_g, ds_out, out_coords), (scr_g, ds_scr, full_coords)],
+                         len(enc.pair_ids), store_spec.chunk_pairs)
+        for group, ds in ((out_g, ds_out), (scr_g, ds_scr)):
+            if ds.data_vars:
+                att.fence(role)
+                _write_region(b, group, ds, sl)
+        att.mark(f"chunk.{k}", {"writer": att.writer, "counts": counts}, role)
+        del ds_out, ds_scr
+    att.release(role)
+    done = att.chunks_done()
+    if len(done) < len(slices) or not att.claim("reduce"):
+        return Streamed("complete" if att.named() else "shard_done", att.aid, len(slices), len(mine))
+    if att.marker("skeleton") is None or set(done) != set(range(len(slices))):
+        raise StoreError(f"store {b.url}: run {run_id} attempt {att.aid} lost chunks or its skeleton while it "
+                         "was written (a gc with older_than=0?); not completing it. Fix: run again.")
+    counts: dict = {}
+    for marker in done.values():
+        for key, v in (marker.get("counts") or {}).items():
+            counts[key] = counts.get(key, 0) + int(v)
+    by_writer: dict = {}
+    for marker in done.values():
+        by_writer[marker.get("writer", "?")] = by_writer.get(marker.get("writer", "?"), 0) + 1
+    red_counts = _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, frame, need_h,
+                         full_coords)
+    for key, v in red_counts.items():
+        counts[key] = counts.get(key, 0) + int(v)
+    chunk_info = {"n": len(slices), "chunk_pairs": store_spec.chunk_pairs, "shards": store_spec.shards,
+                  "by_writer": by_writer}
+    stored = xr.open_zarr(b.zarr_store(), group=out_g, consolidated=False, chunks={})
+    logits = np.asarray(xr.open_zarr(b.zarr_store(), group=scr_g, consolidated=False)[HEAD_LOGITS].values)
+    won = att.complete(run_attrs(counts, chunk_info, stored, logits), "reduce", force=store_spec.force)
+    att.release("reduce")
+    return Streamed("complete", att.aid if won else "", len(slices), len(mine))
+
+
+def _pair_chunk(lm, pairs, enc_k, plan, st, info_k, keep, capture_kw, frame, need_h):
+    """Capture pass + pair-stage steps on one chunk; returns (outputs, scratch, counts) Datasets."""
+    from .context import RunContext
+    from .frames.express import express
+    from .models.capture import capture
+    from .run import KEEP_PREFIX_MAX
+
+    n = len(enc_k.pair_ids)
+    steps = [s for s in plan.steps if st[s.name] == "pair"]
+    rows = {2 * p + side for s in steps for p, side in s.op.prefix_rows(info_k, n)}
+    cap = capture(lm, enc_k, plan.sites, keep_prefix=sorted(rows) if len(rows) <= KEEP_PREFIX_MAX else [],
+                  **capture_kw)
+    ctx = RunContext(lm=lm, pairs=pairs, encoded=enc_k, capture=cap, info=info_k)
+    ctx.add_counts("capture", cap.counts)
+    last = {}
+    for j, s in enumerate(steps):
+        for i in s.inputs:
+            last[i] = j
+    values, kept = {}, {}
+    for j, s in enumerate(steps):
+        values[s.name] = s.op.run(ctx, *[values[i] for i in s.inputs])
+        values[s.name].attrs.setdefault("gauge", s.gauge)
+        if s.name in keep:
+            kept[s.name] = values[s.name]
+        for name in [*s.inputs, s.name]:           # free what no later step of this chunk reads
+            if last.get(name, -1) <= j:
+                values.pop(name, None)
+    ds_out = express(xr.Dataset({o: kept[o] for o in plan.outputs if o in kept}), frame, info_k.model_name)
+    scratch = {k: v for k, v in kept.items() if k not in plan.outputs}
+    scratch[HEAD_LOGITS] = xr.DataArray(np.asarray(cap.logits), dims=("pair", "side", "output"),
+                                        coords={**ctx.pair_coords(), "side": ["chosen", "rejected"]})
+    if need_h:
+        scratch[READOUT_H] = xr.DataArray(cap.h, dims=("pair", "side", "d_model"),
+                                          coords={**ctx.pair_coords(), "side": ["chosen", "rejected"]})
+    return ds_out, xr.Dataset(scratch), ctx.counts
+
+
+def _ensure_skeleton(att, role, b, groups, n, size):
+    """Create every run array once per attempt (full pair length, zarr chunks = run chunks)."""
+    import dask.array as da
+
+    while att.marker("skeleton") is None:
+        if not att.claim("skeleton"):
+            att.fence(role)
+            time.sleep(0.2)                        # another job is creating it
+            continue
+        for group, ds, pair_coords in groups:
+            if not ds.data_vars:
+                continue
+            tmpl = {}
+            for name, v in ds.data_vars.items():
+                shape = tuple(n if d == "pair" else v.sizes[d] for d in v.dims)
+                chunks = tuple(size if d == "pair" else v.sizes[d] for d in v.dims)
+                tmpl[name] = xr.DataArray(da.zeros(shape, chunks=chunks, dtype=v.dtype), dims=v.dims, attrs=v.attrs)
+            coords = {k: c.variable for k, c in ds.coords.items() if "pair" not in c.dims}
+            coords.update(pair_coords)
+            att.fence("skeleton")
+            portable(xr.Dataset(tmpl, coords=coords, attrs=ds.attrs)).to_zarr(
+                b.zarr_store(), group=group, mode="w", compute=False, consolidated=False, zarr_format=3)
+        att.mark("skeleton", {"writer": att.writer}, "skeleton")
+        att.release("skeleton")
+
+
+def _write_region(b, group, ds, sl):
+    ds = ds.drop_vars(list(ds.coords))
+    ds.attrs = {}
+    for v in ds.data_vars.values():
+        v.attrs = {}
+    ds.to_zarr(b.zarr_store(), group=group, region={"pair": sl}, consolidated=False, zarr_format=3)
+
+
+def _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, frame, need_h, pair_coords) -> dict:
+    """Stage 2 on the stored per-pair arrays (opened lazily); write its outputs into the run's group."""
+    from .context import RunContext
+    from .frames import Frame
+    from .frames.express import express
+
+    if not reduce_steps:
+        return {}
+
+    def _open(group):                  # data lazy (dask); coords (labels along pair, layer, ...) in memory
+        try:
+            ds = xr.open_zarr(b.zarr_store(), group=group, consolidated=False, chunks={})
+        except (FileNotFoundError, KeyError):
+            return xr.Dataset()
+        return ds.assign_coords({c: ds[c].load() for c in ds.coords})
+
+    stored = {**dict(_open(scr_g).data_vars), **dict(_open(out_g).data_vars)}
+    ctx = RunContext(lm=lm, pairs=pairs, encoded=enc, info=info,
+                     capture=_Readout(stored.get(READOUT_H) if need_h else None))
+    values = {name: stored[name].assign_coords(pair_coords)       # pair labels as the chunks had them
+              for name in {i for s in reduce_steps for i in s.inputs if st[i] == "pair"}}
+    for s in reduce_steps:
+        values[s.name] = s.op.run(ctx, *[values[i] for i in s.inputs])
+        values[s.name].attrs.setdefault("gauge", s.gauge)
+    outs = [o for o in plan.outputs if st[o] == "reduce"]
+    if outs:
+        ds = express(xr.Dataset({o: values[o] for o in outs}), frame, info.model_name)
+        have = set(_open(out_g).variables)
+        ds = ds.drop_vars([c for c in ds.coords if c in have]).compute()
+        att.fence("reduce")
+        portable(ds).to_zarr(b.zarr_store(), group=out_g, mode="a", consolidated=False, zarr_format=3)
+    from .frames import save_frame
+    for made in [v for v in ctx.memo.values() if isinstance(v, Frame)]:   # operators' own frames: stored too
+        save_frame(made, b.url, storage_options=b.storage_options)
+    return ctx.counts

@@ -1,0 +1,88 @@
+"""store gc collects only garbage: never a live writer's attempt, never through a symlink."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from reward_lens_spec.errors import StoreError
+from reward_lens_spec.store import open_store, write_run
+from reward_lens_spec.store._backend import Backend
+from reward_lens_spec.store.attempts import Attempt
+from reward_lens_spec.store.catalog_cli import main as store_cli
+from test_store import assert_same, make_attrs, make_results, spawn_writer
+from test_writers import _wait
+
+
+def test_gc_during_a_live_write_removes_nothing_of_it(tmp_path):
+    url = str(tmp_path / "s.zarr")
+    write_run(url, "done", make_results(0), make_attrs(0))
+    marker = tmp_path / "sleeping"
+    go = tmp_path / "go"
+    w = spawn_writer(url=url, run_id="live", seed=3, slow_marker=str(marker), resume_on=str(go))
+    _wait(marker, w)                                       # first observable on disk, writer alive
+    store = open_store(url)
+    assert store.incomplete() == ["live"]
+    for _ in range(3):                                     # any age, repeatedly, from the CLI too
+        assert store.remove_incomplete(older_than_s=0) == []
+    assert store_cli(["gc", f"url={url}", "older_than=0"]) == 0
+    assert w.poll() is None                                # still alive and mid-write throughout
+    go.touch()
+    out, err = w.communicate(timeout=120)
+    assert w.returncode == 0 and b"WON" in out, err.decode()[-2000:]
+    assert sorted(store.runs().run_id) == ["done", "live"]
+    assert_same(store.load("live", "lens"), make_results(3)["lens"])
+
+
+def test_gc_removes_a_dead_writers_attempt_only_past_the_age(tmp_path):
+    url = str(tmp_path / "s.zarr")
+    marker = tmp_path / "sleeping"
+    w = spawn_writer(url=url, run_id="r", seed=1, slow_marker=str(marker))
+    _wait(marker, w)
+    w.send_signal(signal.SIGKILL)
+    w.wait(timeout=30)
+    store = open_store(url)
+    assert store.remove_incomplete() == [] and store.incomplete() == ["r"]   # default age: kept
+    b = Backend(url)
+    (aid,) = [n for n in os.listdir(b.path("runs/r")) if n != "zarr.json"]
+    # another host's writer, heartbeat fresh: kept at any age (its process cannot be checked from here)
+    remote = Attempt.create(b, "r", {"kind": "write"})
+    key = f"{remote.prefix}/_ctl/lease.write.0.json"
+    b.create_exclusive(key, json.dumps({"host": "node17", "pid": 1, "beat": time.time(), "released": False}).encode())
+    assert store.remove_incomplete(older_than_s=0) == [f"r/{aid}"]
+    assert store.incomplete() == ["r"]
+    b.write_atomic(key, json.dumps({"host": "node17", "pid": 1, "beat": time.time() - 7200,
+                                    "released": False}).encode())   # its heartbeat stopped 2 h ago
+    assert store.remove_incomplete() == ["r"] and not os.path.exists(b.path("runs/r"))
+
+
+def test_gc_and_force_never_follow_a_symlink_out_of_the_store(tmp_path):
+    other = str(tmp_path / "other.zarr")
+    write_run(other, "theirs", make_results(5), make_attrs(5))
+    url = str(tmp_path / "s.zarr")
+    write_run(url, "mine", make_results(0), make_attrs(0))
+    os.symlink(os.path.join(other, "runs", "theirs"), os.path.join(url, "runs", "planted"))
+    outside = tmp_path / "thesis.tex"
+    outside.write_text("keep me")
+    b = Backend(url)
+    dead = Attempt.create(b, "crashed", {"kind": "write"})   # a garbage attempt with a link inside it
+    os.symlink(str(outside), os.path.join(b.path(dead.prefix), "link.tex"))
+    os.symlink(str(tmp_path), os.path.join(b.path(dead.prefix), "linkdir"))
+    before = {p: open(p, "rb").read() for p in _files(other)}
+    store = open_store(url)
+    assert "planted" not in list(store.runs().run_id) + store.incomplete()
+    assert store.remove_incomplete(older_than_s=0) == ["crashed"]
+    assert store_cli(["gc", f"url={url}", "older_than=0"]) == 0
+    with pytest.raises(StoreError, match="symbolic link"):
+        write_run(url, "planted", make_results(1), make_attrs(1), force=True)
+    assert {p: open(p, "rb").read() for p in _files(other)} == before
+    assert outside.read_text() == "keep me" and os.path.islink(os.path.join(url, "runs", "planted"))
+    assert_same(open_store(other).load("theirs", "lens"), make_results(5)["lens"])
+    assert list(store.runs().run_id) == ["mine"]
+
+
+def _files(root):
+    return sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs)
