@@ -70,7 +70,7 @@ def streamed(lm, pairs, plan, info, url, chunk):
     check_layout(b, create=True)
     out = stream(b, "r", lm, pairs, enc, plan, info, capture_kw=dict(batch_size=4), frame=None,
                  store_spec=StoreSpec(chunk_pairs=chunk),
-                 run_attrs=lambda counts, chunks, _: {"observables": [plan.observable], "chunks": chunks})
+                 run_attrs=lambda counts, chunks, _, __: {"observables": [plan.observable], "chunks": chunks})
     assert out.status == "complete"
     st = open_store(url)
     return st.load("r", plan.observable, lazy=False), st.provenance("r")
