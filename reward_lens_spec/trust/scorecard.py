@@ -60,8 +60,12 @@ def _units(da: xr.DataArray, comps=None) -> xr.DataArray:
 
 
 def _share(da: xr.DataArray, truth: dict, comps=None) -> np.ndarray:
-    u = _units(da, comps)
-    hit = (u.layer.values == truth["layer"]) & (u.component.values == truth["component"])
+    if "head" in da.dims:            # a head grid: units are (layer, head); graded on a planted head only
+        u = da.stack(u=("layer", "head"))
+        hit = (u.layer.values == truth["layer"]) & (u["head"].values == truth.get("head", -1))
+    else:
+        u = _units(da, comps)
+        hit = (u.layer.values == truth["layer"]) & (u.component.values == truth["component"])
     if not hit.any():
         return np.full(u.sizes["pair"], np.nan)
     vals = np.asarray(u.transpose("pair", "u").values, np.float64)
@@ -206,7 +210,7 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
     t0 = time.perf_counter()
     obs = load_observable(observable) if isinstance(observable, str) else observable
     _, outputs = expand_steps(obs, load_observable)
-    has_unit = organism == "planted" if organisms is None else "layer" in organisms[0].truth
+    has_unit = organism.startswith("planted") if organisms is None else "layer" in organisms[0].truth
     crits = [c for c in CRITERIA if set(c.needs) <= set(outputs) and (has_unit or not c.needs_unit)]
     if not crits:
         raise SpecError("observable", f"'{obs.name}' outputs {outputs}: no calibration criterion reads them on "
@@ -214,7 +218,7 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
                             f"{c.name} needs {list(c.needs)}" for c in CRITERIA)
                         + " (unit criteria need organism=planted).")
     if organisms is None:
-        kw = {"n_pairs": n_pairs} if organism == "planted" else {}
+        kw = {"n_pairs": n_pairs} if organism.startswith("planted") else {}
         organisms = organism_family(organism, tuple(strengths), base=base, seed=seed, **kw)
     results = [evaluate(obs, o) for o in organisms]
     s = [o.strength for o in organisms]
