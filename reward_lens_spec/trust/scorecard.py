@@ -13,6 +13,7 @@ criterion          needs                reading (mean over pairs)               
 dla_share          dla                  planted unit's DLA / Σ|DLA| over units      reading ≥ 0.5
 patch_share        patch_effect         planted unit's effect / Σ|effect| attn+mlp  reading ≥ 0.5
 attribution_share  attribution_patch_…  same, attribution patching (approximate)    reading ≥ 0.5
+ablation_share     ablation_effect      −(planted unit's effect) / Σ|effect|        reading ≥ 0.5
 lens_jump          lens                 normed-lens jump at the planted layer       reading ≥ 0.5
                                         · sign(Δ) / Σ|jumps| over depth
 crystallization    lens, crystal…layer  lens_jump (the layer itself is discrete)    ≥ 0.8 of pairs cross
@@ -20,6 +21,9 @@ crystallization    lens, crystal…layer  lens_jump (the layer itself is discret
 score              margin               mean σ(Δ) (Bradley–Terry p)                 detection AUC ≥ 0.8
                                                                                     (P(Δ>0) + ½P(Δ=0))
 =================  ===================  ==========================================  =====================
+
+Share criteria read a head grid (pair × layer × head) as units (layer, head); it is graded on the
+``planted_head`` organism (truth names the head), and is NaN — failing — on one without a planted head.
 
 A criterion passes when its readings rise monotonically with strength —
 Spearman ρ(strength, reading) ≥ ``MIN_SPEARMAN`` (0.9; with 5 strengths one
@@ -108,6 +112,9 @@ CRITERIA = (
               lambda ds, t: _share(ds["attribution_patch_effect"], t, ("attn", "mlp")),
               _mean(lambda ds, t: _share(ds["attribution_patch_effect"], t, ("attn", "mlp"))), 0.5,
               "planted unit's signed share of |attribution patch effect| ≥ 0.5"),
+    Criterion("ablation_share", ("ablation_effect",), lambda ds, t: -_share(ds["ablation_effect"], t, ("attn", "mlp")),
+              _mean(lambda ds, t: -_share(ds["ablation_effect"], t, ("attn", "mlp"))), 0.5,
+              "planted unit's share of |ablation effect| over attn/mlp units (removing it lowers Δ) ≥ 0.5"),
     Criterion("lens_jump", ("lens",), _lens_jump, _mean(_lens_jump), 0.5,
               "share of the normed lens' total movement made at the planted layer ≥ 0.5"),
     Criterion("crystallization", ("lens", "crystallization_layer"), _lens_jump,
