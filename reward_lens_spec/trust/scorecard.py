@@ -14,6 +14,8 @@ dla_share          dla                  planted unit's DLA / Σ|DLA| over units 
 patch_share        patch_effect         planted unit's effect / Σ|effect| attn+mlp  reading ≥ 0.5
 attribution_share  attribution_patch_…  same, attribution patching (approximate)    reading ≥ 0.5
 ablation_share     ablation_effect      −(planted unit's effect) / Σ|effect|        reading ≥ 0.5
+steer_alignment    steer_slope,         slope of Δ steering along a fitted          reading ≥ 0.5
+                   steer_slope_head     direction / slope along w_r (same layer)
 lens_jump          lens                 normed-lens jump at the planted layer       reading ≥ 0.5
                                         · sign(Δ) / Σ|jumps| over depth
 crystallization    lens, crystal…layer  lens_jump (the layer itself is discrete)    ≥ 0.8 of pairs cross
@@ -83,6 +85,10 @@ def _lens_jump(ds, truth) -> np.ndarray:
     return jumps[:, col] * np.sign(lens[:, -1]) / np.abs(jumps).sum(1)
 
 
+def _steer_ratio(ds, truth) -> np.ndarray:
+    return np.asarray(ds["steer_slope"].values, np.float64) / np.asarray(ds["steer_slope_head"].values, np.float64)
+
+
 def _auc(ds, truth) -> float:
     m = np.asarray(ds["margin"].values, np.float64).ravel()
     return float((m > 0).mean() + 0.5 * (m == 0).mean())
@@ -115,6 +121,8 @@ CRITERIA = (
     Criterion("ablation_share", ("ablation_effect",), lambda ds, t: -_share(ds["ablation_effect"], t, ("attn", "mlp")),
               _mean(lambda ds, t: -_share(ds["ablation_effect"], t, ("attn", "mlp"))), 0.5,
               "planted unit's share of |ablation effect| over attn/mlp units (removing it lowers Δ) ≥ 0.5"),
+    Criterion("steer_alignment", ("steer_slope", "steer_slope_head"), _steer_ratio, _mean(_steer_ratio), 0.5,
+              "steering along the fitted direction moves Δ ≥ 0.5 as fast as along w_r"),
     Criterion("lens_jump", ("lens",), _lens_jump, _mean(_lens_jump), 0.5,
               "share of the normed lens' total movement made at the planted layer ≥ 0.5"),
     Criterion("crystallization", ("lens", "crystallization_layer"), _lens_jump,
