@@ -14,6 +14,8 @@ dla_share          dla                  planted unit's DLA / Σ|DLA| over units 
 patch_share        patch_effect         planted unit's effect / Σ|effect| attn+mlp  reading ≥ 0.5
 attribution_share  attribution_patch_…  same, attribution patching (approximate)    reading ≥ 0.5
 ablation_share     ablation_effect      −(planted unit's effect) / Σ|effect|        reading ≥ 0.5
+null_excess        observed_effect,     observed effect − the null's 95th           1 − p ≥ 0.95
+                   null_draws, p_value  percentile, at the planted layer
 steer_alignment    steer_slope,         slope of Δ steering along a fitted          reading ≥ 0.5
                    steer_slope_head     direction / slope along w_r (same layer)
 lens_jump          lens                 normed-lens jump at the planted layer       reading ≥ 0.5
@@ -89,6 +91,15 @@ def _steer_ratio(ds, truth) -> np.ndarray:
     return np.asarray(ds["steer_slope"].values, np.float64) / np.asarray(ds["steer_slope_head"].values, np.float64)
 
 
+def _at_layer(da, truth):
+    return da.sel(layer=truth["layer"]) if "layer" in da.dims else da
+
+
+def _null_excess(ds, truth) -> float:
+    obs, null = _at_layer(ds["observed_effect"], truth), _at_layer(ds["null_draws"], truth)
+    return float(obs - null.quantile(0.95, "draw"))
+
+
 def _auc(ds, truth) -> float:
     m = np.asarray(ds["margin"].values, np.float64).ravel()
     return float((m > 0).mean() + 0.5 * (m == 0).mean())
@@ -123,6 +134,9 @@ CRITERIA = (
               "planted unit's share of |ablation effect| over attn/mlp units (removing it lowers Δ) ≥ 0.5"),
     Criterion("steer_alignment", ("steer_slope", "steer_slope_head"), _steer_ratio, _mean(_steer_ratio), 0.5,
               "steering along the fitted direction moves Δ ≥ 0.5 as fast as along w_r"),
+    Criterion("null_excess", ("observed_effect", "null_draws", "p_value"), _null_excess,
+              lambda ds, t: 1.0 - float(_at_layer(ds["p_value"], t)), 0.95,
+              "1 − p of the planted layer's effect against its null ≥ 0.95"),
     Criterion("lens_jump", ("lens",), _lens_jump, _mean(_lens_jump), 0.5,
               "share of the normed lens' total movement made at the planted layer ≥ 0.5"),
     Criterion("crystallization", ("lens", "crystallization_layer"), _lens_jump,
