@@ -14,6 +14,8 @@ dla_share          dla                  planted unit's DLA / Σ|DLA| over units 
 patch_share        patch_effect         planted unit's effect / Σ|effect| attn+mlp  reading ≥ 0.5
 attribution_share  attribution_patch_…  same, attribution patching (approximate)    reading ≥ 0.5
 ablation_share     ablation_effect      −(planted unit's effect) / Σ|effect|        reading ≥ 0.5
+group_stats        accuracy_by_dim…,    effect size d_z per group (mean over        every accuracy
+                   effect_size_by_dim…  groups; accuracy saturates)                 ci_low ≥ 0.5
 null_excess        observed_effect,     observed effect − the null's 95th           1 − p ≥ 0.95
                    null_draws, p_value  percentile, at the planted layer
 steer_alignment    steer_slope,         slope of Δ steering along a fitted          reading ≥ 0.5
@@ -100,6 +102,10 @@ def _null_excess(ds, truth) -> float:
     return float(obs - null.quantile(0.95, "draw"))
 
 
+def _group_effect(ds, truth) -> np.ndarray:
+    return np.asarray(ds["effect_size_by_dimension"].sel(bound="estimate").values, np.float64)
+
+
 def _auc(ds, truth) -> float:
     m = np.asarray(ds["margin"].values, np.float64).ravel()
     return float((m > 0).mean() + 0.5 * (m == 0).mean())
@@ -137,6 +143,9 @@ CRITERIA = (
     Criterion("null_excess", ("observed_effect", "null_draws", "p_value"), _null_excess,
               lambda ds, t: 1.0 - float(_at_layer(ds["p_value"], t)), 0.95,
               "1 − p of the planted layer's effect against its null ≥ 0.95"),
+    Criterion("group_stats", ("accuracy_by_dimension", "effect_size_by_dimension"), _group_effect,
+              lambda ds, t: float(ds["accuracy_by_dimension"].sel(bound="ci_low").min()), 0.5,
+              "every group's accuracy CI above chance (ci_low ≥ 0.5)", needs_unit=False),
     Criterion("lens_jump", ("lens",), _lens_jump, _mean(_lens_jump), 0.5,
               "share of the normed lens' total movement made at the planted layer ≥ 0.5"),
     Criterion("crystallization", ("lens", "crystallization_layer"), _lens_jump,
