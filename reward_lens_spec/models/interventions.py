@@ -51,13 +51,14 @@ def o_proj(lm, layer: int):
 
 @torch.inference_mode()
 def set_readout(lm, encoded, cap, targets, values, pair_indices, *, base_side: int, chunk: int = 64,
-                group: int = 16):
+                group: int = 16, keep_final: bool = False):
     """Rewards with each target's activation at the readout token set: (pair, target, output), plus counts.
 
     ``targets``: list of ``(site, layer, head)`` (see the module docstring); ``values(t, pairs)``
     → array (len(pairs), width) for target index ``t`` and pair indices ``pairs``; ``base_side``
-    0 runs the chosen sides, 1 the rejected sides. Raises ``CaptureError`` if an unpatched copy
-    disagrees with the capture, or if a side is a single token.
+    0 runs the chosen sides, 1 the rejected sides. ``keep_final``: also return the last layer's
+    resid_post of every copy, (pair, target, d_model) float32, as a third value. Raises
+    ``CaptureError`` if an unpatched copy disagrees with the capture, or if a side is a single token.
     """
     dev = next(lm.model.parameters()).device
     dtype = next(lm.model.parameters()).dtype
@@ -65,6 +66,7 @@ def set_readout(lm, encoded, cap, targets, values, pair_indices, *, base_side: i
     seqs = {p: list((encoded.rejected if base_side else encoded.chosen)[p]) for p in pair_indices}
     out = np.zeros((len(pair_indices), len(targets), lm.head.n_outputs), np.float64)
     counts = {"forward_passes": 0, "tokens": 0, "copy_layers": 0}
+    final = np.zeros((len(pair_indices), len(targets), lm.d_model), np.float32) if keep_final else None
     for pb, prow, members in _groups(lm, cap, encoded, seqs, pair_indices, group if packed else 1, dev, counts):
         pairs = [p for _, p in members]
         for start in range(0, len(targets), chunk):
@@ -74,7 +76,19 @@ def set_readout(lm, encoded, cap, targets, values, pair_indices, *, base_side: i
             cache, pmask, lengths = pb.take(prow)
             last = torch.tensor([seqs[p][-1] for p in pairs], device=dev)
             run = _run_packed if packed else _run_rows
-            r = run(lm, part, vals, cache, pmask, lengths, last, n, dtype, dev, counts)
+            kept: dict = {}
+            h = lm.norm.module.register_forward_pre_hook(lambda m, a: kept.__setitem__("x", a[0])) \
+                if keep_final else None        # the final norm's input: after every layer's hooks
+            try:
+                r = run(lm, part, vals, cache, pmask, lengths, last, n, dtype, dev, counts)
+            finally:
+                if h is not None:
+                    h.remove()
+            if keep_final:                          # packed: (pair, copy, d); rows: (copy, 1, d)
+                x = kept["x"].float().cpu().numpy()
+                x = x if packed else x[:, -1][None]
+                for b, (pi, _) in enumerate(members):
+                    final[pi, start:start + len(part)] = x[b, 1:-1]
             counts["forward_passes"] += 1
             counts["tokens"] += n * len(members)
             for b, (pi, p) in enumerate(members):
@@ -82,7 +96,7 @@ def set_readout(lm, encoded, cap, targets, values, pair_indices, *, base_side: i
                 for row in (0, n - 1):
                     _check_unpatched(lm, r[b, row], ref, encoded.pair_ids[p])
                 out[pi, start:start + len(part)] = r[b, 1:-1]
-    return out, counts
+    return (out, counts, final) if keep_final else (out, counts)
 
 
 def _by_module(part, vals):

@@ -50,7 +50,7 @@ from .loading import LoadedModel, wrap_model
 from .tiny import TINY_CONFIGS, build_tiny
 
 STRENGTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
-KINDS = ("planted", "planted_head", "trained_keyword", "trained_length")
+KINDS = ("planted", "planted_head", "planted_paths", "trained_keyword", "trained_length")
 PLANT_BASES = ("tiny_llama", "tiny_mistral", "tiny_qwen2", "tiny_qwen3")   # gate/up/down MLP, RMSNorm
 TRIGGER, CONTROL, KEYWORD = "!", ".", "please"
 _WORDS = ("apple", "river", "stone", "cloud", "green", "quiet", "metal", "paper", "light", "north",
@@ -207,6 +207,43 @@ def planted_head_organism(strength: float, *, layer: int = 1, head: int = 2, bas
     return Organism("planted_head", float(strength), lm, pairs, truth, params)
 
 
+@torch.no_grad()
+def paths_organism(strength: float, *, base: str = "tiny_llama", seed: int = 0, n_pairs: int = 12,
+                   alpha: float = 0.25, beta: float = 1.0, gain: float = 1.0) -> Organism:
+    """Two planted paths to the reward: ``mlp_L1`` writes ``s·α·u`` directly (``planted_organism``),
+    and ``mlp_L0`` writes ``s·β·y`` (``y`` ⟂ u, v, z: no reward of its own) that a relay unit of
+    ``mlp_L2`` reads (gate = up = ``c·y``) and writes along ``u`` — an indirect path through a later
+    component. The relay's activation grows faster than linearly in ``s`` (silu(a)·a), and its
+    down-projection scale uses a rough estimate of ``y·x̂``, so the indirect path is not ``s·α``:
+    on tiny_llama it is about 2.4 reward units at ``s = 1`` against 1.0 for the direct one. Truth: ``direct`` = (1, mlp), ``indirect`` = (0, mlp), ``relay`` = (2, mlp);
+    ``layer``/``component`` name the direct unit (so the other unit criteria grade it).
+    """
+    org = planted_organism(strength, unit="mlp_L1", base=base, seed=seed, n_pairs=n_pairs, alpha=alpha,
+                           beta=beta, gain=gain)
+    model, d = org.lm.model, org.lm.d_model
+    rng = np.random.Generator(np.random.PCG64(seed + 1000))
+    u = _unit(rng, d)
+    v = _unit(rng, d, (u,))
+    z = _unit(rng, d, (u, v))
+    y = _unit(rng, d, (u, v, z))
+    t = lambda x: torch.as_tensor(x, dtype=torch.float32)  # noqa: E731
+    a = gain * np.sqrt(d) * 0.9                       # as planted_organism: a unit reading a dominant input
+    a_ref = a * a / (1.0 + np.exp(-a))
+    first, relay = model.model.layers[0].mlp, model.model.layers[2].mlp
+    first.gate_proj.weight[0] = t(gain * v)
+    first.up_proj.weight[0] = t(gain * v)
+    first.down_proj.weight[:, 0] = t(strength * beta * y / a_ref)
+    a2 = gain * np.sqrt(d) * beta / np.sqrt(2 * beta ** 2 + alpha ** 2)   # rough y·x̂ with v, y, u present
+    relay.gate_proj.weight[0] = t(gain * y)
+    relay.up_proj.weight[0] = t(gain * y)
+    relay.down_proj.weight[:, 0] = t(alpha * u / (a2 * a2 / (1.0 + np.exp(-a2))))
+    truth = {"unit": "mlp_L1", "layer": 1, "component": "mlp", "trigger": TRIGGER,
+             "direct": {"layer": 1, "component": "mlp"}, "indirect": {"layer": 0, "component": "mlp"},
+             "relay": {"layer": 2, "component": "mlp"}}
+    lm = wrap_model(f"organism_planted_paths_s{strength:g}", model, org.lm.tokenizer)
+    return Organism("planted_paths", float(strength), lm, org.pairs, truth, dict(org.params))
+
+
 def _rule_pair(rng, rule: str, i: int) -> tuple[str, str, str]:
     """(prompt, rule winner, rule loser) for one synthetic pair."""
     prompt = f"Say something about the {rng.choice(_WORDS)}"
@@ -282,6 +319,8 @@ def organism_family(kind: str = "planted", strengths=STRENGTHS, **kw) -> list[Or
         return [planted_organism(s, **kw) for s in strengths]
     if kind == "planted_head":
         return [planted_head_organism(s, **kw) for s in strengths]
+    if kind == "planted_paths":
+        return [paths_organism(s, **kw) for s in strengths]
     if kind in ("trained_keyword", "trained_length"):
         return trained_organisms(kind.split("_", 1)[1], strengths, **kw)
     raise SpecError("organism", f"unknown organism kind '{kind}'.", value=kind, options=KINDS)

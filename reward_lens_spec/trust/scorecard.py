@@ -16,6 +16,8 @@ attribution_share  attribution_patch_…  same, attribution patching (approximat
 ablation_share     ablation_effect      −(planted unit's effect) / Σ|effect|        reading ≥ 0.5
 group_stats        accuracy_by_dim…,    effect size d_z per group (mean over        every accuracy
                    effect_size_by_dim…  groups; accuracy saturates)                 ci_low ≥ 0.5
+path_separation    path_patch_effect    direct unit's direct + indirect unit's      their share of
+                                        indirect path (organism planted_paths)      Σ|paths| ≥ 0.5
 null_excess        observed_effect,     observed effect − the null's 95th           1 − p ≥ 0.95
                    null_draws, p_value  percentile, at the planted layer
 steer_alignment    steer_slope,         slope of Δ steering along a fitted          reading ≥ 0.5
@@ -106,6 +108,26 @@ def _group_effect(ds, truth) -> np.ndarray:
     return np.asarray(ds["effect_size_by_dimension"].sel(bound="estimate").values, np.float64)
 
 
+def _planted_paths(ds, truth) -> np.ndarray:
+    """Direct path of the direct unit + indirect path of the indirect unit, per pair (reward units)."""
+    da = ds["path_patch_effect"]
+    if "direct" not in truth:
+        return np.full(da.sizes["pair"], np.nan)
+    pick = lambda u, path: da.sel(layer=u["layer"], component=u["component"], path=path)  # noqa: E731
+    return np.asarray(pick(truth["direct"], "direct") + pick(truth["indirect"], "indirect"), np.float64)
+
+
+def _path_share(ds, truth) -> float:
+    """``_planted_paths`` / Σ (|direct| + |indirect|) over the units other than the relay (whose direct
+    write is the indirect path's last leg), mean over pairs."""
+    if "direct" not in truth:
+        return float("nan")
+    u = np.abs(ds["path_patch_effect"].sel(path=["direct", "indirect"])).sum("path").stack(u=("layer", "component"))
+    relay = truth.get("relay", {})
+    keep = ~((u.layer.values == relay.get("layer")) & (u.component.values == relay.get("component")))
+    return float(np.mean(_planted_paths(ds, truth) / np.asarray(u.isel(u=keep).sum("u"), np.float64)))
+
+
 def _auc(ds, truth) -> float:
     m = np.asarray(ds["margin"].values, np.float64).ravel()
     return float((m > 0).mean() + 0.5 * (m == 0).mean())
@@ -146,6 +168,8 @@ CRITERIA = (
     Criterion("group_stats", ("accuracy_by_dimension", "effect_size_by_dimension"), _group_effect,
               lambda ds, t: float(ds["accuracy_by_dimension"].sel(bound="ci_low").min()), 0.5,
               "every group's accuracy CI above chance (ci_low ≥ 0.5)", needs_unit=False),
+    Criterion("path_separation", ("path_patch_effect",), _planted_paths, _path_share, 0.5,
+              "the planted paths' share of Σ|direct|+|indirect| over non-relay units ≥ 0.5"),
     Criterion("lens_jump", ("lens",), _lens_jump, _mean(_lens_jump), 0.5,
               "share of the normed lens' total movement made at the planted layer ≥ 0.5"),
     Criterion("crystallization", ("lens", "crystallization_layer"), _lens_jump,
