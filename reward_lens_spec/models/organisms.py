@@ -34,6 +34,11 @@ fraction of training labels that follow the rule; the rest are fair coin flips.
 Graded on held-out pairs labelled by the rule. Any tiny family works (the head
 is ``score`` in all of them). Truth: ``{"rule": ...}``.
 
+Two more planted kinds grade the intervention operators: **planted_head**
+(``planted_head_organism``: one attention head of layer 1 writes ``s·α·u`` at the trigger; truth
+names its layer and head) and **planted_paths** (``paths_organism``: a direct unit in ``mlp_L1``
+and an indirect one in ``mlp_L0`` whose write only a relay in ``mlp_L2`` turns into reward).
+
 Errors: ``SpecError`` (``organism.*``) for an unknown kind, rule, base model or
 planted unit.
 """

@@ -30,6 +30,9 @@ score              margin               mean σ(Δ) (Bradley–Terry p)         
                                                                                     (P(Δ>0) + ½P(Δ=0))
 =================  ===================  ==========================================  =====================
 
+Intervention criteria: ``ablation_share``, ``steer_alignment`` and ``null_excess`` on ``planted``;
+``path_separation`` on ``planted_paths``; ``group_stats`` on any organism (``trained_length`` passes;
+on ``planted`` and ``trained_keyword`` accuracy saturates and d_z is not monotone, so it fails there).
 Share criteria read a head grid (pair × layer × head) as units (layer, head); it is graded on the
 ``planted_head`` organism (truth names the head), and is NaN — failing — on one without a planted head.
 
