@@ -9,7 +9,6 @@ from reward_lens_spec.models.attn_heads import n_heads
 from reward_lens_spec.models.head import get_module
 from reward_lens_spec.models.interventions import head_dim, o_proj
 from reward_lens_spec.ops.ablate import resample_donors
-from tests.test_battery import run_obs
 
 SITE = {"resid": lambda lm, l: get_module(lm.model, lm.family.layers)[l],
         "attn": lambda lm, l: get_module(get_module(lm.model, lm.family.layers)[l], lm.family.attn),

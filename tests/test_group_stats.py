@@ -10,7 +10,6 @@ from reward_lens_spec.ops.accuracy import Accuracy, GroupStatParams
 from reward_lens_spec.ops.effect_size import EffectSize
 from reward_lens_spec.spec import ObservableSpec
 from tests.conftest import tiny_lm
-from tests.test_ablation import _run
 
 
 def _pairs(copies=1, n=12):

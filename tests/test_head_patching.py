@@ -6,10 +6,7 @@ import pytest
 import torch
 
 from reward_lens_spec.models.attn_heads import n_heads
-from reward_lens_spec.models.capture import capture
-from reward_lens_spec.models.formatting import encode_pairs
 from reward_lens_spec.models.interventions import head_dim, o_proj
-from tests.conftest import make_pairs
 from tests.test_battery import run_obs
 
 

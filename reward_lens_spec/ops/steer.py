@@ -16,13 +16,13 @@ Source: activation addition (Turner et al. 2023, "Activation Addition"; Rimsky e
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import numpy as np
-import xarray as xr
 
 from ..errors import SpecError
 from ..registry import register
 from ._grid import choice, first_pairs, objective_dims, result
-from .base import INVARIANT, Operator, labelled, need_dim
+from .base import INVARIANT, Operator
 from .project import check_objective
 
 
