@@ -110,3 +110,26 @@ def test_planted_unit_direction_steers_like_w_r_and_a_wrong_direction_fails(monk
         return -out
     monkeypatch.setattr(mean_direction.MeanDirection, "run", flipped)
     assert not grade("examples/steer_dose_response", n_pairs=6).passed
+
+
+def test_a_gated_head_steers_along_its_mean_effective_direction():
+    from reward_lens_spec.models.gated_head import attach_gated_head
+    from reward_lens_spec.models.loading import wrap_model
+    from reward_lens_spec.models.tiny import build_tiny
+    from reward_lens_spec.ops.base import PlanInfo
+    from reward_lens_spec.registry import build_plan
+    from reward_lens_spec.run import compute
+    from tests.conftest import make_pairs
+    model, tok = build_tiny("tiny")
+    lm = wrap_model("gated", attach_gated_head(model, 4), tok)
+    L = lm.n_layers - 1
+    obs = ObservableSpec(name="g", steps=[{"name": "r", "op": "steer", "layer": L, "alphas": [0.0, 1e-3],
+                                           "quantity": "reward", "side": "chosen"}], outputs=["r"])
+    info = PlanInfo(family=lm.family, n_layers=lm.n_layers, n_objectives=4, objectives=lm.head.objectives,
+                    model_name=lm.name, gated=True)
+    ds, ctx, _ = compute(lm, make_pairs(), build_plan(obs, info), info, batch_size=4)
+    w = lm.head.directions(ctx.capture.h)[..., 0, :].reshape(-1, lm.d_model).astype(np.float64).mean(0)
+    x = ctx.capture.sites["resid_post"][:, 0, L].astype(np.float64)
+    rho = ds["r"].attrs["residual_rms"]
+    want = lm.head.rewards(lm.norm.apply(x + 1e-3 * rho * w / np.linalg.norm(w)))[:, 0]
+    np.testing.assert_allclose(ds["r"].sel(side="chosen", alpha=1e-3).values, want, rtol=1e-5, atol=1e-6)

@@ -2,7 +2,7 @@
 
 Input ``x``: an activation with ``pair``, ``side`` and ``d_model`` dims (any others, e.g. ``layer``,
 kept). The effect is read along ``direction`` (``head`` | ``objective:<name>`` | ``store:…``, as
-``project`` reads it) with ``statistic``:
+``project`` reads it; a gated head's ``head`` is g(h)ᵀW averaged over pairs and sides) with ``statistic``:
   mean      mean over pairs of w·(x_chosen − x_rejected)              (reward units)
   accuracy  fraction of pairs with w·x_chosen > w·x_rejected (ties ½)  (fraction)
 — the same numbers ``project`` → ``diff`` → ``reduce`` (mean) give. ``kind``:
@@ -29,7 +29,7 @@ import xarray as xr
 
 from ..errors import SpecError
 from ..registry import register
-from ._grid import choice
+from ._grid import choice, reward_direction
 from .base import INVARIANT, Operator, labelled, need_dim, without
 from .project import check_objective
 
@@ -67,7 +67,7 @@ class Null(Operator):
         if self.p.direction not in ("head",) and not self.p.direction.startswith(("objective:", "store:")):
             raise SpecError(where + ".direction", f"unknown direction '{self.p.direction}'.",
                             options=["head", "objective:<name>", "store:<url>#<run>/<observable>/<variable>"])
-        if self.p.direction == "head" and info.n_objectives > 1:
+        if self.p.direction == "head" and info.n_objectives > 1 and not info.gated:
             raise SpecError(where + ".direction", "direction 'head' is ambiguous for a multi-objective head.",
                             fix="use objective:<name>.")
         if self.p.kind == "shuffled_pairs" and self.p.statistic == "mean":
@@ -81,8 +81,7 @@ class Null(Operator):
         return INVARIANT
 
     def run(self, ctx, x):
-        from .project import Project, ProjectParams
-        w = Project(ProjectParams(direction=self.p.direction))._direction(ctx)[0][0]
+        w = reward_direction(ctx, self.p.direction)
         xt = x.transpose(..., "pair", "side", "d_model")
         X = np.asarray(xt.values, np.float64)                           # (*other, pair, side, d)
         other = X.shape[:-3]

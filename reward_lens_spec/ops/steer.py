@@ -1,7 +1,8 @@
 """steer: add α·ρ·û to the residual stream (resid_post of ``layer``) at the readout token; re-read.
 
 Dose-response of the reward along a direction. ``û`` is a unit direction:
-  head | objective:<name>        the reward direction w_r / |w_r| (``head`` needs one objective)
+  head | objective:<name>        the reward direction w_r / |w_r| (``head``: one objective, or a
+                                 gated head's g(h)ᵀW averaged over pairs and sides)
   store:<url>#<run>/<obs>/<var>  a stored d_model vector, as ``project`` reads it
   mean_difference                mean over the run's pairs of (x_chosen − x_rejected) at that resid_post
   ``input: <step>``              a d_model direction computed by an earlier step (e.g. ``mean_direction``)
@@ -21,7 +22,7 @@ import numpy as np
 
 from ..errors import SpecError
 from ..registry import register
-from ._grid import choice, first_pairs, objective_dims, result
+from ._grid import choice, first_pairs, objective_dims, result, reward_direction
 from .base import INVARIANT, Operator
 from .project import check_objective
 
@@ -71,7 +72,7 @@ class Steer(Operator):
             if not (d in ("head", "mean_difference") or d.startswith(("objective:", "store:"))):
                 raise SpecError(where + ".direction", f"unknown direction '{d}'.", value=d, options=[
                     "head", "objective:<name>", "store:<url>#<run>/<observable>/<variable>", "mean_difference"])
-            if d == "head" and info.n_objectives > 1:
+            if d == "head" and info.n_objectives > 1 and not info.gated:
                 raise SpecError(where + ".direction", "direction 'head' is ambiguous for a multi-objective head.",
                                 fix="use objective:<name>.")
         return {"margin": ("pair", "alpha"), "reward": ("pair", "side", "alpha"),
@@ -88,8 +89,7 @@ class Steer(Operator):
         elif d == "mean_difference":
             u = (x[:, 0] - x[:, 1]).mean(0)
         else:
-            from .project import Project, ProjectParams
-            u = Project(ProjectParams(direction=d))._direction(ctx)[0][0]
+            u = reward_direction(ctx, d)
         norm = np.linalg.norm(u)
         if not np.isfinite(norm) or norm == 0:
             raise SpecError("observable.steps.direction", f"the steering direction '{d}' is zero or not finite.")
