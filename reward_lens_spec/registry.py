@@ -134,6 +134,9 @@ def build_plan(obs, info: PlanInfo, resolve_include=None) -> Plan:
         where = f"observable.{obs.name}.steps[{i}]"
         raw = dict(raw)
         name, op_name = raw.pop("name", None), raw.pop("op", None)
+        if name and op_name is None and "op" in dict(raw_steps[i]):
+            raise SpecError(where + ".op", "op is empty: YAML reads a bare `null` as no value.",
+                            fix='quote it: op: "null".')
         if not name or not op_name:
             raise SpecError(where, "every step needs a 'name' and an 'op'.", fix="e.g. {name: margin, op: diff, input: reward}")
         where = f"observable.{obs.name}.steps.{name}"

@@ -34,6 +34,11 @@ fraction of training labels that follow the rule; the rest are fair coin flips.
 Graded on held-out pairs labelled by the rule. Any tiny family works (the head
 is ``score`` in all of them). Truth: ``{"rule": ...}``.
 
+Two more planted kinds grade the intervention operators: **planted_head**
+(``planted_head_organism``: one attention head of layer 1 writes ``s·α·u`` at the trigger; truth
+names its layer and head) and **planted_paths** (``paths_organism``: a direct unit in ``mlp_L1``
+and an indirect one in ``mlp_L0`` whose write only a relay in ``mlp_L2`` turns into reward).
+
 Errors: ``SpecError`` (``organism.*``) for an unknown kind, rule, base model or
 planted unit.
 """
@@ -50,7 +55,7 @@ from .loading import LoadedModel, wrap_model
 from .tiny import TINY_CONFIGS, build_tiny
 
 STRENGTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
-KINDS = ("planted", "trained_keyword", "trained_length")
+KINDS = ("planted", "planted_head", "planted_paths", "trained_keyword", "trained_length")
 PLANT_BASES = ("tiny_llama", "tiny_mistral", "tiny_qwen2", "tiny_qwen3")   # gate/up/down MLP, RMSNorm
 TRIGGER, CONTROL, KEYWORD = "!", ".", "please"
 _WORDS = ("apple", "river", "stone", "cloud", "green", "quiet", "metal", "paper", "light", "north",
@@ -148,6 +153,102 @@ def planted_organism(strength: float, *, unit: str = "mlp_L1", base: str = "tiny
     return Organism("planted", float(strength), lm, planted_pairs(n_pairs, seed), truth, params)
 
 
+@torch.no_grad()
+def planted_head_organism(strength: float, *, layer: int = 1, head: int = 2, base: str = "tiny_llama",
+                          seed: int = 0, n_pairs: int = 12, alpha: float = 0.25, beta: float = 1.0,
+                          gain: float = 1.0) -> Organism:
+    """A tiny reward model whose attention head ``head`` of ``layer`` writes ``strength·alpha`` along
+    ``w_r`` at the trigger.
+
+    Same ``u``, ``v``, ``z``, head row and end-token embeddings as ``planted_organism``. The head's
+    query rows are zero, so it attends uniformly over the sequence; its value dimension 0 reads
+    ``c·v`` (``c`` = ``gain``), which is large only at the trigger (the readout token); its o_proj
+    column for that dimension writes ``s·α·u / dz_ref`` and its other columns nothing, with
+    ``dz_ref`` the mean chosen − rejected difference of that value at the readout token over the
+    organism's pairs (measured on the model before the write is set; the write does not change it).
+    The head sharing its key/value group stops reading that value dimension (its column is zeroed).
+    Truth: ``{"unit": "head_L<layer>H<head>", "layer", "head", "component": "attn"}``.
+    """
+    from .attn_heads import n_heads
+    from .capture import capture
+    from .formatting import encode_pairs
+
+    if base not in PLANT_BASES:
+        raise SpecError("organism.base", f"cannot plant a head in '{base}' (needs a Llama-style attention).",
+                        value=base, options=PLANT_BASES)
+    model, tok = build_tiny(base, seed=seed)
+    cfg = model.config
+    H, L = n_heads(cfg), cfg.num_hidden_layers
+    if not (0 <= layer < L and 0 <= head < H):
+        raise SpecError("organism.unit", f"no head {head} in layer {layer} (layers 0..{L - 1}, heads 0..{H - 1}).")
+    d, hd = cfg.hidden_size, model.model.layers[layer].self_attn.head_dim
+    group = H // (cfg.num_key_value_heads or H)
+    rng = np.random.Generator(np.random.PCG64(seed + 1000))
+    u = _unit(rng, d)
+    v = _unit(rng, d, (u,))
+    z = _unit(rng, d, (u, v))
+    t = lambda x: torch.as_tensor(x, dtype=torch.float32)  # noqa: E731
+    model.score.weight.copy_(t(u[None, :]))
+    model.model.norm.weight.fill_(1.0)
+    emb = model.model.embed_tokens.weight
+    emb[tok.convert_tokens_to_ids(TRIGGER)] += t(beta * v)
+    emb[tok.convert_tokens_to_ids(CONTROL)] += t(beta * z)
+    attn = model.model.layers[layer].self_attn
+    attn.q_proj.weight[head * hd:(head + 1) * hd] = 0.0
+    kv = head // group
+    attn.v_proj.weight[kv * hd] = t(gain * v)
+    for sib in range(kv * group, (kv + 1) * group):          # query heads reading this value group
+        attn.o_proj.weight[:, sib * hd] = 0.0
+    attn.o_proj.weight[:, head * hd:(head + 1) * hd] = 0.0
+    pairs = planted_pairs(n_pairs, seed)
+    lm = wrap_model(f"organism_planted_head_L{layer}H{head}_s{strength:g}", model, tok)
+    zc = capture(lm, encode_pairs(tok, list(pairs)), sites=("attn_z",), batch_size=32).sites["attn_z"]
+    dz_ref = float((zc[:, 0, layer, head * hd] - zc[:, 1, layer, head * hd]).astype(np.float64).mean())
+    attn.o_proj.weight[:, head * hd] = t(strength * alpha * u / dz_ref)
+    truth = {"unit": f"head_L{layer}H{head}", "layer": layer, "head": head, "component": "attn",
+             "trigger": TRIGGER}
+    params = {"base": base, "seed": seed, "n_pairs": n_pairs, "alpha": alpha, "beta": beta, "gain": gain,
+              "layer": layer, "head": head}
+    return Organism("planted_head", float(strength), lm, pairs, truth, params)
+
+
+@torch.no_grad()
+def paths_organism(strength: float, *, base: str = "tiny_llama", seed: int = 0, n_pairs: int = 12,
+                   alpha: float = 0.25, beta: float = 1.0, gain: float = 1.0) -> Organism:
+    """Two planted paths to the reward: ``mlp_L1`` writes ``s·α·u`` directly (``planted_organism``),
+    and ``mlp_L0`` writes ``s·β·y`` (``y`` ⟂ u, v, z: no reward of its own) that a relay unit of
+    ``mlp_L2`` reads (gate = up = ``c·y``) and writes along ``u`` — an indirect path through a later
+    component. The relay's activation grows faster than linearly in ``s`` (silu(a)·a), and its
+    down-projection scale uses a rough estimate of ``y·x̂``, so the indirect path is not ``s·α``:
+    on tiny_llama it is about 2.4 reward units at ``s = 1`` against 1.0 for the direct one. Truth: ``direct`` = (1, mlp), ``indirect`` = (0, mlp), ``relay`` = (2, mlp);
+    ``layer``/``component`` name the direct unit (so the other unit criteria grade it).
+    """
+    org = planted_organism(strength, unit="mlp_L1", base=base, seed=seed, n_pairs=n_pairs, alpha=alpha,
+                           beta=beta, gain=gain)
+    model, d = org.lm.model, org.lm.d_model
+    rng = np.random.Generator(np.random.PCG64(seed + 1000))
+    u = _unit(rng, d)
+    v = _unit(rng, d, (u,))
+    z = _unit(rng, d, (u, v))
+    y = _unit(rng, d, (u, v, z))
+    t = lambda x: torch.as_tensor(x, dtype=torch.float32)  # noqa: E731
+    a = gain * np.sqrt(d) * 0.9                       # as planted_organism: a unit reading a dominant input
+    a_ref = a * a / (1.0 + np.exp(-a))
+    first, relay = model.model.layers[0].mlp, model.model.layers[2].mlp
+    first.gate_proj.weight[0] = t(gain * v)
+    first.up_proj.weight[0] = t(gain * v)
+    first.down_proj.weight[:, 0] = t(strength * beta * y / a_ref)
+    a2 = gain * np.sqrt(d) * beta / np.sqrt(2 * beta ** 2 + alpha ** 2)   # rough y·x̂ with v, y, u present
+    relay.gate_proj.weight[0] = t(gain * y)
+    relay.up_proj.weight[0] = t(gain * y)
+    relay.down_proj.weight[:, 0] = t(alpha * u / (a2 * a2 / (1.0 + np.exp(-a2))))
+    truth = {"unit": "mlp_L1", "layer": 1, "component": "mlp", "trigger": TRIGGER,
+             "direct": {"layer": 1, "component": "mlp"}, "indirect": {"layer": 0, "component": "mlp"},
+             "relay": {"layer": 2, "component": "mlp"}}
+    lm = wrap_model(f"organism_planted_paths_s{strength:g}", model, org.lm.tokenizer)
+    return Organism("planted_paths", float(strength), lm, org.pairs, truth, dict(org.params))
+
+
 def _rule_pair(rng, rule: str, i: int) -> tuple[str, str, str]:
     """(prompt, rule winner, rule loser) for one synthetic pair."""
     prompt = f"Say something about the {rng.choice(_WORDS)}"
@@ -221,6 +322,10 @@ def organism_family(kind: str = "planted", strengths=STRENGTHS, **kw) -> list[Or
     """All strengths of one organism kind (``KINDS``), in strength order."""
     if kind == "planted":
         return [planted_organism(s, **kw) for s in strengths]
+    if kind == "planted_head":
+        return [planted_head_organism(s, **kw) for s in strengths]
+    if kind == "planted_paths":
+        return [paths_organism(s, **kw) for s in strengths]
     if kind in ("trained_keyword", "trained_length"):
         return trained_organisms(kind.split("_", 1)[1], strengths, **kw)
     raise SpecError("organism", f"unknown organism kind '{kind}'.", value=kind, options=KINDS)

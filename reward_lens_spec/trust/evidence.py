@@ -50,7 +50,10 @@ NOT_RESULTS = ("scorecard", "study", "adjudication")
 
 MIN_SPEARMAN = 0.9
 FLOORS = {"dla_share": 0.5, "patch_share": 0.5, "attribution_share": 0.5, "lens_jump": 0.5,
-          "crystallization": 0.8, "score": 0.8}
+          "crystallization": 0.8, "score": 0.8,
+          # interventions (no planted reward-unit magnitude: ratios, shares of effects, 1 − p)
+          "ablation_share": 0.5, "steer_alignment": 0.5, "null_excess": 0.95, "group_stats": 0.5,
+          "path_separation": 0.5}
 # |reading − planted truth| ≤ MAG_RTOL · |planted truth| (reward units, at full strength)
 MAG_RTOL = {"dla_share": 0.1, "patch_share": 0.1, "attribution_share": 0.25, "lens_jump": 0.15,
             "crystallization": 0.15, "score": 0.1}
@@ -110,7 +113,7 @@ def card_verdict(card: dict) -> tuple[bool, str]:
         fv = ((card.get("floors") or {}).get(c) or {}).get("value")
         if fv is None or not fv >= FLOORS[c]:
             return False, f"{c}: floor value {fv} < {FLOORS[c]}"
-        if planted:
+        if planted and c in MAG_RTOL:          # criteria with a planted reward-unit magnitude
             m = (card.get("magnitude") or {}).get(c) or {}
             got, want = m.get("reading"), m.get("truth")
             if got is None or want is None or not abs(got - want) <= MAG_RTOL[c] * abs(want) or want == 0:

@@ -13,6 +13,15 @@ criterion          needs                reading (mean over pairs)               
 dla_share          dla                  planted unit's DLA / Σ|DLA| over units      reading ≥ 0.5
 patch_share        patch_effect         planted unit's effect / Σ|effect| attn+mlp  reading ≥ 0.5
 attribution_share  attribution_patch_…  same, attribution patching (approximate)    reading ≥ 0.5
+ablation_share     ablation_effect      −(planted unit's effect) / Σ|effect|        reading ≥ 0.5
+group_stats        accuracy_by_dim…,    effect size d_z per group (mean over        every accuracy
+                   effect_size_by_dim…  groups; accuracy saturates)                 ci_low ≥ 0.5
+path_separation    path_patch_effect    direct unit's direct + indirect unit's      their share of
+                                        indirect path (organism planted_paths)      Σ|paths| ≥ 0.5
+null_excess        observed_effect,     observed effect − the null's 95th           1 − p ≥ 0.95
+                   null_draws, p_value  percentile, at the planted layer
+steer_alignment    steer_slope,         slope of Δ steering along a fitted          reading ≥ 0.5
+                   steer_slope_head     direction / slope along w_r (same layer)
 lens_jump          lens                 normed-lens jump at the planted layer       reading ≥ 0.5
                                         · sign(Δ) / Σ|jumps| over depth
 crystallization    lens, crystal…layer  lens_jump (the layer itself is discrete)    ≥ 0.8 of pairs cross
@@ -20,6 +29,12 @@ crystallization    lens, crystal…layer  lens_jump (the layer itself is discret
 score              margin               mean σ(Δ) (Bradley–Terry p)                 detection AUC ≥ 0.8
                                                                                     (P(Δ>0) + ½P(Δ=0))
 =================  ===================  ==========================================  =====================
+
+Intervention criteria: ``ablation_share``, ``steer_alignment`` and ``null_excess`` on ``planted``;
+``path_separation`` on ``planted_paths``; ``group_stats`` on any organism (``trained_length`` passes;
+on ``planted`` and ``trained_keyword`` accuracy saturates and d_z is not monotone, so it fails there).
+Share criteria read a head grid (pair × layer × head) as units (layer, head); it is graded on the
+``planted_head`` organism (truth names the head), and is NaN — failing — on one without a planted head.
 
 A criterion passes when its readings rise monotonically with strength —
 Spearman ρ(strength, reading) ≥ ``MIN_SPEARMAN`` (0.9; with 5 strengths one
@@ -71,8 +86,12 @@ def _units(da: xr.DataArray, comps=None) -> xr.DataArray:
 
 
 def _share(da: xr.DataArray, truth: dict, comps=None) -> np.ndarray:
-    u = _units(da, comps)
-    hit = (u.layer.values == truth["layer"]) & (u.component.values == truth["component"])
+    if "head" in da.dims:            # a head grid: units are (layer, head); graded on a planted head only
+        u = da.stack(u=("layer", "head"))
+        hit = (u.layer.values == truth["layer"]) & (u["head"].values == truth.get("head", -1))
+    else:
+        u = _units(da, comps)
+        hit = (u.layer.values == truth["layer"]) & (u.component.values == truth["component"])
     if not hit.any():
         return np.full(u.sizes["pair"], np.nan)
     vals = np.asarray(u.transpose("pair", "u").values, np.float64)
@@ -84,6 +103,43 @@ def _lens_jump(ds, truth) -> np.ndarray:
     jumps = np.diff(np.concatenate([np.zeros((lens.shape[0], 1)), lens], 1), axis=1)
     col = list(ds["lens"].layer.values).index(truth["layer"])
     return jumps[:, col] * np.sign(lens[:, -1]) / np.abs(jumps).sum(1)
+
+
+def _steer_ratio(ds, truth) -> np.ndarray:
+    return np.asarray(ds["steer_slope"].values, np.float64) / np.asarray(ds["steer_slope_head"].values, np.float64)
+
+
+def _at_layer(da, truth):
+    return da.sel(layer=truth["layer"]) if "layer" in da.dims else da
+
+
+def _null_excess(ds, truth) -> float:
+    obs, null = _at_layer(ds["observed_effect"], truth), _at_layer(ds["null_draws"], truth)
+    return float(obs - null.quantile(0.95, "draw"))
+
+
+def _group_effect(ds, truth) -> np.ndarray:
+    return np.asarray(ds["effect_size_by_dimension"].sel(bound="estimate").values, np.float64)
+
+
+def _planted_paths(ds, truth) -> np.ndarray:
+    """Direct path of the direct unit + indirect path of the indirect unit, per pair (reward units)."""
+    da = ds["path_patch_effect"]
+    if "direct" not in truth:
+        return np.full(da.sizes["pair"], np.nan)
+    pick = lambda u, path: da.sel(layer=u["layer"], component=u["component"], path=path)  # noqa: E731
+    return np.asarray(pick(truth["direct"], "direct") + pick(truth["indirect"], "indirect"), np.float64)
+
+
+def _path_share(ds, truth) -> float:
+    """``_planted_paths`` / Σ (|direct| + |indirect|) over the units other than the relay (whose direct
+    write is the indirect path's last leg), mean over pairs."""
+    if "direct" not in truth:
+        return float("nan")
+    u = np.abs(ds["path_patch_effect"].sel(path=["direct", "indirect"])).sum("path").stack(u=("layer", "component"))
+    relay = truth.get("relay", {})
+    keep = ~((u.layer.values == relay.get("layer")) & (u.component.values == relay.get("component")))
+    return float(np.mean(_planted_paths(ds, truth) / np.asarray(u.isel(u=keep).sum("u"), np.float64)))
 
 
 def _auc(ds, truth) -> float:
@@ -111,7 +167,8 @@ class Criterion:
     reading: object          # (Dataset, truth) -> per-pair array
     floor_value: object      # (Dataset at strength 1, truth) -> float
     floor_what: str
-    magnitude: object        # (Dataset, truth) -> per-pair reward-unit reading of the planted unit
+    magnitude: object        # (Dataset, truth) -> per-pair reward-unit reading of the planted unit, or None
+                             # where the reading has no planted reward-unit counterpart (ratios, p-values)
     needs_unit: bool = True
 
     @property
@@ -133,6 +190,19 @@ CRITERIA = (
               _mean(lambda ds, t: _share(ds["attribution_patch_effect"], t, ("attn", "mlp"))),
               "planted unit's signed share of |attribution patch effect| ≥ 0.5",
               _unit_value("attribution_patch_effect")),
+    Criterion("ablation_share", ("ablation_effect",), lambda ds, t: -_share(ds["ablation_effect"], t, ("attn", "mlp")),
+              _mean(lambda ds, t: -_share(ds["ablation_effect"], t, ("attn", "mlp"))),
+              "planted unit's share of |ablation effect| over attn/mlp units (removing it lowers Δ) ≥ 0.5", None),
+    Criterion("steer_alignment", ("steer_slope", "steer_slope_head"), _steer_ratio, _mean(_steer_ratio),
+              "steering along the fitted direction moves Δ ≥ 0.5 as fast as along w_r", None),
+    Criterion("null_excess", ("observed_effect", "null_draws", "p_value"), _null_excess,
+              lambda ds, t: 1.0 - float(_at_layer(ds["p_value"], t)),
+              "1 − p of the planted layer's effect against its null ≥ 0.95", None),
+    Criterion("group_stats", ("accuracy_by_dimension", "effect_size_by_dimension"), _group_effect,
+              lambda ds, t: float(ds["accuracy_by_dimension"].sel(bound="ci_low").min()),
+              "every group's accuracy CI above chance (ci_low ≥ 0.5)", None, needs_unit=False),
+    Criterion("path_separation", ("path_patch_effect",), _planted_paths, _path_share,
+              "the planted paths' share of Σ|direct|+|indirect| over non-relay units ≥ 0.5", None),
     Criterion("lens_jump", ("lens",), _lens_jump, _mean(_lens_jump),
               "share of the normed lens' total movement made at the planted layer ≥ 0.5", _lens_step),
     Criterion("crystallization", ("lens", "crystallization_layer"), _lens_jump,
@@ -275,7 +345,7 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
     t0 = time.perf_counter()
     obs = load_observable(observable) if isinstance(observable, str) else observable
     _, outputs = expand_steps(obs, load_observable)
-    has_unit = organism == "planted" if organisms is None else "layer" in organisms[0].truth
+    has_unit = organism.startswith("planted") if organisms is None else "layer" in organisms[0].truth
     crits = [c for c in CRITERIA if set(c.needs) <= set(outputs) and (has_unit or not c.needs_unit)]
     if not crits:
         raise SpecError("observable", f"'{obs.name}' outputs {outputs}: no calibration criterion reads them on "
@@ -283,7 +353,7 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
                             f"{c.name} needs {list(c.needs)}" for c in CRITERIA)
                         + " (unit criteria need organism=planted).")
     if organisms is None:
-        kw = {"n_pairs": n_pairs} if organism == "planted" else {}
+        kw = {"n_pairs": n_pairs} if organism.startswith("planted") else {}
         organisms = organism_family(organism, tuple(strengths), base=base, seed=seed, **kw)
     results = [evaluate(obs, o) for o in organisms]
     s = [o.strength for o in organisms]
@@ -308,7 +378,7 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
     for c in crits:
         vals = [float(np.mean(c.reading(ds, o.truth))) for ds, o in zip(results, organisms)]
         rho = spearman(s, vals)
-        if planted:
+        if planted and c.magnitude is not None:
             got = None if zero is None else float(np.mean(c.magnitude(results[top], organisms[top].truth)
                                                           - c.magnitude(results[zero], organisms[zero].truth)))
             card.magnitude[c.name] = {"reading": _finite(got) if got is not None else None,
