@@ -50,7 +50,7 @@ from .loading import LoadedModel, wrap_model
 from .tiny import TINY_CONFIGS, build_tiny
 
 STRENGTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
-KINDS = ("planted", "trained_keyword", "trained_length")
+KINDS = ("planted", "trained_keyword", "trained_length", "planted_cycle")
 PLANT_BASES = ("tiny_llama", "tiny_mistral", "tiny_qwen2", "tiny_qwen3")   # gate/up/down MLP, RMSNorm
 TRIGGER, CONTROL, KEYWORD = "!", ".", "please"
 _WORDS = ("apple", "river", "stone", "cloud", "green", "quiet", "metal", "paper", "light", "north",
@@ -217,10 +217,56 @@ def trained_organisms(rule: str = "keyword", strengths=STRENGTHS, *, base: str =
     return out
 
 
+CYCLE = ("rock", "paper", "scissors")
+
+
+def cycle_pairs(strength: float, *, n_groups: int = 48, noise: float = 0.1, seed: int = 0) -> PairSet:
+    """Per prompt, three responses ending in ``rock``/``paper``/``scissors``, compared pairwise.
+
+    rock beats paper and paper beats scissors always; scissors beats rock with probability
+    ``strength`` (else rock wins: a transitive order at 0, a 3-cycle at 1); then each label is
+    flipped with probability ``noise`` (annotator noise). The draws are shared across strengths.
+    """
+    rng = np.random.Generator(np.random.PCG64(seed + 21))
+    out = []
+    for g in range(n_groups):
+        a, b, c = (str(w) for w in rng.choice(_WORDS, 3, replace=False))
+        prompt = f"Pick one for the {a} {g}"
+        resp = {t: f"the {b} and the {c} say {t}" for t in CYCLE}
+        u_cycle, u_noise = rng.random(), rng.random(3)
+        won = [("rock", "paper"), ("paper", "scissors"),
+               ("scissors", "rock") if u_cycle < strength else ("rock", "scissors")]
+        for e, (w, l) in enumerate(won):
+            if u_noise[e] < noise:
+                w, l = l, w
+            out.append(Pair(id=f"cycle-{g:03d}-{e}", prompt=prompt, chosen=resp[w], rejected=resp[l],
+                            dimension="cycle", source="organism"))
+    return _pairset("organism_cycle", out)
+
+
+def cycle_organisms(strengths=STRENGTHS, *, base: str = "tiny_llama", seed: int = 0, n_groups: int = 48,
+                    noise: float = 0.1) -> list[Organism]:
+    """The planted-cycle organism: one frozen tiny model, labels with a rock-paper-scissors cycle.
+
+    Strength = probability that a prompt's scissors-vs-rock label closes the cycle (``cycle_pairs``);
+    the readout token is the type word's last byte, so h tells the three types apart. Truth:
+    ``{"cycle": CYCLE}``. The structure is in the labels; the model only has to represent it.
+    """
+    if base not in TINY_CONFIGS:
+        raise SpecError("organism.base", f"unknown tiny model '{base}'.", value=base, options=TINY_CONFIGS)
+    model, tok = build_tiny(base, seed=seed)
+    lm = wrap_model(f"organism_cycle_{base}", model, tok)
+    params = {"base": base, "seed": seed, "n_groups": n_groups, "noise": noise}
+    return [Organism("planted_cycle", float(s), lm, cycle_pairs(s, n_groups=n_groups, noise=noise, seed=seed),
+                     {"cycle": list(CYCLE)}, params) for s in strengths]
+
+
 def organism_family(kind: str = "planted", strengths=STRENGTHS, **kw) -> list[Organism]:
     """All strengths of one organism kind (``KINDS``), in strength order."""
     if kind == "planted":
         return [planted_organism(s, **kw) for s in strengths]
     if kind in ("trained_keyword", "trained_length"):
         return trained_organisms(kind.split("_", 1)[1], strengths, **kw)
+    if kind == "planted_cycle":
+        return cycle_organisms(strengths, **kw)
     raise SpecError("organism", f"unknown organism kind '{kind}'.", value=kind, options=KINDS)

@@ -89,10 +89,23 @@ class Criterion:
     floor: float
     floor_what: str
     needs_unit: bool = True
+    kinds: tuple = ()        # organism kinds it grades (empty: any, subject to needs_unit)
 
 
 def _mean(f):
     return lambda ds, t: float(np.mean(f(ds, t)))
+
+
+def _hodge(ds, t, stat="non_gradient_fraction"):
+    return float(ds["hodge_pooled"].sel(flow="labels", hodge_statistic=stat))
+
+
+PREFERENCE_CRITERIA = (   # preference structure (ops/hodge_rank, …), graded on organisms with that truth
+    Criterion("label_cycles", ("hodge_pooled",), _hodge,
+              lambda ds, t: _hodge(ds, t) - _hodge(ds, t, "null_q95"), 0.0,
+              "labels' pooled non-gradient fraction above its transitive null's 95% quantile",
+              needs_unit=False, kinds=("planted_cycle",)),
+)
 
 CRITERIA = (
     Criterion("dla_share", ("dla",), lambda ds, t: _share(ds["dla"], t), _mean(lambda ds, t: _share(ds["dla"], t)),
@@ -111,7 +124,7 @@ CRITERIA = (
               "fraction of pairs crystallizing at or after the planted layer ≥ 0.8"),
     Criterion("score", ("margin",), lambda ds, t: 1.0 / (1.0 + np.exp(-np.asarray(ds["margin"].values, float))),
               _auc, 0.8, "detection AUC P(Δ>0) + ½P(Δ=0) ≥ 0.8", needs_unit=False),
-)
+) + PREFERENCE_CRITERIA
 
 
 def spearman(x, y) -> float:
@@ -207,7 +220,9 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
     obs = load_observable(observable) if isinstance(observable, str) else observable
     _, outputs = expand_steps(obs, load_observable)
     has_unit = organism == "planted" if organisms is None else "layer" in organisms[0].truth
-    crits = [c for c in CRITERIA if set(c.needs) <= set(outputs) and (has_unit or not c.needs_unit)]
+    kind = organism if organisms is None else organisms[0].kind
+    crits = [c for c in CRITERIA if set(c.needs) <= set(outputs) and (has_unit or not c.needs_unit)
+             and (not c.kinds or kind in c.kinds)]
     if not crits:
         raise SpecError("observable", f"'{obs.name}' outputs {outputs}: no calibration criterion reads them on "
                         f"organism '{organism}'.", fix="criteria: " + "; ".join(
