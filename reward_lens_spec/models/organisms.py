@@ -220,7 +220,7 @@ def trained_organisms(rule: str = "keyword", strengths=STRENGTHS, *, base: str =
 CYCLE = ("rock", "paper", "scissors")
 
 
-def cycle_pairs(strength: float, *, n_groups: int = 48, noise: float = 0.1, seed: int = 0) -> PairSet:
+def cycle_pairs(strength: float, *, n_groups: int = 96, noise: float = 0.1, seed: int = 0) -> PairSet:
     """Per prompt, three responses ending in ``rock``/``paper``/``scissors``, compared pairwise.
 
     rock beats paper and paper beats scissors always; scissors beats rock with probability
@@ -244,7 +244,7 @@ def cycle_pairs(strength: float, *, n_groups: int = 48, noise: float = 0.1, seed
     return _pairset("organism_cycle", out)
 
 
-def cycle_organisms(strengths=STRENGTHS, *, base: str = "tiny_llama", seed: int = 0, n_groups: int = 48,
+def cycle_organisms(strengths=STRENGTHS, *, base: str = "tiny_llama", seed: int = 0, n_groups: int = 96,
                     noise: float = 0.1) -> list[Organism]:
     """The planted-cycle organism: one frozen tiny model, labels with a rock-paper-scissors cycle.
 

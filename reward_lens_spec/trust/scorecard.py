@@ -100,11 +100,18 @@ def _hodge(ds, t, stat="non_gradient_fraction"):
     return float(ds["hodge_pooled"].sel(flow="labels", hodge_statistic=stat))
 
 
+def _rank(ds, bound):
+    return float(ds["preference_rank"].sel(rank_statistic="cyclic_gain", bound=bound))
+
+
 PREFERENCE_CRITERIA = (   # preference structure (ops/hodge_rank, …), graded on organisms with that truth
     Criterion("label_cycles", ("hodge_pooled",), _hodge,
               lambda ds, t: _hodge(ds, t) - _hodge(ds, t, "null_q95"), 0.0,
               "labels' pooled non-gradient fraction above its transitive null's 95% quantile",
               needs_unit=False, kinds=("planted_cycle",)),
+    Criterion("cyclic_gain", ("preference_rank",), lambda ds, t: _rank(ds, "estimate"),
+              lambda ds, t: _rank(ds, "ci_low"), 1e-9,
+              "held-out cyclic_gain's 95% CI above 0 (nats)", needs_unit=False, kinds=("planted_cycle",)),
 )
 
 CRITERIA = (
