@@ -104,6 +104,10 @@ def _rank(ds, bound):
     return float(ds["preference_rank"].sel(rank_statistic="cyclic_gain", bound=bound))
 
 
+def _contested(ds, stat, bound="estimate"):
+    return float(ds["contested_margin"].sel(contested_statistic=stat, bound=bound))
+
+
 PREFERENCE_CRITERIA = (   # preference structure (ops/hodge_rank, …), graded on organisms with that truth
     Criterion("label_cycles", ("hodge_pooled",), _hodge,
               lambda ds, t: _hodge(ds, t) - _hodge(ds, t, "null_q95"), 0.0,
@@ -112,6 +116,15 @@ PREFERENCE_CRITERIA = (   # preference structure (ops/hodge_rank, …), graded o
     Criterion("cyclic_gain", ("preference_rank",), lambda ds, t: _rank(ds, "estimate"),
               lambda ds, t: _rank(ds, "ci_low"), 1e-9,
               "held-out cyclic_gain's 95% CI above 0 (nats)", needs_unit=False, kinds=("planted_cycle",)),
+    Criterion("contested_direction", ("contested_direction",),
+              lambda ds, t: abs(float(np.asarray(ds["contested_direction"].values) @ np.asarray(t["disagreement_direction"]))),
+              lambda ds, t: abs(float(np.asarray(ds["contested_direction"].values) @ np.asarray(t["disagreement_direction"]))),
+              0.8, "|cos| of the recovered and the planted disagreement direction (whitened) ≥ 0.8",
+              needs_unit=False, kinds=("annotator_mixture",)),
+    Criterion("contested_margin", ("contested_margin",), lambda ds, t: 1.0 - _contested(ds, "abs_margin_contested")
+              / _contested(ds, "abs_margin_unanimous"), lambda ds, t: -_contested(ds, "abs_margin_gap", "ci_high"),
+              1e-9, "contested-minus-unanimous |margin| gap's 95% CI below 0", needs_unit=False,
+              kinds=("annotator_agreement",)),
 )
 
 CRITERIA = (
