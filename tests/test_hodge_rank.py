@@ -9,7 +9,7 @@ import torch
 
 from reward_lens_spec.data import load_pairs
 from reward_lens_spec.errors import SpecError
-from reward_lens_spec.models.organisms import cycle_organisms
+from reward_lens_spec.models.preference_organisms import cycle_organisms
 from reward_lens_spec.observables import load_observable
 from reward_lens_spec.ops.hodge_rank import build_graph, decompose
 from reward_lens_spec.spec import ObservableSpec

@@ -45,14 +45,13 @@ import numpy as np
 import torch
 
 from ..data import Pair, PairSet, dataset_checksum, effective_sample_size
-from ..data.pairs import make_meta
 from ..errors import SpecError
 from .loading import LoadedModel, wrap_model
 from .tiny import TINY_CONFIGS, build_tiny
 
 STRENGTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 KINDS = ("planted", "trained_keyword", "trained_length", "planted_cycle", "annotator_mixture",
-         "annotator_agreement")
+         "annotator_agreement", "multi_objective")         # the last four: models/preference_organisms.py
 PLANT_BASES = ("tiny_llama", "tiny_mistral", "tiny_qwen2", "tiny_qwen3")   # gate/up/down MLP, RMSNorm
 TRIGGER, CONTROL, KEYWORD = "!", ".", "please"
 _WORDS = ("apple", "river", "stone", "cloud", "green", "quiet", "metal", "paper", "light", "north",
@@ -219,121 +218,17 @@ def trained_organisms(rule: str = "keyword", strengths=STRENGTHS, *, base: str =
     return out
 
 
-CYCLE = ("rock", "paper", "scissors")
-
-
-def cycle_pairs(strength: float, *, n_groups: int = 96, noise: float = 0.1, seed: int = 0) -> PairSet:
-    """Per prompt, three responses ending in ``rock``/``paper``/``scissors``, compared pairwise.
-
-    rock beats paper and paper beats scissors always; scissors beats rock with probability
-    ``strength`` (else rock wins: a transitive order at 0, a 3-cycle at 1); then each label is
-    flipped with probability ``noise`` (annotator noise). The draws are shared across strengths.
-    """
-    rng = np.random.Generator(np.random.PCG64(seed + 21))
-    out = []
-    for g in range(n_groups):
-        a, b, c = (str(w) for w in rng.choice(_WORDS, 3, replace=False))
-        prompt = f"Pick one for the {a} {g}"
-        resp = {t: f"the {b} and the {c} say {t}" for t in CYCLE}
-        u_cycle, u_noise = rng.random(), rng.random(3)
-        won = [("rock", "paper"), ("paper", "scissors"),
-               ("scissors", "rock") if u_cycle < strength else ("rock", "scissors")]
-        for e, (w, l) in enumerate(won):
-            if u_noise[e] < noise:
-                w, l = l, w
-            out.append(Pair(id=f"cycle-{g:03d}-{e}", prompt=prompt, chosen=resp[w], rejected=resp[l],
-                            dimension="cycle", source="organism"))
-    return _pairset("organism_cycle", out)
-
-
-def cycle_organisms(strengths=STRENGTHS, *, base: str = "tiny_llama", seed: int = 0, n_groups: int = 96,
-                    noise: float = 0.1) -> list[Organism]:
-    """The planted-cycle organism: one frozen tiny model, labels with a rock-paper-scissors cycle.
-
-    Strength = probability that a prompt's scissors-vs-rock label closes the cycle (``cycle_pairs``);
-    the readout token is the type word's last byte, so h tells the three types apart. Truth:
-    ``{"cycle": CYCLE}``. The structure is in the labels; the model only has to represent it.
-    """
-    if base not in TINY_CONFIGS:
-        raise SpecError("organism.base", f"unknown tiny model '{base}'.", value=base, options=TINY_CONFIGS)
-    model, tok = build_tiny(base, seed=seed)
-    lm = wrap_model(f"organism_cycle_{base}", model, tok)
-    params = {"base": base, "seed": seed, "n_groups": n_groups, "noise": noise}
-    return [Organism("planted_cycle", float(s), lm, cycle_pairs(s, n_groups=n_groups, noise=noise, seed=seed),
-                     {"cycle": list(CYCLE)}, params) for s in strengths]
-
-
-ANNOTATOR_KINDS = ("annotator_mixture", "annotator_agreement")
-
-
-@torch.no_grad()
-def annotator_organisms(kind: str = "annotator_mixture", strengths=STRENGTHS, *, base: str = "tiny_llama",
-                        seed: int = 0, n_pairs: int = 240, n_annotators: int = 4) -> list[Organism]:
-    """Annotator panels voting on a frozen tiny model's pairs; votes kept in ``Pair.meta["votes"]``.
-
-    With z the readout h in the whitened frame of the run's activations (``frames.fit_whitened``,
-    Ledoit–Wolf, as ``objective_geometry`` fits it), dz = z_c − z_r, w̃ the head row in that frame
-    and d̃ the unit top principal axis of dz orthogonal to w̃: a = w̃·dz (the model's margin) and
-    b = d̃·dz, each scaled to RMS 1. Annotator j votes for the first side when
-    ``f·a + g·β_j·b + ε_j > 0`` (β_j = +1, −1, +1, …; ε ~ N(0, 1)); the side most annotators pick is
-    the chosen one (ties: the first). ``annotator_mixture``: f = 3, g = 6·strength (two camps who
-    disagree along d̃, orthogonal to what the model rewards); truth ``disagreement_direction`` = d̃
-    (whitened coordinates; a run refits that frame on the same h, equal to rounding). ``annotator_agreement``: f = 3·strength, g = 0 (annotators follow the
-    model's margin, split where it is small); truth ``contested_where_margin_small``.
-    """
-    from ..frames.fit import fit_whitened
-    from .capture import capture
-    from .formatting import encode_pairs
-
-    if kind not in ANNOTATOR_KINDS:
-        raise SpecError("organism", f"unknown annotator organism '{kind}'.", value=kind, options=ANNOTATOR_KINDS)
-    if base not in TINY_CONFIGS:
-        raise SpecError("organism.base", f"unknown tiny model '{base}'.", value=base, options=TINY_CONFIGS)
-    rng = np.random.Generator(np.random.PCG64(seed + 31))
-    draft = []
-    for i in range(n_pairs):
-        ws = [str(w) for w in rng.choice(_WORDS, 6)]
-        draft.append(Pair(id=f"ann-{i:03d}", prompt=f"Describe the {ws[0]} {i}", chosen=" ".join(ws[1:3 + i % 2]),
-                          rejected=" ".join(ws[3:]), dimension="annotators", source="organism"))
-    model, tok = build_tiny(base, seed=seed)
-    lm = wrap_model(f"organism_annotators_{base}", model, tok)
-    h = capture(lm, encode_pairs(tok, draft), sites=(), batch_size=64).h.astype(np.float64)
-    frame = fit_whitened(h.reshape(-1, h.shape[-1]), lm.name, shrinkage="ledoit_wolf")
-    wt = frame.direction_to_frame(lm.head.W[0].astype(np.float64), lm.name)
-    dz = frame.to_frame(h[:, 0] - h[:, 1], lm.name, center=False)
-    u = wt / np.linalg.norm(wt)
-    d = np.linalg.svd(dz - np.outer(dz @ u, u), full_matrices=False)[2][0]
-    d -= (d @ u) * u
-    d /= np.linalg.norm(d)
-    a, b = dz @ wt, dz @ d
-    a, b = a / np.sqrt((a * a).mean()), b / np.sqrt((b * b).mean())
-    beta = np.where(np.arange(n_annotators) % 2 == 0, 1.0, -1.0)
-    eps = rng.standard_normal((n_pairs, n_annotators))
-    out = []
-    for st in strengths:
-        f, g = (3.0, 6.0 * st) if kind == "annotator_mixture" else (3.0 * st, 0.0)
-        votes = (f * a[:, None] + g * beta[None, :] * b[:, None] + eps) > 0
-        pairs = []
-        for p, v in zip(draft, votes):
-            first = v.mean() >= 0.5
-            c, r, vv = (p.chosen, p.rejected, v) if first else (p.rejected, p.chosen, ~v)
-            pairs.append(Pair(id=p.id, prompt=p.prompt, chosen=c, rejected=r, dimension=p.dimension, source=p.source,
-                              meta=make_meta({"votes": [int(x) for x in vv]})))
-        truth = ({"disagreement_direction": [float(x) for x in d]}
-                 if kind == "annotator_mixture" else {"contested_where_margin_small": True})
-        out.append(Organism(kind, float(st), lm, _pairset(f"organism_{kind}", pairs), truth,
-                            {"base": base, "seed": seed, "n_pairs": n_pairs, "n_annotators": n_annotators}))
-    return out
-
-
 def organism_family(kind: str = "planted", strengths=STRENGTHS, **kw) -> list[Organism]:
     """All strengths of one organism kind (``KINDS``), in strength order."""
     if kind == "planted":
         return [planted_organism(s, **kw) for s in strengths]
     if kind in ("trained_keyword", "trained_length"):
         return trained_organisms(kind.split("_", 1)[1], strengths, **kw)
+    from . import preference_organisms as po       # preference structure (ops/hodge_rank, …)
     if kind == "planted_cycle":
-        return cycle_organisms(strengths, **kw)
-    if kind in ANNOTATOR_KINDS:
-        return annotator_organisms(kind, strengths, **kw)
+        return po.cycle_organisms(strengths, **kw)
+    if kind in po.ANNOTATOR_KINDS:
+        return po.annotator_organisms(kind, strengths, **kw)
+    if kind == "multi_objective":
+        return po.multi_objective_organisms(strengths, **kw)
     raise SpecError("organism", f"unknown organism kind '{kind}'.", value=kind, options=KINDS)

@@ -21,6 +21,15 @@ score              margin               mean σ(Δ) (Bradley–Terry p)         
                                                                                     (P(Δ>0) + ½P(Δ=0))
 =================  ===================  ==========================================  =====================
 
+Preference-structure criteria (``PREFERENCE_CRITERIA``) grade only their own organism kind
+(``models/preference_organisms``): ``label_cycles`` (hodge_pooled: labels' non-gradient fraction;
+floor: above its null's 95% quantile) and ``cyclic_gain`` (preference_rank; floor: CI above 0) on
+``planted_cycle``; ``contested_direction`` (|cos| to the planted direction ≥ 0.8) on
+``annotator_mixture``; ``contested_margin`` (1 − contested/unanimous |Δ|; floor: gap CI below 0)
+on ``annotator_agreement``; ``effective_objectives`` (participation ratio within 1% of the
+planted one) and ``scalar_cost`` (margin-weighted sign disagreement; floor: plain ≥ 0.5) on
+``multi_objective``.
+
 A criterion passes when its readings rise monotonically with strength —
 Spearman ρ(strength, reading) ≥ ``MIN_SPEARMAN`` (0.9; with 5 strengths one
 adjacent swap gives 0.9) — AND its floor holds at full strength. A card passes
@@ -108,6 +117,14 @@ def _contested(ds, stat, bound="estimate"):
     return float(ds["contested_margin"].sel(contested_statistic=stat, bound=bound))
 
 
+def _pr(ds, t):
+    return float(ds["effective_objectives"].sel(effective_statistic="participation_ratio"))
+
+
+def _cost(ds, stat):
+    return float(ds["scalar_cost"].sel(scalar_cost_statistic=stat, bound="estimate"))
+
+
 PREFERENCE_CRITERIA = (   # preference structure (ops/hodge_rank, …), graded on organisms with that truth
     Criterion("label_cycles", ("hodge_pooled",), _hodge,
               lambda ds, t: _hodge(ds, t) - _hodge(ds, t, "null_q95"), 0.0,
@@ -125,6 +142,13 @@ PREFERENCE_CRITERIA = (   # preference structure (ops/hodge_rank, …), graded o
               / _contested(ds, "abs_margin_unanimous"), lambda ds, t: -_contested(ds, "abs_margin_gap", "ci_high"),
               1e-9, "contested-minus-unanimous |margin| gap's 95% CI below 0", needs_unit=False,
               kinds=("annotator_agreement",)),
+    Criterion("effective_objectives", ("effective_objectives",), _pr,
+              lambda ds, t: 1.0 - abs(_pr(ds, t) - t["participation_ratio"]) / t["participation_ratio"], 0.99,
+              "participation ratio within 1% of the planted one", needs_unit=False, kinds=("multi_objective",)),
+    Criterion("scalar_cost", ("scalar_cost",), lambda ds, t: _cost(ds, "sign_disagreement_weighted"),
+              lambda ds, t: _cost(ds, "sign_disagreement"), 0.5,
+              "share of pairs whose objectives disagree in sign ≥ 0.5 (K uncorrelated rows)", needs_unit=False,
+              kinds=("multi_objective",)),
 )
 
 CRITERIA = (
@@ -169,7 +193,8 @@ def evaluate(obs, org: Organism) -> xr.Dataset:
     info = PlanInfo(family=lm.family, n_layers=lm.n_layers, n_objectives=lm.head.n_objectives,
                     objectives=lm.head.objectives, model_name=lm.name,
                     layers=tuple(obs.layers) if obs.layers is not None else None,
-                    components=tuple(obs.components) if obs.components else None, pairs=obs.pairs)
+                    components=tuple(obs.components) if obs.components else None, pairs=obs.pairs,
+                    gated=lm.head.gate is not None)
     plan = build_plan(obs, info, load_observable)
     enc = encode_pairs(lm.tokenizer, list(org.pairs), model_name=lm.name)
     cap = capture(lm, enc, plan.sites, batch_size=32)
