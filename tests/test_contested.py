@@ -51,6 +51,14 @@ def test_contrast_top_worked_and_against_a_dense_eigh():
         w, V = np.linalg.eigh(M)
         lam, v = contrast_top(Z, c)
         assert lam == pytest.approx(w[-1], rel=1e-10) and abs(v @ V[:, -1]) == pytest.approx(1.0, abs=1e-9)
+        perm = rng.permutation(c)
+        a = rng.normal(size=dd)
+        a /= np.linalg.norm(a)
+        _, _, lam_null, cos_null = contrast_top(Z, c, perm[None, :], a)
+        Mp = Z[perm].T @ Z[perm] / perm.sum() - Z[~perm].T @ Z[~perm] / (~perm).sum()
+        wp, Vp = np.linalg.eigh(Mp)
+        assert lam_null[0] == pytest.approx(wp[-1], rel=1e-10)
+        assert cos_null[0] == pytest.approx(abs(Vp[:, -1] @ a), abs=1e-9)
 
 
 def test_contested_margin_matches_a_direct_computation():

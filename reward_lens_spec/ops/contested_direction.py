@@ -18,7 +18,10 @@ N(0, I) in frame coordinates, ``n_null`` draws).
 
 ``quantity: statistics`` → ``direction_statistic``: abs_cosine_w_r, null_abs_cosine_q50,
 null_abs_cosine_q95, p_value_cosine (share of null |cos| ≥ observed, +1 corrected), contrast,
-contrast_null_q95, p_value_contrast, n_contested, n_unanimous. ``quantity: direction`` → v
+contrast_null_q95, p_value_contrast, perm_abs_cosine_q50/q95 (|cos| to w_r of the direction
+found with permuted labels: the null that keeps the geometry of dz, which an isotropic random
+direction does not when h_c − h_r spans few axes), n_contested, n_unanimous. Read the cosine
+only when p_value_contrast is small: without a contrast the direction is noise. ``quantity: direction`` → v
 (``d_model``, whitened coordinates, sign: largest entry positive). Both carry the frame's gauge
 ``frame:whitened:<frame id>`` (``…:<model>`` in the plan) and share one fit. Reduces over pairs.
 Errors: ``SpecError`` at plan time for a non-readout input, a gated head, an unknown ``objective``
@@ -41,7 +44,8 @@ from .contested_margin import check_unanimous, record_classes
 
 QUANTITIES = ("statistics", "direction")
 STATS = ["abs_cosine_w_r", "null_abs_cosine_q50", "null_abs_cosine_q95", "p_value_cosine", "contrast",
-         "contrast_null_q95", "p_value_contrast", "n_contested", "n_unanimous"]
+         "contrast_null_q95", "p_value_contrast", "perm_abs_cosine_q50", "perm_abs_cosine_q95", "n_contested",
+         "n_unanimous"]
 
 
 @dataclass(frozen=True)
@@ -55,25 +59,29 @@ class ContestedDirectionParams:
     seed: int = 0
 
 
-def contrast_top(Z: np.ndarray, contested: np.ndarray, perms: np.ndarray | None = None):
+def contrast_top(Z: np.ndarray, contested: np.ndarray, perms: np.ndarray | None = None, against=None):
     """Top eigenpair of Zᵀ diag(c) Z, c = +1/n_c on contested rows and −1/n_u on the rest.
 
-    ``Z`` (n × d). Returns ``(eigenvalue, unit eigenvector (d,))``, and with ``perms`` (P × n label
-    permutations, boolean) also the P permuted top eigenvalues. Uses Zᵀ = Q R (economic QR).
+    ``Z`` (n × d). Returns ``(eigenvalue, unit eigenvector (d,))``; with ``perms`` (P × n label
+    permutations, boolean) also the P permuted top eigenvalues and, for a unit vector ``against``
+    (d,), the P values |cos(permuted eigenvector, against)| (else None). Uses Zᵀ = Q R (economic QR).
     """
     Q, R = np.linalg.qr(Z.T)                               # Q: d × r, R: r × n
 
-    def top(mask, vectors=False):
+    def top(mask):
         c = np.where(mask, 1.0 / mask.sum(), -1.0 / (~mask).sum())
         K = (R * c) @ R.T
         lam, vec = scipy.linalg.eigh(K, subset_by_index=[K.shape[0] - 1, K.shape[0] - 1])
-        return (float(lam[0]), Q @ vec[:, 0]) if vectors else float(lam[0])
-    lam, v = top(contested, True)
+        return float(lam[0]), vec[:, 0]                     # ‖Q vec‖ = 1: Q has orthonormal columns
+    lam, vec = top(contested)
+    v = Q @ vec
     v = v / np.linalg.norm(v)
     v = v * np.sign(v[np.argmax(np.abs(v))])
     if perms is None:
         return lam, v
-    return lam, v, np.array([top(m) for m in perms])
+    null = [top(m) for m in perms]
+    cos = None if against is None else np.abs(np.array([vv for _, vv in null]) @ (Q.T @ against))
+    return lam, v, np.array([x for x, _ in null]), cos
 
 
 def _fit(ctx, p, h):
@@ -87,9 +95,10 @@ def _fit(ctx, p, h):
     c = cont[rec]
     rng = np.random.Generator(np.random.PCG64(p.seed))
     perms = np.array([rng.permutation(c) for _ in range(p.n_perm)])
-    lam, v, lam_null = contrast_top(Z, c, perms)
     head = ctx.lm.head
     k = head.objectives.index(p.objective) if p.objective is not None else 0
+    wt = frame.direction_to_frame(np.asarray(head.W[k], np.float64), model)
+    lam, v, lam_null, cos_null = contrast_top(Z, c, perms, wt / np.linalg.norm(wt))
     v_da = xr.DataArray(v, dims=("d_model",), name="contested_direction", attrs={"gauge": frame.gauge})
     w_da = xr.DataArray(np.asarray(head.W[k], np.float64), dims=("d_model",), name="w_r",
                         attrs={"gauge": ctx.info.native_frame})
@@ -99,6 +108,8 @@ def _fit(ctx, p, h):
              "null_abs_cosine_q95": float(q.sel(quantile=0.95)), "p_value_cosine": float(cmp["p_value"]),
              "contrast": lam, "contrast_null_q95": float(np.quantile(lam_null, 0.95)),
              "p_value_contrast": float((1 + np.sum(lam_null >= lam - 1e-12)) / (1 + len(lam_null))),
+             "perm_abs_cosine_q50": float(np.quantile(cos_null, 0.5)),
+             "perm_abs_cosine_q95": float(np.quantile(cos_null, 0.95)),
              "n_contested": float(c.sum()), "n_unanimous": float((~c).sum())}
     return {"stats": stats, "v": v, "frame": frame, "objective": head.objectives[k]}
 
