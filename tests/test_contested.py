@@ -85,7 +85,8 @@ def test_mixture_organism_recovers_a_disagreement_direction_orthogonal_to_w_r(mi
     assert v.attrs["gauge"] == f"frame:whitened:{v.attrs['frame_id']}" == hi["contested_direction_stats"].attrs["gauge"]
     assert abs(float(v.values @ truth)) >= 0.9
     st = hi["contested_direction_stats"]
-    assert float(st.sel(direction_statistic="abs_cosine_w_r")) <= float(st.sel(direction_statistic="null_abs_cosine_q95"))
+    cos = lambda k: float(st.sel(direction_statistic=k))   # noqa: E731
+    assert cos("abs_cosine_w_r") <= cos("null_abs_cosine_q95") and cos("abs_cosine_w_r") <= cos("perm_abs_cosine_q95")
     assert float(st.sel(direction_statistic="p_value_contrast")) <= 0.05
     assert float(lo["contested_direction_stats"].sel(direction_statistic="p_value_contrast")) > 0.05
 
@@ -102,11 +103,6 @@ def test_errors_name_the_field(mixture):
                              outputs=["d"])
         with pytest.raises(SpecError, match=rf"steps\.d\.{key}"):
             build_plan(obs, info)
-    gated = PlanInfo(family=family_for("llama"), n_layers=4, n_objectives=2, objectives=("a", "b"), gated=True)
-    obs = ObservableSpec(name="t", steps=[h, {"name": "d", "op": "contested_direction", "input": "h", "objective": "a"}],
-                         outputs=["d"])
-    with pytest.raises(SpecError, match="gated head"):
-        build_plan(obs, gated)
     o = mixture[0]
     bare = o.pairs.__class__(name="bare", pairs=tuple(p.__class__(**{**p.__dict__, "meta": make_meta({})})
                                                       for p in o.pairs), checksum="x", n_unique=1, n_prompt_clusters=1)
@@ -118,3 +114,23 @@ def test_contested_criteria_pass_on_their_organisms():
     for kind, crit in (("annotator_mixture", "contested_direction"), ("annotator_agreement", "contested_margin")):
         card = grade("contested", organisms=annotator_organisms(kind, (0.0, 0.5, 1.0)))
         assert list(card.readings) == [crit] and card.passed, card.describe()
+
+
+def test_a_gated_head_is_compared_with_its_mean_effective_direction(mixture):
+    from reward_lens_spec.models.gated_head import attach_gated_head
+    from reward_lens_spec.models.loading import wrap_model
+    from reward_lens_spec.models.tiny import build_tiny
+    model, tok = build_tiny("tiny_llama", seed=0)
+    lm = wrap_model("gated", attach_gated_head(model, 3, seed=0), tok)
+    obs = load_observable("contested")
+    obs.outputs = ["contested_direction_stats", "contested_direction", "h"]
+    ds = evaluate(obs, Organism("annotator_mixture", 1.0, lm, mixture[1].pairs))
+    st = ds["contested_direction_stats"]
+    assert st.attrs["objective"].startswith("gated")
+    from reward_lens_spec.frames.fit import fit_whitened
+    h = ds["h"].values.astype(np.float64)
+    frame = fit_whitened(h.reshape(-1, h.shape[-1]), "gated")                # the readout frame, refitted
+    w = np.mean([lm.head.gate(x) @ lm.head.W for x in h.reshape(-1, h.shape[-1])], 0)
+    wt = frame.direction_to_frame(w, "gated")
+    direct = abs(ds["contested_direction"].values @ wt) / np.linalg.norm(wt)
+    assert float(st.sel(direction_statistic="abs_cosine_w_r")) == pytest.approx(direct, rel=1e-6)

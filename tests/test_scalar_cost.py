@@ -53,7 +53,8 @@ def test_planted_heads_read_their_closed_form_and_disagree_only_when_rows_differ
         ds = evaluate(obs, org)
         pr = float(ds["effective_objectives"].sel(effective_statistic="participation_ratio"))
         assert pr == pytest.approx(org.truth["participation_ratio"], rel=1e-4)
-        assert ds["effective_objectives"].attrs["gauge"] == f"frame:whitened:{ds['effective_objectives'].attrs['frame_id']}"
+        eo = ds["effective_objectives"]
+        assert eo.attrs["gauge"] == f"frame:whitened:{eo.attrs['frame_id']}"
         cost = ds["scalar_cost"].sel(bound="estimate")
         if org.strength == 0:                                       # K copies of one row: nothing is lost
             assert float(cost.sel(scalar_cost_statistic="sign_disagreement")) == 0.0

@@ -92,7 +92,8 @@ def annotator_organisms(kind: str = "annotator_mixture", strengths=STRENGTHS, *,
     ``f·a + g·β_j·b + ε_j > 0`` (β_j = +1, −1, +1, …; ε ~ N(0, 1)); the side most annotators pick is
     the chosen one (ties: the first). ``annotator_mixture``: f = 3, g = 6·strength (two camps who
     disagree along d̃, orthogonal to what the model rewards); truth ``disagreement_direction`` = d̃
-    (whitened coordinates; a run refits that frame on the same h, equal to rounding). ``annotator_agreement``: f = 3·strength, g = 0 (annotators follow the
+    (whitened coordinates; a run refits that frame on the same h, equal to rounding).
+    ``annotator_agreement``: f = 3·strength, g = 0 (annotators follow the
     model's margin, split where it is small); truth ``contested_where_margin_small``.
     """
     from ..frames.fit import fit_whitened
@@ -173,6 +174,7 @@ def multi_objective_organisms(strengths=STRENGTHS, *, base: str = "tiny_llama", 
         model.score.weight.copy_(torch.as_tensor(frame.direction_from_frame(U, "m"), dtype=torch.float32))
         lm = wrap_model(lm.name, model, tok)
         out.append(Organism("multi_objective", float(st), lm, pairs,
-                            {"n_objectives": n_objectives, "participation_ratio": planted_participation_ratio(st, n_objectives)},
+                            {"n_objectives": n_objectives,
+                             "participation_ratio": planted_participation_ratio(st, n_objectives)},
                             {"base": base, "seed": seed, "n_pairs": n_pairs, "n_objectives": n_objectives}))
     return out

@@ -12,20 +12,23 @@ the top eigenvector of S_c − S_u (a quadratic discriminant in the whitened fra
 the QR of the stacked dz, an r × r eigenproblem with r = min(n, d), never a d × d matrix when
 n < d). ``contrast`` = that top eigenvalue (whitened variance units); its null permutes the
 contested labels over the recorded pairs ``n_perm`` times. The cosine to the reward direction
-w_r (the head row ``objective``, mapped into the frame as a covector, ``direction_to_frame``) is
-reported as |cos| (v has no sign) beside a random-direction null (``frames.compare_directions``:
-N(0, I) in frame coordinates, ``n_null`` draws).
+w_r (the head row ``objective``, mapped into the frame as a covector, ``direction_to_frame``; for
+a gated head without ``objective``, the mean over the run's readouts of its effective direction
+g(h)ᵀW, the gate frozen at each h) is reported as |cos| (v has no sign) beside a random-direction
+null (``frames.compare_directions``: N(0, I) in frame coordinates, ``n_null`` draws).
 
 ``quantity: statistics`` → ``direction_statistic``: abs_cosine_w_r, null_abs_cosine_q50,
 null_abs_cosine_q95, p_value_cosine (share of null |cos| ≥ observed, +1 corrected), contrast,
 contrast_null_q95, p_value_contrast, perm_abs_cosine_q50/q95 (|cos| to w_r of the direction
 found with permuted labels: the null that keeps the geometry of dz, which an isotropic random
 direction does not when h_c − h_r spans few axes), n_contested, n_unanimous. Read the cosine
-only when p_value_contrast is small: without a contrast the direction is noise. ``quantity: direction`` → v
-(``d_model``, whitened coordinates, sign: largest entry positive). Both carry the frame's gauge
-``frame:whitened:<frame id>`` (``…:<model>`` in the plan) and share one fit. Reduces over pairs.
-Errors: ``SpecError`` at plan time for a non-readout input, a gated head, an unknown ``objective``
-or bad params; at run time when agreement is missing or a class is empty (see contested_margin).
+only when p_value_contrast is small: without a contrast the direction is noise.
+``quantity: direction`` → v (``d_model``, whitened coordinates, sign: largest entry positive).
+Both carry the frame's gauge ``frame:whitened:<frame id>`` (``…:<model>`` in the plan) and share
+one fit. Reduces over pairs.
+Errors: ``SpecError`` at plan time for a non-readout input, a K-row linear head without
+``objective``, an unknown ``objective`` or bad params; at run time when agreement is missing or a
+class is empty (see contested_margin).
 """
 from __future__ import annotations
 
@@ -97,10 +100,14 @@ def _fit(ctx, p, h):
     perms = np.array([rng.permutation(c) for _ in range(p.n_perm)])
     head = ctx.lm.head
     k = head.objectives.index(p.objective) if p.objective is not None else 0
-    wt = frame.direction_to_frame(np.asarray(head.W[k], np.float64), model)
+    if p.objective is None and head.gate is not None:       # gated: the mean effective direction g(h)ᵀW
+        w = head.directions(H.reshape(-1, H.shape[-1]))[:, 0].mean(0)
+    else:
+        w = np.asarray(head.W[k], np.float64)
+    wt = frame.direction_to_frame(w, model)
     lam, v, lam_null, cos_null = contrast_top(Z, c, perms, wt / np.linalg.norm(wt))
     v_da = xr.DataArray(v, dims=("d_model",), name="contested_direction", attrs={"gauge": frame.gauge})
-    w_da = xr.DataArray(np.asarray(head.W[k], np.float64), dims=("d_model",), name="w_r",
+    w_da = xr.DataArray(w, dims=("d_model",), name="w_r",
                         attrs={"gauge": ctx.info.native_frame})
     cmp = compare_directions(v_da, w_da, frame, n_null=p.n_null, seed=p.seed)
     q = cmp["null_abs_cosine"]
@@ -111,7 +118,8 @@ def _fit(ctx, p, h):
              "perm_abs_cosine_q50": float(np.quantile(cos_null, 0.5)),
              "perm_abs_cosine_q95": float(np.quantile(cos_null, 0.95)),
              "n_contested": float(c.sum()), "n_unanimous": float((~c).sum())}
-    return {"stats": stats, "v": v, "frame": frame, "objective": head.objectives[k]}
+    gated = p.objective is None and head.gate is not None
+    return {"stats": stats, "v": v, "frame": frame, "objective": "gated (mean g(h)ᵀW)" if gated else head.objectives[k]}
 
 
 @register
@@ -131,10 +139,7 @@ class ContestedDirection(Operator):
         if self.p.quantity not in QUANTITIES:
             raise SpecError(where + ".quantity", f"unknown quantity '{self.p.quantity}'.", value=self.p.quantity,
                             options=QUANTITIES)
-        if info.gated:
-            raise SpecError(where, "a gated head has no single reward row w_r to compare with.",
-                            fix="use a linear head, or compare per objective with objective_geometry.")
-        if self.p.objective is None and info.n_objectives > 1:
+        if self.p.objective is None and info.n_objectives > 1 and not info.gated:
             raise SpecError(where + ".objective", f"the head has {info.n_objectives} rows; name the one to compare.",
                             options=info.objectives)
         if self.p.objective is not None and self.p.objective not in info.objectives:

@@ -181,7 +181,8 @@ class HodgeRank(Operator):
             raise SpecError(where + ".input", f"needs a margin with dims (pair,), got {in_dims[0]}.",
                             fix="feed it the 'margin' step of the score observable (select one objective first).")
         if self.p.min_responses < 3:
-            raise SpecError(where + ".min_responses", f"a cycle needs at least 3 responses, got {self.p.min_responses}.",
+            raise SpecError(where + ".min_responses",
+                            f"a cycle needs at least 3 responses, got {self.p.min_responses}.",
                             fix="set min_responses: 3 or more.")
         if self.p.n_perm < 1:
             raise SpecError(where + ".n_perm", f"must be ≥ 1, got {self.p.n_perm}.", fix="e.g. n_perm: 1000.")
@@ -224,7 +225,8 @@ class HodgeRank(Operator):
             for f in FLOWS:
                 cyc = [(g, e, ne) for g, e, ne in rows[f] if g.cycle_rank() >= 1 and np.isfinite(e).all()]
                 if cyc:
-                    r = _row(np.sum([e for _, e, _ in cyc], 0), np.sum([ne for _, _, ne in cyc], 0), [g for g, _, _ in cyc])
+                    r = _row(np.sum([e for _, e, _ in cyc], 0), np.sum([ne for _, _, ne in cyc], 0),
+                             [g for g, _, _ in cyc])
                 else:
                     r = {s: np.nan for s in stats} | {"n_groups": 0}
                 data.append([r[s] for s in stats])
@@ -233,7 +235,8 @@ class HodgeRank(Operator):
         else:
             data = [[[_row(e, ne, [g])[s] for s in stats] for g, e, ne in rows[f]] for f in FLOWS]
             arr = xr.DataArray(np.array(data, np.float64), dims=("flow", "group", "hodge_statistic"),
-                               coords={"flow": list(FLOWS), "group": np.array(kept, dtype=str), "hodge_statistic": stats})
+                               coords={"flow": list(FLOWS), "group": np.array(kept, dtype=str),
+                                       "hodge_statistic": stats})
         out = labelled(arr, "statistic", INVARIANT, "HodgeRank split of the preference flow (fractions of ‖Y‖²_w)")
         out.attrs.update(n_perm=int(self.p.n_perm), seed=int(self.p.seed), units_by_statistic=dict(STATISTICS),
                          null="random total order of each group's responses, |Y| and weights kept")

@@ -2,28 +2,32 @@
 
 On readout activations h (pair × side × d_model), split by prompt cluster (``fit.split``), with
 φ = h projected on the top ``n_components`` principal axes of the TRAIN split's h (both sides),
-centred and divided by one scale so that the mean variance per axis is 1, two pair models are fitted to the labels (chosen over rejected):
+centred and divided by one scale so that the mean variance per axis is 1, two pair models are
+fitted to the labels (chosen over rejected):
 
   transitive  s(x, y) = w·(φ(x) − φ(y))                                 (a scalar reward)
   skew        s(x, y) = w·(φ(x) − φ(y)) + φ(x)ᵀ A φ(y),  A = U Vᵀ − V Uᵀ   (rank 2k, Aᵀ = −A)
 
-both with P(x ≻ y) = σ(s(x, y)) and s(y, x) = −s(x, y) by construction (to rounding); A = 0 is the transitive model, so
-the skew model nests it. The rank-2k skew form is the blade–chest / general-preference
-embedding (Chen & Joachims 2016, "Modeling intransitivity in matchup and comparison data";
-Zhang et al. 2024, "Beyond Bradley–Terry models: a general preference model"); a skew matrix's
-rank is even (Balduzzi et al. 2018, "Re-evaluating evaluation"). Fit: mean softplus(−s) +
-λ/2·(‖w‖² + ‖U‖² + ‖V‖²) by L-BFGS with the exact gradient, p·(1 + 2k) parameters (never a
-p²-sized system); U, V start small and seeded, w at the transitive fit (every λ from that start); λ per model from
-``l2_grid`` by DEV log-loss; each model is fitted by this one routine (k = 0 is transitive).
+both with P(x ≻ y) = σ(s(x, y)) and s(y, x) = −s(x, y) by construction (to rounding); A = 0 is the
+transitive model, so the skew model nests it. The rank-2k skew form is the blade–chest /
+general-preference embedding (Chen & Joachims 2016, "Modeling intransitivity in matchup and
+comparison data"; Zhang et al. 2024, "Beyond Bradley–Terry models: a general preference model");
+a skew matrix's rank is even (Balduzzi et al. 2018, "Re-evaluating evaluation"). Fit: mean
+softplus(−s) + λ/2·(‖w‖² + ‖U‖² + ‖V‖²) by L-BFGS with the exact gradient, p·(1 + 2k) parameters
+(never a p²-sized system); U, V start small and seeded, w at the transitive fit (every λ from that
+start); λ per model from ``l2_grid`` by DEV log-loss; both models are fitted by this one routine
+(k = 0 is the transitive one), so they share penalty and optimizer.
 
 ``quantity: statistics`` → ``rank_statistic × bound`` (estimate, ci_low, ci_high) on the TEST
 split: transitive_/skew_ accuracy (ties ½) and log_loss (nats), ``cyclic_gain`` = transitive
-minus skew mean log-loss (nats per pair; > 0: the labels hold structure no scalar reward of φ
-fits), ``accuracy_gain``; 95% cluster-bootstrap CIs over test prompt clusters (``fit.evaluate``);
-counts n_train, n_test, n_effective, n_components (bounds repeat the count). Gauge invariant.
+minus skew mean log-loss (nats per pair; > 0: the labels hold structure no linear scalar reward of
+φ fits — a cycle, or a reward direction that depends on the shared prompt), ``accuracy_gain``;
+95% cluster-bootstrap CIs over test prompt clusters (``fit.evaluate``); counts n_train, n_test,
+n_effective, n_components (bounds repeat the count). Gauge invariant.
 ``quantity: singular_values`` → ``singular`` (2k): singular values of A in φ coordinates (they
-come in equal pairs), units 1/φ² (φ: the scaled PCA coordinates), gauge ``frame:native:<model>`` (PCA picks axes in that basis).
-Both quantities share one fit (memoised per run). Reduces over pairs.
+come in equal pairs), units 1/φ² (φ: the scaled PCA coordinates), gauge ``frame:native:<model>``
+(PCA picks its axes in that basis). Both quantities share one fit (memoised per run). Reduces
+over pairs.
 Errors: ``SpecError`` at plan time for an input without pair/side/d_model, rank < 1, bad
 n_components/l2_grid/quantity; at run time (``fit.fractions``) when a split part is empty.
 """
@@ -171,7 +175,8 @@ class PreferenceRank(Operator):
                 raise SpecError(f"{where}.{key}", f"must be ≥ {lo}, got {getattr(self.p, key)}.")
         grid = list(self.p.l2_grid)
         if not grid or any(not np.isfinite(float(x)) or float(x) < 0 for x in grid):
-            raise SpecError(where + ".l2_grid", f"need one or more finite λ ≥ 0, got {grid}.", fix="e.g. [1, 0.1, 0.01].")
+            raise SpecError(where + ".l2_grid", f"need one or more finite λ ≥ 0, got {grid}.",
+                            fix="e.g. [1, 0.1, 0.01].")
         return ("rank_statistic", "bound") if self.p.quantity == "statistics" else ("singular",)
 
     def gauge(self, in_gauges, info):
@@ -191,6 +196,7 @@ class PreferenceRank(Operator):
             out = labelled(arr, "statistic", INVARIANT, "held-out transitive vs skew pair model (nats, fractions)")
         else:
             arr = xr.DataArray(fit["singular"], dims=("singular",), coords={"singular": np.arange(2 * self.p.rank)})
-            out = labelled(arr, "1/phi^2", ctx.info.native_frame, "singular values of the skew matrix A (scaled PCA coordinates of h)")
+            out = labelled(arr, "1/phi^2", ctx.info.native_frame,
+                           "singular values of the skew matrix A (scaled PCA coordinates of h)")
         out.attrs.update(attrs)
         return out

@@ -59,7 +59,7 @@ def cost_statistics(D: np.ndarray, s: np.ndarray) -> dict:
 
 @register
 class ScalarCost(Operator):
-    """Share of per-objective preference lost by the scalar: sign disagreement (plain, margin-weighted), overruled mass."""
+    """Per-objective preference a scalar loses: sign disagreement (plain, margin-weighted), overruled mass."""
 
     name = "scalar_cost"
     Params = ScalarCostParams
