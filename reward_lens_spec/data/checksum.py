@@ -11,6 +11,7 @@ import unicodedata
 from typing import Any, Iterable, Mapping
 
 CHECKSUM_FIELDS = ("prompt", "prompt_rejected", "chosen", "rejected", "dimension")
+LABEL_META = ("group", "agreement", "votes")      # meta keys that count (see pair_hash)
 
 
 def normalize(text: str | None) -> str | None:
@@ -29,8 +30,11 @@ def _get(pair: Any, name: str) -> Any:
 def pair_hash(pair: Any) -> str:
     """sha256 hex of one pair's normalized content.
 
-    The content is ``prompt, prompt_rejected, chosen, rejected, dimension``. The id, rubric,
-    source and meta do not count. A ``prompt_rejected`` equal to ``prompt`` counts as absent.
+    The content is ``prompt, prompt_rejected, chosen, rejected, dimension``, plus the label
+    fields ``group``, ``agreement`` and ``votes`` of ``meta`` where a pair has any (the
+    preference-structure operators read them; a pair without them hashes as before). The id,
+    rubric, source and other meta do not count. A ``prompt_rejected`` equal to ``prompt`` counts
+    as absent.
     """
     prompt = normalize(_get(pair, "prompt") or "")
     pr = normalize(_get(pair, "prompt_rejected"))
@@ -38,7 +42,11 @@ def pair_hash(pair: Any) -> str:
         pr = None
     values = [prompt, pr, normalize(_get(pair, "chosen") or ""),
               normalize(_get(pair, "rejected") or ""), normalize(_get(pair, "dimension") or "")]
-    blob = json.dumps(values, ensure_ascii=False, separators=(",", ":"))
+    meta = dict(_get(pair, "meta") or ())
+    labels = {k: meta[k] for k in LABEL_META if meta.get(k) is not None}
+    if labels:
+        values.append(labels)
+    blob = json.dumps(values, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 

@@ -21,8 +21,8 @@ Kinds:
 
 Keys the mapping does not use are kept in ``Pair.meta``. ``fields`` may also map the meta
 names ``group``, ``agreement`` and ``votes`` (read by the preference-structure operators, see
-``ops/pair_labels.py``): the file's key is then kept in ``meta`` under our name. A row without ``source`` gets the
-file name as its source.
+``ops/pair_labels.py``): the file's key is then kept in ``meta`` under our name. A row without
+``source`` gets the file name as its source.
 
 Filtering, in order: ``dimensions`` keeps the named dimensions. Pairs whose two prompts
 differ are excluded; ``flags["prompt_mismatch"]`` lists those excluded from the selected
