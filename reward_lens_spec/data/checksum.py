@@ -17,6 +17,7 @@ import unicodedata
 from typing import Any, Iterable, Mapping
 
 CHECKSUM_FIELDS = ("prompt", "prompt_rejected", "chosen", "rejected", "dimension")
+LABEL_META = ("group", "agreement", "votes")      # meta keys that count (see pair_hash)
 
 
 def normalize(text: str | None) -> str | None:
@@ -35,16 +36,22 @@ def _get(pair: Any, name: str) -> Any:
 def pair_hash(pair: Any) -> str:
     """sha256 hex of one pair's exact content (code points as given; nothing normalized).
 
-    The content is ``prompt, prompt_rejected, chosen, rejected, dimension``. The id, rubric,
-    source and meta do not count. A ``prompt_rejected`` equal to ``prompt`` counts as absent.
-    Generated pair ids (``data.loaders``) are built from it.
+    The content is ``prompt, prompt_rejected, chosen, rejected, dimension``, plus the label
+    fields ``group``, ``agreement`` and ``votes`` of ``meta`` where a pair has any (the
+    preference-structure operators read them; a pair without them hashes as before). The id,
+    rubric, source and other meta do not count. A ``prompt_rejected`` equal to ``prompt`` counts
+    as absent. Generated pair ids (``data.loaders``) are built from it.
     """
     prompt = str(_get(pair, "prompt") or "")
     pr = _get(pair, "prompt_rejected")
     pr = None if pr is None or str(pr) == prompt else str(pr)
     values = [prompt, pr, str(_get(pair, "chosen") or ""), str(_get(pair, "rejected") or ""),
               str(_get(pair, "dimension") or "")]
-    blob = json.dumps(values, ensure_ascii=False, separators=(",", ":"))
+    meta = dict(_get(pair, "meta") or ())
+    labels = {k: meta[k] for k in LABEL_META if meta.get(k) is not None}
+    if labels:
+        values.append(labels)
+    blob = json.dumps(values, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 

@@ -22,8 +22,10 @@ Kinds:
   the chosen transcript. The rejected transcript's prompt becomes ``prompt_rejected`` when it
   differs.
 
-Keys the mapping does not use are kept in ``Pair.meta``. A row without ``source`` gets the
-file name as its source.
+Keys the mapping does not use are kept in ``Pair.meta``. ``fields`` may also map the meta
+names ``group``, ``agreement`` and ``votes`` (read by the preference-structure operators, see
+``ops/pair_labels.py``): the file's key is then kept in ``meta`` under our name. A row without
+``source`` gets the file name as its source.
 
 Filtering, in order: ``dimensions`` keeps the named dimensions. Pairs whose two prompts
 differ are excluded; ``flags["prompt_mismatch"]`` lists those excluded from the selected
@@ -58,6 +60,7 @@ from .pairs import FLAG_REASONS, Pair, PairSet, make_meta
 KINDS = ("diagnostic", "jsonl", "hh_rlhf", "rewardbench", "rewardbench2")
 FIELD_NAMES = ("id", "prompt", "chosen", "rejected", "dimension", "rubric", "source",
                "prompt_rejected")
+META_FIELDS = ("group", "agreement", "votes")   # kept in Pair.meta under these names (ops/pair_labels.py)
 REQUIRED = ("prompt", "chosen", "rejected")
 ASSISTANT_TAG = "\n\nAssistant:"
 DIAGNOSTIC_FILE = "diagnostic.jsonl"
@@ -195,7 +198,7 @@ def _check_limit(limit: Any) -> int | None:
 
 def _check_fields(fields: Any, kind: str) -> tuple[dict[str, str], frozenset[str]]:
     """Return (our name -> file key, the names the user mapped on purpose)."""
-    mapping = {n: n for n in FIELD_NAMES}
+    mapping = {n: n for n in FIELD_NAMES + META_FIELDS}
     if fields is None:
         return mapping, frozenset()
     if not isinstance(fields, Mapping) and not hasattr(fields, "items"):
@@ -206,9 +209,9 @@ def _check_fields(fields: Any, kind: str) -> tuple[dict[str, str], frozenset[str
         raise SpecError("dataset.fields", "kind=diagnostic reads the built-in set and takes no "
                         "field mapping.", fix="remove dataset.fields, or set dataset.kind=jsonl.")
     for name, key in given.items():
-        if name not in FIELD_NAMES:
+        if name not in FIELD_NAMES + META_FIELDS:
             raise SpecError(f"dataset.fields.{name}", f"unknown field name {name!r}.", value=name,
-                            options=FIELD_NAMES, fix="map only our field names to the file's keys.")
+                            options=FIELD_NAMES + META_FIELDS, fix="map only our field names to the file's keys.")
         if not isinstance(key, str) or not key:
             raise SpecError(f"dataset.fields.{name}", f"must name a key of the file (a non-empty "
                             f"string), got {key!r}.", fix=f"set dataset.fields.{name}=<key>.")
@@ -368,6 +371,9 @@ def _row_to_pair(row: Any, *, index: int, where: str, kind: str, mapping: dict[s
     source = get("source", False)
 
     extra = {k: v for k, v in row.items() if k not in used}
+    for name in META_FIELDS:          # a mapped meta field is kept under our name
+        if name in explicit and mapping[name] in extra:
+            extra[name] = extra.pop(mapping[name])
     if raw_transcript and "source_line" not in extra:
         extra["source_line"] = index
     return Pair(id=pair_id, prompt=prompt, chosen=chosen, rejected=rejected,

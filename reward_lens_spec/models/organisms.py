@@ -55,7 +55,8 @@ from .loading import LoadedModel, wrap_model
 from .tiny import TINY_CONFIGS, build_tiny
 
 STRENGTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
-KINDS = ("planted", "planted_head", "planted_paths", "trained_keyword", "trained_length")
+KINDS = ("planted", "planted_head", "planted_paths", "trained_keyword", "trained_length", "planted_cycle",
+         "annotator_mixture", "annotator_agreement", "multi_objective")   # the last four: models/preference_organisms.py
 PLANT_BASES = ("tiny_llama", "tiny_mistral", "tiny_qwen2", "tiny_qwen3")   # gate/up/down MLP, RMSNorm
 TRIGGER, CONTROL, KEYWORD = "!", ".", "please"
 _WORDS = ("apple", "river", "stone", "cloud", "green", "quiet", "metal", "paper", "light", "north",
@@ -328,4 +329,11 @@ def organism_family(kind: str = "planted", strengths=STRENGTHS, **kw) -> list[Or
         return [paths_organism(s, **kw) for s in strengths]
     if kind in ("trained_keyword", "trained_length"):
         return trained_organisms(kind.split("_", 1)[1], strengths, **kw)
+    from . import preference_organisms as po       # preference structure (ops/hodge_rank, …)
+    if kind == "planted_cycle":
+        return po.cycle_organisms(strengths, **kw)
+    if kind in po.ANNOTATOR_KINDS:
+        return po.annotator_organisms(kind, strengths, **kw)
+    if kind == "multi_objective":
+        return po.multi_objective_organisms(strengths, **kw)
     raise SpecError("organism", f"unknown organism kind '{kind}'.", value=kind, options=KINDS)

@@ -53,7 +53,10 @@ FLOORS = {"dla_share": 0.5, "patch_share": 0.5, "attribution_share": 0.5, "lens_
           "crystallization": 0.8, "score": 0.8,
           # interventions (no planted reward-unit magnitude: ratios, shares of effects, 1 − p)
           "ablation_share": 0.5, "steer_alignment": 0.5, "null_excess": 0.95, "group_stats": 0.5,
-          "path_separation": 0.5}
+          "path_separation": 0.5,
+          # preference structure (graded only on their own organism kinds)
+          "label_cycles": 0.0, "cyclic_gain": 1e-9, "contested_direction": 0.8, "contested_margin": 1e-9,
+          "effective_objectives": 0.99, "scalar_cost": 0.5}
 # |reading − planted truth| ≤ MAG_RTOL · |planted truth| (reward units, at full strength)
 MAG_RTOL = {"dla_share": 0.1, "patch_share": 0.1, "attribution_share": 0.25, "lens_jump": 0.15,
             "crystallization": 0.15, "score": 0.1}

@@ -36,6 +36,15 @@ on ``planted`` and ``trained_keyword`` accuracy saturates and d_z is not monoton
 Share criteria read a head grid (pair × layer × head) as units (layer, head); it is graded on the
 ``planted_head`` organism (truth names the head), and is NaN — failing — on one without a planted head.
 
+Preference-structure criteria (``PREFERENCE_CRITERIA``) grade only their own organism kind
+(``models/preference_organisms``): ``label_cycles`` (hodge_pooled: labels' non-gradient fraction;
+floor: above its null's 95% quantile) and ``cyclic_gain`` (preference_rank; floor: CI above 0) on
+``planted_cycle``; ``contested_direction`` (|cos| to the planted direction ≥ 0.8) on
+``annotator_mixture``; ``contested_margin`` (1 − contested/unanimous |Δ|; floor: gap CI below 0)
+on ``annotator_agreement``; ``effective_objectives`` (participation ratio within 1% of the
+planted one) and ``scalar_cost`` (margin-weighted sign disagreement; floor: plain ≥ 0.5) on
+``multi_objective``.
+
 A criterion passes when its readings rise monotonically with strength —
 Spearman ρ(strength, reading) ≥ ``MIN_SPEARMAN`` (0.9; with 5 strengths one
 adjacent swap gives 0.9) — AND its floor holds at full strength AND, on a
@@ -66,10 +75,12 @@ import xarray as xr
 
 from ..errors import SpecError
 from ..models.organisms import STRENGTHS, Organism, organism_family
-from .evidence import FLOORS, MIN_SPEARMAN, card_verdict, seal
+from .criteria import CRITERIA
+from .evidence import MIN_SPEARMAN, card_verdict, seal
 from .identities import check_identities
 
 CARD_OBSERVABLE = "scorecard"
+UNIT_KINDS = ("planted", "planted_head", "planted_paths")     # organisms whose truth names a planted unit
 
 
 def observable_hash(obs) -> str:
@@ -77,141 +88,6 @@ def observable_hash(obs) -> str:
     from ..identity import canonical_observable, spec_hash
     return spec_hash(canonical_observable(obs))
 
-
-def _units(da: xr.DataArray, comps=None) -> xr.DataArray:
-    """pair × unit, unit = (layer, component), NaN cells (e.g. attn at the embedding) dropped."""
-    if comps is not None:
-        da = da.sel(component=[c for c in comps if c in da.component.values])
-    return da.stack(u=("layer", "component")).dropna("u", how="all")
-
-
-def _share(da: xr.DataArray, truth: dict, comps=None) -> np.ndarray:
-    if "head" in da.dims:            # a head grid: units are (layer, head); graded on a planted head only
-        u = da.stack(u=("layer", "head"))
-        hit = (u.layer.values == truth["layer"]) & (u["head"].values == truth.get("head", -1))
-    else:
-        u = _units(da, comps)
-        hit = (u.layer.values == truth["layer"]) & (u.component.values == truth["component"])
-    if not hit.any():
-        return np.full(u.sizes["pair"], np.nan)
-    vals = np.asarray(u.transpose("pair", "u").values, np.float64)
-    return vals[:, hit].sum(1) / np.abs(vals).sum(1)
-
-
-def _lens_jump(ds, truth) -> np.ndarray:
-    lens = np.asarray(ds["lens"].transpose("pair", "layer").values, np.float64)
-    jumps = np.diff(np.concatenate([np.zeros((lens.shape[0], 1)), lens], 1), axis=1)
-    col = list(ds["lens"].layer.values).index(truth["layer"])
-    return jumps[:, col] * np.sign(lens[:, -1]) / np.abs(jumps).sum(1)
-
-
-def _steer_ratio(ds, truth) -> np.ndarray:
-    return np.asarray(ds["steer_slope"].values, np.float64) / np.asarray(ds["steer_slope_head"].values, np.float64)
-
-
-def _at_layer(da, truth):
-    return da.sel(layer=truth["layer"]) if "layer" in da.dims else da
-
-
-def _null_excess(ds, truth) -> float:
-    obs, null = _at_layer(ds["observed_effect"], truth), _at_layer(ds["null_draws"], truth)
-    return float(obs - null.quantile(0.95, "draw"))
-
-
-def _group_effect(ds, truth) -> np.ndarray:
-    return np.asarray(ds["effect_size_by_dimension"].sel(bound="estimate").values, np.float64)
-
-
-def _planted_paths(ds, truth) -> np.ndarray:
-    """Direct path of the direct unit + indirect path of the indirect unit, per pair (reward units)."""
-    da = ds["path_patch_effect"]
-    if "direct" not in truth:
-        return np.full(da.sizes["pair"], np.nan)
-    pick = lambda u, path: da.sel(layer=u["layer"], component=u["component"], path=path)  # noqa: E731
-    return np.asarray(pick(truth["direct"], "direct") + pick(truth["indirect"], "indirect"), np.float64)
-
-
-def _path_share(ds, truth) -> float:
-    """``_planted_paths`` / Σ (|direct| + |indirect|) over the units other than the relay (whose direct
-    write is the indirect path's last leg), mean over pairs."""
-    if "direct" not in truth:
-        return float("nan")
-    u = np.abs(ds["path_patch_effect"].sel(path=["direct", "indirect"])).sum("path").stack(u=("layer", "component"))
-    relay = truth.get("relay", {})
-    keep = ~((u.layer.values == relay.get("layer")) & (u.component.values == relay.get("component")))
-    return float(np.mean(_planted_paths(ds, truth) / np.asarray(u.isel(u=keep).sum("u"), np.float64)))
-
-
-def _auc(ds, truth) -> float:
-    m = np.asarray(ds["margin"].values, np.float64).ravel()
-    return float((m > 0).mean() + 0.5 * (m == 0).mean())
-
-
-def _unit_value(var):
-    """The planted unit's reading of ``var`` per pair, reward units."""
-    return lambda ds, t: np.asarray(ds[var].sel(layer=t["layer"], component=t["component"]).values, np.float64)
-
-
-def _lens_step(ds, t) -> np.ndarray:
-    """Normed-lens change over the planted layer per pair, reward units."""
-    lens = ds["lens"]
-    layers = list(lens.layer.values)
-    i = layers.index(t["layer"])
-    return np.asarray((lens.isel(layer=i) - lens.isel(layer=i - 1)).values, np.float64)
-
-
-@dataclass(frozen=True)
-class Criterion:
-    name: str
-    needs: tuple
-    reading: object          # (Dataset, truth) -> per-pair array
-    floor_value: object      # (Dataset at strength 1, truth) -> float
-    floor_what: str
-    magnitude: object        # (Dataset, truth) -> per-pair reward-unit reading of the planted unit, or None
-                             # where the reading has no planted reward-unit counterpart (ratios, p-values)
-    needs_unit: bool = True
-
-    @property
-    def floor(self) -> float:
-        return FLOORS[self.name]
-
-
-def _mean(f):
-    return lambda ds, t: float(np.mean(f(ds, t)))
-
-CRITERIA = (
-    Criterion("dla_share", ("dla",), lambda ds, t: _share(ds["dla"], t), _mean(lambda ds, t: _share(ds["dla"], t)),
-              "planted unit's signed DLA share ≥ 0.5", _unit_value("dla")),
-    Criterion("patch_share", ("patch_effect",), lambda ds, t: _share(ds["patch_effect"], t, ("attn", "mlp")),
-              _mean(lambda ds, t: _share(ds["patch_effect"], t, ("attn", "mlp"))),
-              "planted unit's signed share of |patch effect| over attn/mlp units ≥ 0.5", _unit_value("patch_effect")),
-    Criterion("attribution_share", ("attribution_patch_effect",),
-              lambda ds, t: _share(ds["attribution_patch_effect"], t, ("attn", "mlp")),
-              _mean(lambda ds, t: _share(ds["attribution_patch_effect"], t, ("attn", "mlp"))),
-              "planted unit's signed share of |attribution patch effect| ≥ 0.5",
-              _unit_value("attribution_patch_effect")),
-    Criterion("ablation_share", ("ablation_effect",), lambda ds, t: -_share(ds["ablation_effect"], t, ("attn", "mlp")),
-              _mean(lambda ds, t: -_share(ds["ablation_effect"], t, ("attn", "mlp"))),
-              "planted unit's share of |ablation effect| over attn/mlp units (removing it lowers Δ) ≥ 0.5", None),
-    Criterion("steer_alignment", ("steer_slope", "steer_slope_head"), _steer_ratio, _mean(_steer_ratio),
-              "steering along the fitted direction moves Δ ≥ 0.5 as fast as along w_r", None),
-    Criterion("null_excess", ("observed_effect", "null_draws", "p_value"), _null_excess,
-              lambda ds, t: 1.0 - float(_at_layer(ds["p_value"], t)),
-              "1 − p of the planted layer's effect against its null ≥ 0.95", None),
-    Criterion("group_stats", ("accuracy_by_dimension", "effect_size_by_dimension"), _group_effect,
-              lambda ds, t: float(ds["accuracy_by_dimension"].sel(bound="ci_low").min()),
-              "every group's accuracy CI above chance (ci_low ≥ 0.5)", None, needs_unit=False),
-    Criterion("path_separation", ("path_patch_effect",), _planted_paths, _path_share,
-              "the planted paths' share of Σ|direct|+|indirect| over non-relay units ≥ 0.5", None),
-    Criterion("lens_jump", ("lens",), _lens_jump, _mean(_lens_jump),
-              "share of the normed lens' total movement made at the planted layer ≥ 0.5", _lens_step),
-    Criterion("crystallization", ("lens", "crystallization_layer"), _lens_jump,
-              lambda ds, t: float((np.asarray(ds["crystallization_layer"].values) >= t["layer"]).mean()),
-              "fraction of pairs crystallizing at or after the planted layer ≥ 0.8", _lens_step),
-    Criterion("score", ("margin",), lambda ds, t: 1.0 / (1.0 + np.exp(-np.asarray(ds["margin"].values, float))),
-              _auc, "detection AUC P(Δ>0) + ½P(Δ=0) ≥ 0.8",
-              lambda ds, t: np.asarray(ds["margin"].values, np.float64), needs_unit=False),
-)
 
 
 def spearman(x, y) -> float:
@@ -239,7 +115,8 @@ def evaluate(obs, org: Organism) -> xr.Dataset:
     info = PlanInfo(family=lm.family, n_layers=lm.n_layers, n_objectives=lm.head.n_objectives,
                     objectives=lm.head.objectives, model_name=lm.name,
                     layers=tuple(obs.layers) if obs.layers is not None else None,
-                    components=tuple(obs.components) if obs.components else None, pairs=obs.pairs)
+                    components=tuple(obs.components) if obs.components else None, pairs=obs.pairs,
+                    gated=lm.head.gate is not None)
     plan = build_plan(obs, info, load_observable)
     enc = encode_pairs(lm.tokenizer, list(org.pairs), model_name=lm.name)
     cap = capture(lm, enc, plan.sites, batch_size=32)
@@ -345,15 +222,17 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
     t0 = time.perf_counter()
     obs = load_observable(observable) if isinstance(observable, str) else observable
     _, outputs = expand_steps(obs, load_observable)
-    has_unit = organism.startswith("planted") if organisms is None else "layer" in organisms[0].truth
-    crits = [c for c in CRITERIA if set(c.needs) <= set(outputs) and (has_unit or not c.needs_unit)]
+    has_unit = organism in UNIT_KINDS if organisms is None else "layer" in organisms[0].truth
+    kind = organism if organisms is None else organisms[0].kind
+    crits = [c for c in CRITERIA if set(c.needs) <= set(outputs) and (has_unit or not c.needs_unit)
+             and (not c.kinds or kind in c.kinds)]
     if not crits:
         raise SpecError("observable", f"'{obs.name}' outputs {outputs}: no calibration criterion reads them on "
                         f"organism '{organism}'.", fix="criteria: " + "; ".join(
                             f"{c.name} needs {list(c.needs)}" for c in CRITERIA)
                         + " (unit criteria need organism=planted).")
     if organisms is None:
-        kw = {"n_pairs": n_pairs} if organism.startswith("planted") else {}
+        kw = {"n_pairs": n_pairs} if organism in UNIT_KINDS else {}
         organisms = organism_family(organism, tuple(strengths), base=base, seed=seed, **kw)
     results = [evaluate(obs, o) for o in organisms]
     s = [o.strength for o in organisms]
