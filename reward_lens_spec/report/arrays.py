@@ -35,12 +35,16 @@ def mean_ci(a: np.ndarray, axis=0):
 def crystallization_bins(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(edges, counts) over the finite ``v``: 0.05-wide bins on [0, 1], extended to cover every value.
 
-    ``counts.sum()`` equals the number of finite values: nothing outside [0, 1] is dropped
-    (``numpy.histogram`` alone drops values outside its range).
+    Inside [0, 1] bins are [a, b) and the last is [0.95, 1]; below 0 bins are [a, b), above 1
+    they are (a, b], so a value outside [0, 1] never shares a bin with one inside.
+    ``counts.sum()`` equals the number of finite values: nothing is dropped (``numpy.histogram``
+    over [0, 1] alone drops what lies outside).
     """
     v = np.asarray(v, float).ravel()
     v = v[np.isfinite(v)]
-    k_lo = min(0, int(np.floor(v.min() * BINS_PER_UNIT))) if v.size else 0
-    k_hi = max(BINS_PER_UNIT, int(np.ceil(v.max() * BINS_PER_UNIT))) if v.size else BINS_PER_UNIT
+    s = v * BINS_PER_UNIT
+    k = np.where(v < 0, np.floor(s), np.where(v > 1, np.ceil(s) - 1, np.minimum(np.floor(s), BINS_PER_UNIT - 1)))
+    k_lo = min(0, int(k.min())) if v.size else 0
+    k_hi = max(BINS_PER_UNIT, int(k.max()) + 1) if v.size else BINS_PER_UNIT
     edges = np.arange(k_lo, k_hi + 1) / BINS_PER_UNIT               # k / 20: 0 and 1 are exact edges
-    return edges, np.histogram(v, bins=edges)[0]
+    return edges, np.bincount((k - k_lo).astype(int), minlength=k_hi - k_lo)

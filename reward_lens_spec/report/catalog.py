@@ -90,12 +90,16 @@ def trust_of(row: dict, prov: dict) -> Trust:
 
 
 def pair_count(prov: dict, datasets: dict) -> int | None:
-    """Pairs the run scored: ``effective_n.n_scored`` (else ``n``), else the largest ``pair`` dim stored."""
+    """Pairs the run scored: ``effective_n.n_scored`` (else ``n``); a scorecard's pairs per strength;
+    else the largest ``pair`` dim stored, else a comparison's ``n_pairs``; None when none is known."""
     eff = prov.get("effective_n")
     if isinstance(eff, dict):
         for k in ("n_scored", "n"):
             if isinstance(eff.get(k), int):
                 return eff[k]
+    org = prov.get("organism_params")              # scorecards: pairs per organism strength
+    if isinstance(org, dict) and isinstance(org.get("n_pairs"), int):
+        return org["n_pairs"]
     sizes = [ds.sizes["pair"] for ds in datasets.values() if "pair" in ds.sizes]
     if sizes:
         return int(max(sizes))

@@ -54,7 +54,7 @@ JS = """
     });
     count.textContent = shown + " of " + body.rows.length + " runs shown";
   }
-  boxes.forEach(function (b) { b.addEventListener("input", apply); });
+  boxes.forEach(function (b) { b.addEventListener("input", apply); b.addEventListener("change", apply); });
   table.tHead.addEventListener("click", function (ev) {
     var th = ev.target.closest("th");
     if (!th) return;
@@ -157,6 +157,7 @@ def page(store_url: str, generated: str, entries: list[Entry], sections: list[st
                f'listed (<code>reward-lens-spec store gc url=...</code> removes them).</p>' if n_incomplete else "")
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            "<link rel=\"icon\" href=\"data:,\">"
             f"<title>reward_lens_spec store report</title><style>{CSS}</style></head><body>"
             f'<div id="catalog"><h1>Store <code>{e(store_url)}</code></h1>'
             f'<p class="note">{len(entries)} complete run(s); report generated {e(generated)} from the store '
