@@ -374,3 +374,20 @@ def test_browser_page_from_a_static_server(page, browser):
     finally:
         srv.terminate()
         srv.wait(10)
+
+
+def test_lazy_and_one_pass_reads_give_the_same_page(store, tmp_path, monkeypatch):
+    from reward_lens_spec.report import build
+
+    def body(path):                                   # the page minus its generation time
+        return re.sub(r"report generated [^ ]+ from", "", path.read_text())
+
+    one_pass = body(build_report(store, tmp_path / "a"))
+    monkeypatch.setattr(build, "LOAD_AT_ONCE", -1)    # every observable stays lazy (dask-backed)
+    seen = []
+    real = build.open_run
+    monkeypatch.setattr(build, "open_run", lambda st, r: seen.append(real(st, r)) or seen[-1])
+    lazy = body(build_report(store, tmp_path / "b"))
+    assert seen and all(v.chunks is not None for d in seen for ds in d.values() for v in ds.data_vars.values()
+                        if v.ndim)
+    assert lazy == one_pass

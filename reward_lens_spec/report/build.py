@@ -30,7 +30,8 @@ HASHES = ("spec_hash", "model_fingerprint", "dataset_checksum", "study_hash", "g
 
 def summary_table(ds) -> str:
     rows = []
-    for name, var in ds.data_vars.items():
+    for name in sorted(map(str, ds.data_vars)):       # zarr lists a group's arrays in no fixed order
+        var = ds[name]
         dims = " × ".join(f"{d}={var.sizes[d]}" for d in var.dims) or "scalar"
         if var.size <= MAX_MEAN_CELLS and np.issubdtype(var.dtype, np.number):
             v = np.asarray(var.values, float)

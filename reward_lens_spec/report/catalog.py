@@ -82,9 +82,9 @@ def trust_of(row: dict, prov: dict) -> Trust:
             reason = "verified by the store reader" if verified else "the stored label disagrees with its evidence"
     if scope is None:
         obs = prov.get("observable") or ",".join(prov.get("observables", []))
-        scope = (f"observable {obs} (spec {_short(prov.get('spec_hash'))}) on model {prov.get('model')} "
-                 f"(family {prov.get('model_family', '?')}), dataset {prov.get('dataset')} "
-                 f"({_short(prov.get('dataset_checksum'))})")
+        family = f" (family {prov['model_family']})" if prov.get("model_family") else ""
+        scope = (f"observable {obs} (spec {_short(prov.get('spec_hash'))}) on model {prov.get('model')}{family}, "
+                 f"dataset {prov.get('dataset')} ({_short(prov.get('dataset_checksum'))})")
     return Trust(str(level), verified, reason if isinstance(reason, str) else json.dumps(reason),
                  scope if isinstance(scope, str) else json.dumps(scope, sort_keys=True))
 

@@ -223,7 +223,7 @@ def stat_vars(ds) -> list[str]:
         rest = [d for d in var.dims if d not in ("objective", "bound")]
         if "bound" in var.dims and len(rest) == 1 and rest[0].endswith("statistic"):
             out.append(str(name))
-    return out
+    return sorted(out)
 
 
 def run_figures(ds, prov: dict) -> list[Figure]:

@@ -29,7 +29,7 @@ pre{background:#f7f7f7;padding:8px;overflow:auto;max-height:420px}
 section.run{display:none}section.run:target{display:block}body:has(section.run:target) #catalog{display:none}
 figure{margin:10px 14px 10px 0;display:inline-block;vertical-align:top;max-width:560px}
 figure img{border:1px solid #ddd;max-width:100%;height:auto}figcaption{font-size:12px;color:#444}
-.side{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);gap:16px}td{overflow-wrap:anywhere}.refusal{background:#fff4e5;border-left:4px solid #f0a500;
+.side{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);gap:16px}.side td{overflow-wrap:anywhere}td.date{white-space:nowrap}.refusal{background:#fff4e5;border-left:4px solid #f0a500;
 padding:6px 10px;margin:6px 0}.note{color:#555;font-size:12px}details{margin:8px 0}summary{cursor:pointer}
 """
 
@@ -102,7 +102,7 @@ def catalog_table(entries: list[Entry]) -> str:
             f'<tr data-run="{e(en.run_id)}" data-trust="{e(en.trust.level)}" data-observable="{e(en.observable)}" '
             f'data-model="{e(en.model)}"><td>{e(en.model)}</td><td>{e(en.dataset)}</td><td>{e(en.observable)}</td>'
             f'<td class="num" data-sort="{e(pairs)}">{e(pairs or "?")}</td><td data-sort="{e(en.trust.level)}">'
-            f'{trust_badge(en)}</td><td class="mono">{e(en.created)}</td>'
+            f'{trust_badge(en)}</td><td class="mono date">{e(en.created)}</td>'
             f'<td class="mono"><a href="#{e(en.anchor)}">{e(en.run_id)}</a></td></tr>')
     return f'<table id="catalog-table"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
