@@ -391,3 +391,20 @@ def test_lazy_and_one_pass_reads_give_the_same_page(store, tmp_path, monkeypatch
     assert seen and all(v.chunks is not None for d in seen for ds in d.values() for v in ds.data_vars.values()
                         if v.ndim)
     assert lazy == one_pass
+
+
+def test_direction_cosine_figure_shows_the_cosine_and_its_null():
+    from reward_lens_spec.frames.compare import compare_directions
+    from reward_lens_spec.report.compare_view import direction_figure
+
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(size=16), rng.normal(size=16)
+    g = {"units": "direction", "gauge": "frame:whitened:" + "ab" * 32}
+    res = compare_directions(xr.DataArray(a, dims="d_model", attrs=g), xr.DataArray(b, dims="d_model", attrs=g),
+                             n_null=200).drop_vars(["a_in_frame", "b_in_frame"])
+    fig = direction_figure("w_r", res)
+    cos = float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))          # the cosine, computed here
+    assert f"in their shared frame: {cos:.3g}," in fig.caption and "200 random directions" in fig.caption
+    assert "Gauge: frame:whitened:" in fig.caption
+    q95 = float(np.asarray(res["null_abs_cosine"].sel(quantile=0.95)))
+    assert f"null q0.95 = {q95:.3g}" in fig.svg and f"observed |cos| = {abs(cos):.3g}" in fig.svg

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import RewardLensError
 from ..store import open_store
-from .catalog import Entry, entry
+from .catalog import Entry, entry, trust_of
 from .compare_view import compare_view
 from .arrays import first_objective, strs
 from .figures import run_figures
@@ -29,6 +29,7 @@ HASHES = ("spec_hash", "model_fingerprint", "dataset_checksum", "study_hash", "g
 
 
 def summary_table(ds) -> str:
+    """Every variable: dims with sizes, units, gauge, trust attr, and its mean over finite cells."""
     rows = []
     for name in sorted(map(str, ds.data_vars)):       # zarr lists a group's arrays in no fixed order
         var = ds[name]
@@ -56,7 +57,8 @@ def pair_table(ds, prov: dict) -> str:
     parts = [f"<p>Data flags (pairs): {e(flag_text)}. Excluded: {e(excl_text)}.</p>"]
     if "margin" not in ds or "pair" not in ds["margin"].dims:
         return "".join(parts)
-    m = np.asarray(first_objective(ds["margin"])[0].transpose("pair", ...).values, float).reshape(ds.sizes["pair"], -1)[:, 0]
+    margin = first_objective(ds["margin"])[0].transpose("pair", ...)
+    m = np.asarray(margin.values, float).reshape(ds.sizes["pair"], -1)[:, 0]
     ids = strs(ds["pair"].values)
     dim = strs(ds["dimension"].values) if "dimension" in ds.coords else np.array([""] * len(ids))
     cf = (np.asarray(first_objective(ds["crystallization_fraction"])[0].values, float).ravel()
@@ -81,6 +83,7 @@ def pair_table(ds, prov: dict) -> str:
 
 
 def provenance_block(store, run_id: str, prov: dict) -> str:
+    """Hashes, the resolved config, versions and every other provenance attr, in one ``<details>``."""
     hashes = [(k, f'<span class="mono">{e(prov[k])}</span>') for k in HASHES if prov.get(k)]
     config = None
     try:
@@ -93,7 +96,8 @@ def provenance_block(store, run_id: str, prov: dict) -> str:
     return details("Provenance: resolved config, hashes, versions", inner)
 
 
-def _side_by_side(store, prov: dict) -> str:
+def _side_by_side(store, prov: dict, rows: dict) -> str:
+    """The two compared runs' identities and trust (as the catalog shows it), in two columns."""
     cols = []
     for rid in prov.get("runs", []):
         try:
@@ -101,18 +105,22 @@ def _side_by_side(store, prov: dict) -> str:
         except RewardLensError as exc:
             cols.append(f"<div><p>run {e(rid)}: {e(exc)}</p></div>")
             continue
-        cols.append(f'<div><h3><a href="#run-{e(rid)}">{e(rid)}</a></h3>' + kv_table(
-            [(k, e(p.get(k))) for k in ("model", "model_fingerprint", "dataset", "dataset_checksum", "trust")]) + "</div>")
+        t = trust_of(rows.get(rid, {}), p)
+        kv = [(k, e(p.get(k))) for k in ("model", "model_fingerprint", "dataset", "dataset_checksum")]
+        cols.append(f'<div><h3><a href="#run-{e(rid)}">{e(rid)}</a></h3>'
+                    + kv_table(kv + [("trust", e(f"{t.level} ({t.status}): {t.evidence}"))]) + "</div>")
     return f'<div class="side">{"".join(cols)}</div>'
 
 
-def run_body(store, run_id: str, prov: dict, datasets: dict) -> str:
+def run_body(store, run_id: str, prov: dict, datasets: dict, rows: dict | None = None) -> str:
+    """A run's section: summary, compare view, per observable variables, flags and figures, provenance."""
     keys = ("model", "model_family", "dataset", "observable", "created", "wall_s", "device", "dtype", "seed",
             "effective_n")
     parts = [kv_table([(k, e(prov[k])) for k in keys if k in prov])]
     if prov.get("observable") == "compare":
         figs, refusals, notes = compare_view(store, prov, datasets)
-        parts.append("<h3>Side by side</h3>" + _side_by_side(store, prov) + "".join(figure_html(f) for f in figs))
+        parts.append("<h3>Side by side</h3>" + _side_by_side(store, prov, rows or {})
+                     + "".join(figure_html(f) for f in figs))
         parts += [f'<div class="refusal"><b>{e(r.variable)}: not compared.</b> {e(r.message)}</div>' for r in refusals]
         parts += [f'<p class="note">skipped {e(n)}</p>' for n in notes]
     for obs, ds in datasets.items():
@@ -141,12 +149,13 @@ def build_report(url: str, out_dir, *, storage_options: dict | None = None) -> P
     df = store.runs()
     entries: list[Entry] = []
     sections: list[str] = []
-    for row in df.to_dict("records"):
+    rows = {str(r["run_id"]): r for r in df.to_dict("records")}
+    for row in rows.values():
         run_id = str(row["run_id"])
         prov = store.provenance(run_id)
         try:
             datasets = open_run(store, run_id)
-            body = run_body(store, run_id, prov, datasets)
+            body = run_body(store, run_id, prov, datasets, rows)
         except RewardLensError as exc:
             datasets, body = {}, f'<div class="refusal">This run could not be read: {e(exc)}</div>'
         en = entry(row, prov, datasets)

@@ -8,6 +8,7 @@ static server with no request beyond the page itself. Every string from the stor
 from __future__ import annotations
 
 import json
+import re
 from html import escape
 
 from .catalog import Entry
@@ -29,7 +30,8 @@ pre{background:#f7f7f7;padding:8px;overflow:auto;max-height:420px}
 section.run{display:none}section.run:target{display:block}body:has(section.run:target) #catalog{display:none}
 figure{margin:10px 14px 10px 0;display:inline-block;vertical-align:top;max-width:560px}
 figure img{border:1px solid #ddd;max-width:100%;height:auto}figcaption{font-size:12px;color:#444}
-.side{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);gap:16px}.side td{overflow-wrap:anywhere}td.date{white-space:nowrap}.refusal{background:#fff4e5;border-left:4px solid #f0a500;
+.side{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);gap:16px}.side td{overflow-wrap:anywhere}
+td.date{white-space:nowrap}.refusal{background:#fff4e5;border-left:4px solid #f0a500;
 padding:6px 10px;margin:6px 0}.note{color:#555;font-size:12px}details{margin:8px 0}summary{cursor:pointer}
 """
 
@@ -113,8 +115,6 @@ def _select(id_: str, label: str, values) -> str:
 
 
 def figure_html(fig: Figure) -> str:
-    import re
-
     m = re.search(r'width="(\d+)" height="(\d+)"', fig.svg)
     size = f' width="{m.group(1)}" height="{m.group(2)}"' if m else ""
     return (f'<figure><img src="{data_uri(fig.svg)}" alt="{e(fig.title)}"{size}>'

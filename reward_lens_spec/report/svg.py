@@ -108,8 +108,9 @@ class Chart:
             self.keys.append((label, color))
 
     def band(self, xs, lo, hi, color: str, opacity: float = 0.18) -> None:
-        ok = np.isfinite(np.asarray(xs, float)) & np.isfinite(np.asarray(lo, float)) & np.isfinite(np.asarray(hi, float))
-        xs, lo, hi = (np.asarray(a, float)[ok] for a in (xs, lo, hi))
+        xs, lo, hi = (np.asarray(a, float) for a in (xs, lo, hi))
+        ok = np.isfinite(xs) & np.isfinite(lo) & np.isfinite(hi)
+        xs, lo, hi = xs[ok], lo[ok], hi[ok]
         if xs.size < 2:
             return
         pts = [f"{self.px(x):.1f},{self.py(y):.1f}" for x, y in zip(np.r_[xs, xs[::-1]], np.r_[hi, lo[::-1]])]
@@ -156,7 +157,8 @@ class Chart:
 
     def render(self, extra: str = "") -> str:
         w, h = self.w, self.h
-        axes = [f'<rect x="{self.left}" y="{T}" width="{w - self.left - self.right}" height="{h - T - B}" fill="none" stroke="#888"/>']
+        axes = [f'<rect x="{self.left}" y="{T}" width="{w - self.left - self.right}" height="{h - T - B}" '
+                f'fill="none" stroke="#888"/>']
         for t, lab in self.xticks:
             X = self.px(t)
             axes.append(f'<line x1="{X:.1f}" x2="{X:.1f}" y1="{h - B}" y2="{h - B + 4}" stroke="#888"/>'
@@ -164,9 +166,10 @@ class Chart:
         for t, lab in self.yticks:
             Y = self.py(t)
             axes.append(f'<line x1="{self.left - 4}" x2="{self.left}" y1="{Y:.1f}" y2="{Y:.1f}" stroke="#888"/>'
-                        f'<text x="{self.left - 6}" y="{Y + 3:.1f}" font-size="10" text-anchor="end">{escape(lab)}</text>')
-        axes.append(f'<text x="{(self.left + w - self.right) / 2:.0f}" y="{h - 8}" font-size="11" text-anchor="middle">'
-                    f'{escape(self.xlabel)}</text>')
+                        f'<text x="{self.left - 6}" y="{Y + 3:.1f}" font-size="10" text-anchor="end">'
+                        f'{escape(lab)}</text>')
+        axes.append(f'<text x="{(self.left + w - self.right) / 2:.0f}" y="{h - 8}" font-size="11" '
+                    f'text-anchor="middle">{escape(self.xlabel)}</text>')
         axes.append(f'<text transform="translate(13,{(T + h - B) / 2:.0f}) rotate(-90)" font-size="11" '
                     f'text-anchor="middle">{escape(self.ylabel)}</text>')
         keys, rows = [], (len(self.keys) + 2) // 3          # legend below the axes, three keys a row
