@@ -408,3 +408,21 @@ def test_direction_cosine_figure_shows_the_cosine_and_its_null():
     assert "Gauge: frame:whitened:" in fig.caption
     q95 = float(np.asarray(res["null_abs_cosine"].sel(quantile=0.95)))
     assert f"null q0.95 = {q95:.3g}" in fig.svg and f"observed |cos| = {abs(cos):.3g}" in fig.svg
+
+
+def test_png_crystallization_histogram_counts_every_value(tmp_path, monkeypatch):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from reward_lens_spec.report.plots import plot_crystallization
+
+    made, real = [], plt.subplots
+    monkeypatch.setattr(plt, "subplots", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    v = np.array([-0.25, 0.0, 0.5, 1.0, 1.2, np.nan])
+    ds = xr.Dataset({"crystallization_fraction": (("pair",), v, {"units": "fraction", "gauge": "invariant"})})
+    plot_crystallization(ds, tmp_path / "c.png", "t")
+    bars = made[0][1].patches
+    assert sum(b.get_height() for b in bars) == 5
+    assert min(b.get_x() for b in bars) == -0.25 and max(b.get_x() + b.get_width() for b in bars) >= 1.2
+    assert (tmp_path / "c.png").read_bytes()[:8] == PNG

@@ -37,7 +37,9 @@ class Figure:
 
 
 def _ug(da) -> str:
-    return f"Units: {da.attrs.get('units', 'unknown')}. Gauge: {da.attrs.get('gauge', 'unknown')}."
+    """The caption's units and gauge (and the variable's own trust, where it carries one)."""
+    trust = f" Trust: {da.attrs['trust']}." if da.attrs.get("trust") else ""
+    return f"Units: {da.attrs.get('units', 'unknown')}. Gauge: {da.attrs.get('gauge', 'unknown')}.{trust}"
 
 
 def _nonfinite(v: np.ndarray) -> str:
