@@ -116,10 +116,10 @@ def test_report_cli(store, tmp_path, capsys):
     capsys.readouterr()
     assert report_main([f"url={store}", f"out={tmp_path / 'h'}"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "h" / "index.html")
-    assert report_main([f"url={store}", "run=nope", "format=png", f"out={tmp_path}"]) == 2
+    assert report_main([f"url={store}", "run=nope", f"out={tmp_path}"]) == 2          # run= alone: PNG plots
     assert "no run 'nope'" in capsys.readouterr().err
-    assert report_main([f"url={store}", "run=nope", f"out={tmp_path}"]) == 2      # html lists every run
-    assert "run: " in capsys.readouterr().err
+    assert report_main([f"url={store}", "run=nope", "format=html", f"out={tmp_path}"]) == 2
+    assert "run: the html report lists every complete run" in capsys.readouterr().err
     assert report_main([f"url={store}", "format=pdf"]) == 2
     assert "Valid: html, png" in capsys.readouterr().err
     assert report_main([f"ur={store}"]) == 2

@@ -1,10 +1,10 @@
 """``reward-lens-spec report url=STORE out=DIR [format=html|png] [run=ID|all]``: a report from a store; no model.
 
-``format=html`` (default) writes ``DIR/index.html``: one self-contained page with the catalog of
-every complete run and a section per run (``report.build``). ``format=png`` writes PNG plots and
-a markdown summary per run (``report.plots``); there ``run=ID`` draws one run, ``run=all`` (the
-default) every complete run. Returns 0, or 2 after printing the error (unknown key or format,
-missing ``url``, ``run=`` with ``format=html``, ``StoreError``).
+``format=html`` (the default without ``run=``) writes ``DIR/index.html``: one self-contained page
+with the catalog of every complete run and a section per run (``report.build``). ``format=png``
+(the default with ``run=``) writes PNG plots and a markdown summary per run (``report.plots``):
+``run=ID`` draws one run, ``run=all`` every complete run. Returns 0, or 2 after printing the
+error (unknown key or format, missing ``url``, ``run=`` with ``format=html``, ``StoreError``).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ USAGE = "reward-lens-spec report url=STORE out=DIR"
 
 def parse(argv: list[str]) -> dict:
     """``key=value`` arguments → dict; ``SpecError`` for an unknown key or format, or a missing ``url``."""
-    args = {"out": "report", "format": "html"}
+    args = {"out": "report"}
     for a in argv:
         key, eq, value = a.partition("=")
         if not eq or key not in KEYS:
@@ -27,12 +27,13 @@ def parse(argv: list[str]) -> dict:
         args[key] = value
     if "url" not in args:
         raise SpecError("url", "the store to read is required.", fix="reward-lens-spec report url=outputs/store.zarr")
+    args.setdefault("format", "png" if "run" in args else "html")     # run=ID alone keeps its PNG plots
     if args["format"] not in FORMATS:
         raise SpecError("format", f"unknown format {args['format']!r}.{did_you_mean(args['format'], FORMATS)}",
                         options=FORMATS)
     if args["format"] == "html" and "run" in args:
         raise SpecError("run", "the html report lists every complete run; run= selects runs for PNG plots.",
-                        fix=f"{USAGE} (all runs), or add format=png to draw one run's plots")
+                        fix=f"{USAGE} (all runs), or drop format=html to draw one run's PNG plots")
     args.setdefault("run", "all")
     return args
 
