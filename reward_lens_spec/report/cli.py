@@ -1,7 +1,10 @@
-"""``reward-lens-spec report url=STORE run=ID|all out=DIR``: plots + markdown from a store; no model.
+"""``reward-lens-spec report url=STORE out=DIR [format=html|png] [run=ID|all]``: a report from a store; no model.
 
-``run=all`` (or no ``run``) draws every complete run. Returns 0, or 2 after printing the error
-(unknown key, missing ``url``, ``StoreError``).
+``format=html`` (the default without ``run=``) writes ``DIR/index.html``: one self-contained page
+with the catalog of every complete run and a section per run (``report.build``). ``format=png``
+(the default with ``run=``) writes PNG plots and a markdown summary per run (``report.plots``):
+``run=ID`` draws one run, ``run=all`` every complete run. Returns 0, or 2 after printing the
+error (unknown key or format, missing ``url``, ``run=`` with ``format=html``, ``StoreError``).
 """
 from __future__ import annotations
 
@@ -9,30 +12,42 @@ import sys
 
 from ..errors import RewardLensError, SpecError, did_you_mean
 
-KEYS = ("url", "run", "out")
+KEYS = ("url", "run", "out", "format")
+FORMATS = ("html", "png")
+USAGE = "reward-lens-spec report url=STORE out=DIR"
 
 
 def parse(argv: list[str]) -> dict:
-    """``key=value`` arguments → dict; ``SpecError`` for an unknown key or a missing ``url``."""
-    args = {"run": "all", "out": "report"}
+    """``key=value`` arguments → dict; ``SpecError`` for an unknown key or format, or a missing ``url``."""
+    args = {"out": "report"}
     for a in argv:
         key, eq, value = a.partition("=")
         if not eq or key not in KEYS:
-            raise SpecError(key or a, f"unknown argument.{did_you_mean(key, KEYS)}", options=KEYS,
-                            fix="reward-lens-spec report url=STORE run=ID out=DIR")
+            raise SpecError(key or a, f"unknown argument.{did_you_mean(key, KEYS)}", options=KEYS, fix=USAGE)
         args[key] = value
     if "url" not in args:
         raise SpecError("url", "the store to read is required.", fix="reward-lens-spec report url=outputs/store.zarr")
+    args.setdefault("format", "png" if "run" in args else "html")     # run=ID alone keeps its PNG plots
+    if args["format"] not in FORMATS:
+        raise SpecError("format", f"unknown format {args['format']!r}.{did_you_mean(args['format'], FORMATS)}",
+                        options=FORMATS)
+    if args["format"] == "html" and "run" in args:
+        raise SpecError("run", "the html report lists every complete run; run= selects runs for PNG plots.",
+                        fix=f"{USAGE} (all runs), or drop format=html to draw one run's PNG plots")
+    args.setdefault("run", "all")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; prints one line per file written."""
-    from .plots import plot_run
-
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parse(argv)
+        if args["format"] == "html":
+            from .build import build_report
+            print(build_report(args["url"], args["out"]))
+            return 0
+        from .plots import plot_run
         if args["run"] == "all":
             from ..store import open_store
             runs = list(open_store(args["url"]).runs()["run_id"])

@@ -7,7 +7,8 @@
 - ``dla``: mean direct linear attribution per unit (embed, attn_L*, mlp_L*), the top 20 by
   |mean|, with ±1.96·s.e. error bars;
 - ``patch_effect``: mean exact patching effect, layer × component heatmap (diverging, centred);
-- ``crystallization_fraction``: histogram over pairs;
+- ``crystallization_fraction``: histogram over pairs (every finite value counted: bins beyond [0, 1]
+  are added for values outside it, drawn in red);
 - ``fit_report``: calibration (reliability) curve of σ(Δ) with bin counts and the ECE.
 
 A ``summary.md`` lists each figure with the numbers it shows (means, top units, ECE). Variables
@@ -21,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..store import open_store
+from .arrays import crystallization_bins, first_objective, mean_ci, strs
 
 
 def _plt():
@@ -30,37 +32,17 @@ def _plt():
     return plt
 
 
-def _strs(values) -> np.ndarray:
-    """Any string array (numpy StringDType from zarr included) → flat ``<U`` array."""
-    return np.array([str(x) for x in np.asarray(values, dtype=object).reshape(-1)])
-
-
-def _first_objective(da):
-    if "objective" in da.dims:
-        name = str(da["objective"].values[0])
-        return da.isel(objective=0), f" [{name}]"
-    return da, ""
-
-
-def _mean_ci(a: np.ndarray, axis=0):
-    n = np.isfinite(a).sum(axis)
-    m = np.nanmean(a, axis)
-    s = np.nanstd(a, axis, ddof=1) if a.shape[axis] > 1 else np.zeros_like(m)
-    half = 1.96 * np.where(n > 1, s / np.sqrt(np.maximum(n, 1)), 0.0)
-    return m, m - half, m + half
-
-
 def plot_lens(ds, path: Path, title: str) -> str:
     plt = _plt()
-    da, tag = _first_objective(ds["lens"])
+    da, tag = first_objective(ds["lens"])
     da = da.transpose("pair", "layer")
     layers = da["layer"].values
-    dims = _strs(da["dimension"].values) if "dimension" in da.coords else np.array([""] * da.sizes["pair"])
+    dims = strs(da["dimension"].values) if "dimension" in da.coords else np.array([""] * da.sizes["pair"])
     fig, ax = plt.subplots(figsize=(7, 4))
     lines = []
     for d in sorted(set(dims.tolist())):
         vals = np.asarray(da.values, float)[dims == d]
-        m, lo, hi = _mean_ci(vals)
+        m, lo, hi = mean_ci(vals)
         ax.plot(layers, m, marker=".", label=f"{d or 'all'} (n={len(vals)})")
         ax.fill_between(layers, lo, hi, alpha=0.2)
         lines.append(f"- {d or 'all'}: n={len(vals)}, final margin mean {m[-1]:.4g}")
@@ -80,16 +62,16 @@ def plot_lens(ds, path: Path, title: str) -> str:
 
 def plot_dla(ds, path: Path, title: str, top: int = 20) -> str:
     plt = _plt()
-    da, tag = _first_objective(ds["dla"])
+    da, tag = first_objective(ds["dla"])
     da = da.transpose("pair", "layer", "component")
     vals = np.asarray(da.values, float).reshape(da.sizes["pair"], -1)
     if "unit" in da.coords:
-        units = _strs(da["unit"].values)
+        units = strs(da["unit"].values)
     else:
         units = np.array([f"{c}_L{l}" for l in da["layer"].values for c in da["component"].values])
     ok = np.isfinite(vals).any(0) & (units != "")
     vals, units = vals[:, ok], units[ok]
-    m, lo, hi = _mean_ci(vals)
+    m, lo, hi = mean_ci(vals)
     order = np.argsort(-np.abs(m))[:top]
     fig, ax = plt.subplots(figsize=(7, 0.25 * len(order) + 1.5))
     y = np.arange(len(order))[::-1]
@@ -109,7 +91,7 @@ def plot_dla(ds, path: Path, title: str, top: int = 20) -> str:
 
 def plot_patch(ds, path: Path, title: str) -> str:
     plt = _plt()
-    da, tag = _first_objective(ds["patch_effect"])
+    da, tag = first_objective(ds["patch_effect"])
     da = da.transpose("pair", "layer", "component").dropna("layer", how="all").dropna("component", how="all")
     m = np.nanmean(np.asarray(da.values, float), 0)
     lim = float(np.nanmax(np.abs(m))) if np.isfinite(m).any() else 1.0
@@ -130,12 +112,16 @@ def plot_patch(ds, path: Path, title: str) -> str:
 
 def plot_crystallization(ds, path: Path, title: str) -> str:
     plt = _plt()
-    da, tag = _first_objective(ds["crystallization_fraction"])
-    v = np.asarray(da.values, float)
+    da, tag = first_objective(ds["crystallization_fraction"])
+    v = np.asarray(da.values, float).ravel()
+    edges, counts = crystallization_bins(v)
     v = v[np.isfinite(v)]
+    out = int(((v < 0) | (v > 1)).sum())
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.hist(v, bins=np.linspace(0, 1, 21) if v.size else 10, color="tab:purple")
-    ax.set_xlabel("crystallization fraction (0 = embedding, 1 = last layer)")
+    inside = (edges[:-1] >= -1e-12) & (edges[1:] <= 1 + 1e-12)
+    ax.bar(edges[:-1], counts, width=np.diff(edges), align="edge", edgecolor="white",
+           color=np.where(inside, "tab:purple", "tab:red"))
+    ax.set_xlabel("crystallization fraction (0 = embedding, 1 = last layer)" + (f"; red: {out} outside [0, 1]" if out else ""))
     ax.set_ylabel("pairs")
     ax.set_title(f"{title}: crystallization{tag}, n={v.size}")
     fig.tight_layout()
@@ -173,10 +159,10 @@ def _stat_tables(ds) -> list[str]:
         rest = [d for d in var.dims if d not in ("objective", "bound")]
         if "bound" not in var.dims or len(rest) != 1 or not rest[0].endswith("statistic"):
             continue
-        da, tag = _first_objective(var)
+        da, tag = first_objective(var)
         da = da.transpose(rest[0], "bound")
         lines += [f"## {name}{tag}", "", "| statistic | estimate | 95% CI |", "| --- | ---: | --- |"]
-        for st, row in zip(_strs(da[rest[0]].values), np.asarray(da.values, float)):
+        for st, row in zip(strs(da[rest[0]].values), np.asarray(da.values, float)):
             ci = "" if st.startswith("n_") else f"[{row[1]:.3f}, {row[2]:.3f}]"
             lines.append(f"| {st} | {row[0]:.4g} | {ci} |")
         lines.append("")

@@ -1,0 +1,122 @@
+"""Catalog rows of the HTML report: one ``Entry`` per complete run, read through the public reader.
+
+Trust comes from the reader's catalog row: ``trust`` is the level shown; where the reader
+verifies trust against its evidence it adds ``trust_verified`` (``False`` flags a stored label
+that the evidence does not support) and ``trust_reason`` (the evidence), and optionally
+``trust_scope``; without those columns the level is shown as the stored label, not verified.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class Trust:
+    """The trust shown for a run: ``level``, ``verified`` (True/False/None = not checked), evidence, scope."""
+
+    level: str
+    verified: bool | None
+    evidence: str
+    scope: str
+
+    @property
+    def status(self) -> str:
+        return {True: "verified", False: "NOT verified", None: "stored label"}[self.verified]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One catalog row."""
+
+    run_id: str
+    model: str
+    dataset: str
+    observable: str
+    pairs: int | None
+    trust: Trust
+    created: str
+
+    @property
+    def anchor(self) -> str:
+        return f"run-{self.run_id}"
+
+
+def _clean(v):
+    """A catalog cell as a plain Python value; NaN/NaT/None -> None."""
+    if v is None:
+        return None
+    try:
+        if pd.isna(v):
+            return None
+    except (TypeError, ValueError):              # lists, dicts
+        pass
+    return v
+
+
+def _short(x, n: int = 12) -> str:
+    return str(x)[:n] if x else "?"
+
+
+def trust_of(row: dict, prov: dict) -> Trust:
+    """The ``Trust`` of a catalog row (reader columns first, then the run's provenance)."""
+    level = _clean(row.get("trust")) or prov.get("trust")
+    if level is None:                             # scorecards, frames: evidence, not results
+        kind = prov.get("kind") or prov.get("observable") or "record"
+        passed = f" (passed: {prov['passed']})" if "passed" in prov else ""
+        return Trust("none", None, f"this run is a {kind}{passed}, not a graded result; it carries no trust level",
+                     f"observable {prov.get('observable')} (spec {_short(prov.get('observable_spec_hash'))}) on "
+                     f"family {prov.get('model_family', '?')}, organism {prov.get('organism', '?')}")
+    verified = _clean(row.get("trust_verified", prov.get("trust_verified")))
+    verified = None if verified is None else bool(verified)
+    reason = _clean(row.get("trust_reason", prov.get("trust_reason")))
+    scope = _clean(row.get("trust_scope", prov.get("trust_scope")))
+    if reason is None:
+        if verified is None:
+            reason = "label stored with the run; this reader does not re-verify it"
+            if prov.get("study_hash"):
+                reason += f"; executes study {_short(prov['study_hash'])}"
+        else:
+            reason = "verified by the store reader" if verified else "the stored label disagrees with its evidence"
+    if scope is None:
+        obs = prov.get("observable") or ",".join(prov.get("observables", []))
+        family = f" (family {prov['model_family']})" if prov.get("model_family") else ""
+        scope = (f"observable {obs} (spec {_short(prov.get('spec_hash'))}) on model {prov.get('model')}{family}, "
+                 f"dataset {prov.get('dataset')} ({_short(prov.get('dataset_checksum'))})")
+    return Trust(str(level), verified, reason if isinstance(reason, str) else json.dumps(reason),
+                 scope if isinstance(scope, str) else json.dumps(scope, sort_keys=True))
+
+
+def pair_count(prov: dict, datasets: dict) -> int | None:
+    """Pairs the run scored: ``effective_n.n_scored`` (else ``n``); a scorecard's pairs per strength;
+    else the largest ``pair`` dim stored, else a comparison's ``n_pairs``; None when none is known."""
+    eff = prov.get("effective_n")
+    if isinstance(eff, dict):
+        for k in ("n_scored", "n"):
+            if isinstance(eff.get(k), int):
+                return eff[k]
+    org = prov.get("organism_params")              # scorecards: pairs per organism strength
+    if isinstance(org, dict) and isinstance(org.get("n_pairs"), int):
+        return org["n_pairs"]
+    sizes = [ds.sizes["pair"] for ds in datasets.values() if "pair" in ds.sizes]
+    if sizes:
+        return int(max(sizes))
+    for ds in datasets.values():                  # comparison runs store n_pairs per statistic
+        if "n_pairs" in ds and ds["n_pairs"].size == 1:
+            return int(ds["n_pairs"].values)
+    return None
+
+
+def entry(row: dict, prov: dict, datasets: dict) -> Entry:
+    created = _clean(row.get("created"))
+    created = created.isoformat(timespec="seconds") if hasattr(created, "isoformat") else str(prov.get("created", ""))
+    obs = prov.get("observable") or ",".join(map(str, row.get("observables") or []))
+    if prov.get("kind") == "scorecard":          # a card's ``observable`` attr names what it graded
+        obs = f"scorecard:{obs}"
+    organism = f"organism {prov['organism']}" if prov.get("organism") else None
+    return Entry(run_id=str(row["run_id"]),
+                 model=str(_clean(row.get("model")) or prov.get("model") or prov.get("base") or "?"),
+                 dataset=str(_clean(row.get("dataset")) or prov.get("dataset") or organism or "?"), observable=str(obs),
+                 pairs=pair_count(prov, datasets), trust=trust_of(row, prov), created=created)
