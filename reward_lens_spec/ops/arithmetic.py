@@ -33,6 +33,7 @@ class Combine(Operator):
     """Element-wise input (add|sub|mul|div) another step, broadcasting by dim name."""
 
     name = "combine"
+    dims = "x, other → x's dims + other's extra dims (broadcast by name)"
     Params = CombineParams
     extra_inputs = ("other",)
 
@@ -66,6 +67,7 @@ class Scale(Operator):
     """Divide by a constant or by the model's n_layers."""
 
     name = "scale"
+    dims = "x → same dims"
     Params = ScaleParams
 
     def out_dims(self, in_dims, info, where):

@@ -55,6 +55,8 @@ class Operator:
     n_inputs: ClassVar[int] = 1
     extra_inputs: ClassVar[tuple[str, ...]] = ()   # params that name other steps (e.g. "reference")
     reruns: ClassVar[bool] = False                 # needs model re-runs beyond the capture pass
+    dims: ClassVar[str] = ""                       # input → output dims, for `reward-lens-spec ops`
+    restricted_by: ClassVar[tuple[str, ...]] = ()  # observable.layers / components / pairs this op honours
 
     def __init__(self, params):
         self.p = params

@@ -34,6 +34,7 @@ class BradleyTerry(Operator):
     """Bradley–Terry p = σ(Δ), loss softplus(−Δ) (nats) or gradient σ(Δ) − 1 of a margin."""
 
     name = "bradley_terry"
+    dims = "margin (pair [× objective]) → same dims"
     Params = BradleyTerryParams
 
     def out_dims(self, in_dims, info, where):

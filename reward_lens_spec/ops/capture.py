@@ -39,6 +39,7 @@ class Capture(Operator):
     """Activations at the readout token at one site (pair × side × [layer ×] d_model)."""
 
     name = "capture"
+    dims = "() → pair × side × d_model (readout) | pair × side × layer × d_model | + component (components) | + head (heads)"
     Params = CaptureParams
     n_inputs = 0
 

@@ -118,6 +118,7 @@ class PairFeature(Operator):
     """A per-pair confounder feature (length, prompt overlap, presentation position)."""
 
     name = "pair_feature"
+    dims = "() → pair"
     Params = PairFeatureParams
     n_inputs = 0
 
@@ -158,6 +159,7 @@ class Confound(Operator):
     """Margin vs a per-pair feature: baseline accuracy, Spearman ρ, matched-bin accuracy, with CIs."""
 
     name = "confound"
+    dims = "margin (pair [× objective]), feature (pair) → [objective ×] statistic × bound"
     Params = ConfoundParams
     n_inputs = 2
     extra_inputs = ("feature",)
@@ -200,6 +202,7 @@ class PositionBias(Operator):
     """Label position bias and accuracy by the chosen response's presentation position, with CIs."""
 
     name = "position_bias"
+    dims = "margin (pair [× objective]), feature (pair) → [objective ×] order_statistic × bound"
     Params = ConfoundParams
     n_inputs = 2
     extra_inputs = ("feature",)
@@ -250,8 +253,10 @@ class SwapConsistency(Operator):
     """Δ(c, r) + Δ(r, c) per pair, both orders re-scored (exactly 0 when scoring is per side)."""
 
     name = "swap_consistency"
+    dims = "margin (pair [× objective]) → same dims"
     Params = SwapParams
     reruns = True
+    restricted_by = ("pairs",)
 
     def out_dims(self, in_dims, info, where):
         return ("pair",) + _margin_dims(in_dims, where)

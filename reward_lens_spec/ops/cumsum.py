@@ -17,6 +17,7 @@ class Cumsum(Operator):
     """Cumulative sum along a dim."""
 
     name = "cumsum"
+    dims = "x (…, dim, …) → same dims"
     Params = CumsumParams
 
     def out_dims(self, in_dims, info, where):

@@ -15,6 +15,7 @@ class Diff(Operator):
     """Chosen − rejected over the side dim (side dim dropped)."""
 
     name = "diff"
+    dims = "x (…, side, …) → x without side"
     Params = NoParams
 
     def out_dims(self, in_dims, info, where):

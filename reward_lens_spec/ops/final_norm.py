@@ -34,6 +34,7 @@ class FinalNorm(Operator):
     """Apply the final norm, or freeze its scale at the readout token (linear attribution)."""
 
     name = "final_norm"
+    dims = "x (…, d_model) [, reference (…, d_model)] → same dims"
     Params = FinalNormParams
     extra_inputs = ("reference",)
 

@@ -28,6 +28,7 @@ class FirstCrossing(Operator):
     """First coordinate along a dim reaching `fraction` of the final value (sign-aware)."""
 
     name = "first_crossing"
+    dims = "x (…, dim, …) → x without dim"
     Params = FirstCrossingParams
 
     def out_dims(self, in_dims, info, where):

@@ -62,6 +62,7 @@ class ObjectiveGeometry(Operator):
     """Cosines between the head's objective rows (objective × objective_b), native or whitened."""
 
     name = "objective_geometry"
+    dims = "() → objective × objective_b"
     Params = ObjectiveGeometryParams
     n_inputs = 0
 

@@ -52,6 +52,7 @@ class Project(Operator):
     """Project on the reward direction (head rows, one objective, or a stored vector)."""
 
     name = "project"
+    dims = "x (…, d_model) → x without d_model [+ objective]"
     Params = ProjectParams
 
     def out_dims(self, in_dims, info, where):

@@ -21,6 +21,7 @@ class Select(Operator):
     """Select along a dim by position (dim dropped) or by labels (dim kept)."""
 
     name = "select"
+    dims = "x (…, dim, …) → without dim (index) or same dims (values)"
     Params = SelectParams
 
     def out_dims(self, in_dims, info, where):
