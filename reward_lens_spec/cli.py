@@ -71,8 +71,8 @@ def _groups_text() -> str:
         if g in GROUP_SCHEMAS:
             keys = ", ".join(f.name for f in fields(GROUP_SCHEMAS[g]))
             lines.append(textwrap.fill(f"keys: {keys}", 100, initial_indent=" " * 14, subsequent_indent=" " * 20))
-    lines.append(f"  hydra/launcher=  {', '.join(LAUNCHERS)}  (with -m; joblib and submitit")
-    lines.append(" " * 14 + "need pip install 'reward_lens_spec[full]')")
+    lines.append(f"  hydra/launcher=  {', '.join(LAUNCHERS)}")
+    lines.append(" " * 14 + "(with -m; joblib and submitit need pip install 'reward_lens_spec[full]')")
     lines.append("  top-level   mode=run|validate, seed=N")
     lines.append("config folders searched, in order: " + ", ".join(map(str, search_dirs())))
     return "\n".join(lines)

@@ -28,16 +28,16 @@ def parse(argv: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; prints one line per file written. Without matplotlib: one line naming the extra, exit 2."""
-    import importlib.util
-
     from .plots import plot_run
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parse(argv)
-        if importlib.util.find_spec("matplotlib") is None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
             raise SpecError("report", "plots need matplotlib, which is not installed.",
-                            fix="pip install 'reward_lens_spec[full]' (or matplotlib)")
+                            fix="pip install 'reward_lens_spec[full]'") from None
         if args["run"] == "all":
             from ..store import open_store
             runs = list(open_store(args["url"]).runs()["run_id"])
