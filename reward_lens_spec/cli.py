@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(store_main(argv[1:]))
         if cmd in ("calibrate", "freeze", "adjudicate"):
             from .trust import cli as trust_cli
-            raise SystemExit(getattr(trust_cli, f"{cmd}_main")(prepare_overrides(argv[1:])))
+            raise SystemExit(getattr(trust_cli, f"{cmd}_main")(use_config_dirs(argv[1:])[0]))
         if cmd == "fit":
             from .fit.cli import main as fit_main
             raise SystemExit(fit_main(prepare_overrides(argv[1:])))
