@@ -14,11 +14,12 @@ import importlib.util
 from pathlib import Path
 
 from .errors import SpecError
-from .paths import add_user_dirs, group_options, is_yaml_path, shadowed, user_dirs
+from .paths import add_user_dirs, find_config, group_options, is_yaml_path, shadowed, user_dirs
 from .spec import GROUP_SCHEMAS
 
 GROUPS = ("model", "dataset", "observable", "frame", "store", "experiment")
 FILE_GROUPS = ("model", "dataset", "observable", "frame", "store")     # accept group=path/to/file.yaml
+NAMED = ("model", "dataset", "observable")                               # a file without name: takes its stem
 EXTRA = "pip install 'reward_lens_spec[full]'"
 LAUNCHER_PLUGINS = {"joblib": ("hydra_plugins.hydra_joblib_launcher", "hydra-joblib-launcher"),
                     "submitit_local": ("hydra_plugins.hydra_submitit_launcher", "hydra-submitit-launcher"),
@@ -84,7 +85,7 @@ def _register_file(group: str, value: str) -> str:
                         fix=f"give the path of an existing {group} YAML, or an option name "
                             "(`reward-lens-spec help` lists them).")
     node = OmegaConf.load(path)
-    if group in ("observable", "model", "dataset") and "name" not in node:
+    if group in NAMED and "name" not in node:
         node.name = path.stem
     name, seen = path.stem, _REGISTERED.setdefault(group, {})
     if name in group_options(group) or seen.get(name, str(path)) != str(path):   # never shadow another option
@@ -92,6 +93,14 @@ def _register_file(group: str, value: str) -> str:
     ConfigStore.instance().store(group=group, name=name, node=node, provider="reward_lens_spec user file")
     seen[name] = str(path)
     return name
+
+
+def _unnamed(group: str, option: str) -> bool:
+    """The option's YAML (in a config folder) has no ``name:`` key, so the schema default would name it."""
+    from omegaconf import OmegaConf
+
+    path = find_config(group, option)
+    return path is not None and "name" not in OmegaConf.load(path)
 
 
 def _check_launcher(value: str) -> None:
@@ -129,6 +138,14 @@ def prepare_overrides(argv: list[str]) -> list[str]:
         key, eq, value = arg.partition("=")
         if eq and key in FILE_GROUPS and any(is_yaml_path(v) for v in value.split(",")):
             arg = f"{key}=" + ",".join(_register_file(key, v) if is_yaml_path(v) else v for v in value.split(","))
+        elif eq and key in NAMED and not any(a.lstrip("+").startswith(f"{key}.name=") for a in argv):
+            unnamed = [v for v in value.split(",") if _unnamed(key, v)]
+            if unnamed and "," in value:
+                raise SpecError(key, f"{find_config(key, unnamed[0])} has no 'name:' and is swept with others.",
+                                fix=f"add 'name: {Path(unnamed[0]).name}' to that file.")
+            if unnamed:                                  # a user's file without name: is named after its stem
+                out += [arg, f"{key}.name={Path(value).name}"]
+                continue
         elif eq and key.startswith("dataset.fields."):
             arg = "++" + arg                    # add or set one mapping entry
         elif eq and key.lstrip("+") == "hydra/launcher":

@@ -39,7 +39,7 @@ def cli(cwd, *args, env=None, timeout=600):
 @pytest.fixture()
 def study(tmp_path):
     (tmp_path / "conf" / "observable").mkdir(parents=True)
-    (tmp_path / "conf" / "observable" / "late_dla.yaml").write_text("name: late_dla\n" + OBS)
+    (tmp_path / "conf" / "observable" / "late_dla.yaml").write_text(OBS)          # no name: the stem names it
     (tmp_path / "my_obs.yaml").write_text(OBS)                       # no name: named after the file
     (tmp_path / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     return tmp_path
