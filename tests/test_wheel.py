@@ -120,7 +120,8 @@ def test_wheel_in_a_fresh_venv_runs_every_command_and_a_users_own_study(tmp_path
     wheel = _wheel(tmp_path)
     env_dir = _venv(tmp_path, wheel)
     py, exe = env_dir / "bin" / "python", env_dir / "bin" / "reward-lens-spec"
-    out = _run([py, "-c", "import sys, reward_lens_spec as r; print(sys.base_prefix, sys.path, r.__file__)"]).stdout
+    out = _run([py, "-c", "import sys, reward_lens_spec as r; print(sys.base_prefix, sys.path, r.__file__)"],
+               cwd=tmp_path).stdout
     base = out.split()[0]
     assert f"{base}/lib/python3.{sys.version_info.minor}/site-packages" not in out         # no system site packages
     assert out.split()[-1].startswith(str(env_dir))                                      # the wheel, not the checkout
