@@ -1,33 +1,92 @@
 """The ``reward-lens-spec`` command: a Hydra app plus a few subcommands.
 
-    reward-lens-spec [overrides...]            run the composed config (default: score on tiny)
-    reward-lens-spec -m model=a,b observable=x  a multirun sweep into one store
-    reward-lens-spec validate [overrides...]   check and print the plan; loads no model
-    reward-lens-spec ops                       list registered operators
-    reward-lens-spec store ls|show|diff|export|gc|migrate url=...   catalog; loads no model
-    reward-lens-spec calibrate observable=dla [store.url=...]    scorecard on model organisms
-    reward-lens-spec freeze|adjudicate experiment=NAME [store.url=...]   preregistered studies
-    reward-lens-spec fit model=... dataset=... out=DIR         fit a Bradley–Terry head
-    reward-lens-spec report url=STORE run=ID out=DIR          plots from a store; no model
-    reward-lens-spec compare url=STORE a=RUN b=RUN [vars=...]  two models' runs: margins; directions
-                                                             only in one shared frame; no model
-
-Group choices and keys given on the command line are checked before Hydra
-composes anything, so a typo gets "did you mean" and a non-zero exit.
+``reward-lens-spec help`` (or ``--help``) lists every command, one line each, and the config groups
+with their options; ``reward-lens-spec <command> --help`` prints that command's arguments.
+Group choices and keys given on the command line are checked before Hydra composes anything, so
+a typo gets "did you mean" and a non-zero exit. A user's own configs live in their own folder
+(``--config-dir DIR``, ``hydra.searchpath=[DIR]``) or one file (``observable=./my_obs.yaml``);
+see ``overrides.prepare_overrides``.
 """
 from __future__ import annotations
 
 import os
 import sys
+import textwrap
 from pathlib import Path
 
 from .config_safety import check_argv
 from .errors import RewardLensError
-from .overrides import precheck_overrides
+from .overrides import GROUPS, prepare_overrides, precheck_overrides, use_config_dirs
 from .paths import conf_dir
 from .spec import register_configs
 
-SUBCOMMANDS = ("validate", "ops", "store", "calibrate", "freeze", "adjudicate", "fit", "report", "compare")
+COMMANDS = {   # name: (arguments, one line)
+    "run": ("[group=option ...] [group.key=value ...]", "run the composed config (the default command; "
+            "-m for a sweep)"),
+    "validate": ("[overrides ...]", "check the config and print the plan; loads no model"),
+    "ops": ("[NAME]", "registered operators: params, defaults, dims; NAME: its whole docstring"),
+    "store": ("ls|show|diff|export|gc|migrate url=STORE ...", "browse a result store; loads no model"),
+    "compare": ("url=STORE a=RUN b=RUN [vars=...]", "two models' runs: margins; directions only in one "
+                "shared frame"),
+    "report": ("url=STORE [run=RUN|all] [out=DIR]", "plots and markdown from a store; loads no model"),
+    "calibrate": ("observable=NAME [organism=...]", "trust scorecard on planted model organisms"),
+    "freeze": ("experiment=NAME", "hash and store a study before any data is read"),
+    "adjudicate": ("experiment=NAME", "score a frozen study's predictions against its runs"),
+    "fit": ("model=... dataset=... out=DIR", "fit a Bradley–Terry head on frozen features"),
+    "help": ("", "this list"),
+}
+SUBCOMMANDS = tuple(c for c in COMMANDS if c not in ("run", "help"))
+LAUNCHERS = ("basic", "joblib", "submitit_local", "submitit_slurm", "slurm")
+_HELP_FLAGS = ("--help", "-h")
+
+
+def _command_doc(cmd: str) -> str:
+    """The argument reference of one command (its module's docstring)."""
+    import importlib
+
+    mod = {"store": "store.catalog_cli", "compare": "compare.cli", "report": "report.cli", "calibrate": "trust.cli",
+           "freeze": "trust.cli", "adjudicate": "trust.cli", "fit": "fit.cli"}.get(cmd)
+    args, line = COMMANDS[cmd]
+    head = f"reward-lens-spec {cmd if cmd != 'run' else ''} {args}".replace("  ", " ") + f"\n  {line}\n"
+    if cmd == "ops":
+        return head + "\nEach operator: first docstring line, params (type = default, or required), inputs, " \
+                      "dims (input → output) and the observable restrictions it honours."
+    if mod is None:              # run / validate: the Hydra app
+        return head + "\n" + _groups_text() + ("\nvalidate prints the plan (steps, dims, gauge) and the frame; "
+                                               "it loads no weights." if cmd == "validate" else "")
+    import inspect
+    return head + "\n" + inspect.cleandoc(importlib.import_module(f"reward_lens_spec.{mod}").__doc__ or "")
+
+
+def _groups_text() -> str:
+    from dataclasses import fields
+
+    from .paths import group_options, search_dirs
+    from .spec import GROUP_SCHEMAS
+
+    lines = ["config groups: group=option or group=./file.yaml; a folder of your own with --config-dir DIR",
+             "(DIR/<group>/<name>.yaml, names other than the built-ins'):"]
+    for g in GROUPS:
+        lines.append(textwrap.fill(", ".join(group_options(g)) or "(none)", 100, initial_indent=f"  {g:<11} ",
+                                   subsequent_indent=" " * 14))
+        if g in GROUP_SCHEMAS:
+            keys = ", ".join(f.name for f in fields(GROUP_SCHEMAS[g]))
+            lines.append(textwrap.fill(f"keys: {keys}", 100, initial_indent=" " * 14, subsequent_indent=" " * 20))
+    lines.append(f"  hydra/launcher=  {', '.join(LAUNCHERS)}")
+    lines.append(" " * 14 + "(with -m; joblib and submitit need pip install 'reward_lens_spec[full]')")
+    lines.append("  top-level   mode=run|validate, seed=N")
+    lines.append("config folders searched, in order: " + ", ".join(map(str, search_dirs())))
+    return "\n".join(lines)
+
+
+def help_text() -> str:
+    """What ``reward-lens-spec help`` prints: commands (one line each) and config groups."""
+    lines = ["reward-lens-spec: spec-driven interpretability for Bradley–Terry reward models", "",
+             "usage: reward-lens-spec [COMMAND] [key=value ...]   (COMMAND --help: its arguments)",
+             "", "commands:"]
+    for name, (args, line) in COMMANDS.items():
+        lines.append(f"  {name if name != 'run' else '(none)':<11} {line}")
+    return "\n".join(lines + ["", _groups_text()])
 
 
 def _store_url(cfg, base_dir: str) -> str:
@@ -62,9 +121,11 @@ def _run_task(cfg) -> None:
     base_dir = get_original_cwd()
     run = validate(cfg)
     if run.mode.value == "validate":
-        from .planning import plan_for
+        from .planning import plan_for, restricted_steps
         plan, _ = plan_for(run, base_dir)
         print(plan.describe())
+        for key, steps in restricted_steps(run.observable, plan).items():
+            print(f"observable.{key}={getattr(run.observable, key)} restricts: {', '.join(steps)}")
         if run.frame.name.value != "native":
             from .planning import frame_dependent
             src = f"stored frame {run.frame.id}" if run.frame.id else "fitted at run time or reused from the store"
@@ -87,31 +148,54 @@ def _hydra_main(argv: list[str]) -> None:
     app()
 
 
+def _ops(args: list[str]) -> None:
+    from .registry import describe_operator, list_operators
+
+    if args:
+        print(describe_operator(args[0], full=True))
+        return
+    print("\n".join(describe_operator(n) for n in list_operators()))
+    print("\n`reward-lens-spec ops NAME` prints an operator's whole docstring; "
+          "observables compose them in YAML (README: own observables).")
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv and argv[0] == "store":
+        cmd = argv[0] if argv else None
+        if cmd in ("help",) + _HELP_FLAGS or any(a in _HELP_FLAGS for a in argv):
+            argv = use_config_dirs(argv)[0]           # help lists the options of the user's folders too
+        if cmd == "help" or (cmd in _HELP_FLAGS):
+            print(help_text() if len(argv) < 2 or argv[1] not in COMMANDS else _command_doc(argv[1]))
+            return
+        if cmd in COMMANDS and cmd != "help" and any(a in _HELP_FLAGS for a in argv[1:]):
+            print(_command_doc(cmd))
+            return
+        if cmd not in SUBCOMMANDS and any(a in _HELP_FLAGS for a in argv):
+            print(help_text())
+            return
+        if cmd == "run":
+            argv, cmd = argv[1:], None
+        if cmd == "store":
             from .store.catalog_cli import main as store_main
             raise SystemExit(store_main(argv[1:]))
-        if argv and argv[0] in ("calibrate", "freeze", "adjudicate"):
+        if cmd in ("calibrate", "freeze", "adjudicate"):
             from .trust import cli as trust_cli
-            raise SystemExit(getattr(trust_cli, f"{argv[0]}_main")(argv[1:]))
-        if argv and argv[0] == "fit":
+            raise SystemExit(getattr(trust_cli, f"{cmd}_main")(use_config_dirs(argv[1:])[0]))
+        if cmd == "fit":
             from .fit.cli import main as fit_main
-            raise SystemExit(fit_main(argv[1:]))
-        if argv and argv[0] == "compare":
+            raise SystemExit(fit_main(prepare_overrides(argv[1:])))
+        if cmd == "compare":
             from .compare.cli import main as compare_main
             raise SystemExit(compare_main(argv[1:]))
-        if argv and argv[0] == "report":
+        if cmd == "report":
             from .report.cli import main as report_main
             raise SystemExit(report_main(argv[1:]))
-        if argv and argv[0] == "ops":
-            from .registry import list_operators
-            for name, doc in list_operators().items():
-                print(f"{name:<20} {doc}")
-            return
-        if argv and argv[0] == "validate":
+        if cmd == "ops":
+            return _ops(argv[1:])
+        if cmd == "validate":
             argv = argv[1:] + ["mode=validate"]
+        argv = prepare_overrides(argv)        # the user's folders and files, as one file:// searchpath
         check_argv(argv)                      # no hydra.callbacks / foreign _target_ from any config source
         precheck_overrides(argv)
         os.environ.setdefault("HYDRA_FULL_ERROR", "0")

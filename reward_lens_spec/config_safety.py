@@ -10,7 +10,9 @@ callback ``_target_: builtins.open`` or ``pathlib.Path.touch``). ``check_argv`` 
 - ``_target_`` anywhere unless its value is one of ``ALLOWED_TARGETS`` (the launchers this project
   supports: basic, joblib, submitit_local, submitit_slurm; and Hydra's basic sweeper);
 - a ``()`` factory key, and a logging ``class`` outside the ``logging`` package;
-- ``hydra.searchpath`` (it adds config sources, including Python modules to import);
+- ``hydra.searchpath`` other than the one the command line builds from the user's config folders
+  (``overrides.prepare_overrides``: ``file://`` folders only, each checked like ``conf/``; a ``pkg://``
+  entry would import a Python module);
 - ``--experimental-rerun`` (it unpickles a file) and ``--config-path`` (use ``--config-dir``).
 
 Sources: command-line overrides (keys and parsed values, sweeps included), every YAML file of the
@@ -125,7 +127,7 @@ def check_files(root: Path, label: str) -> None:
             check_tree(doc, where, in_logging=in_logging)
 
 
-def check_composed(config_dir: str | None, config_name: str, overrides: list[str], multirun: bool) -> None:
+def check_composed(config_dirs: list[str], config_name: str, overrides: list[str], multirun: bool) -> None:
     """Compose the primary config as Hydra will (nothing is instantiated) and check all of it, ``hydra`` included."""
     import os
 
@@ -147,7 +149,7 @@ def check_composed(config_dir: str | None, config_name: str, overrides: list[str
                  for o in parsed if not o.is_sweep_override() or isinstance(o._value, ChoiceSweep)]
         register_configs()
         search = create_config_search_path(str(conf_dir()))
-        if config_dir is not None:
+        for config_dir in config_dirs:
             search.prepend(provider="command-line", path=f"file://{os.path.abspath(config_dir)}",
                            anchor=SearchPathQuery(provider="schema"))
         was = GlobalHydra.instance().is_initialized()
@@ -197,8 +199,27 @@ def check_argv(argv: list[str]) -> None:
         raise SpecError("--config-path", "replacing the project's config tree is not supported.",
                         fix="add your configs with --config-dir DIR (they are checked like the project's).")
     overrides = list(args.overrides or [])
+    dirs = [args.config_dir] if args.config_dir is not None else []
+    for o in [o for o in overrides if o.startswith("hydra.searchpath=")]:
+        dirs += _search_dirs(o)
+        overrides.remove(o)
     check_overrides(overrides)
     check_files(conf_dir(), "conf/")
-    if args.config_dir is not None and Path(args.config_dir).is_dir():
-        check_files(Path(args.config_dir).resolve(), "--config-dir")
-    check_composed(args.config_dir, args.config_name or "config", overrides, bool(args.multirun))
+    for d in dirs:
+        if Path(d).is_dir():
+            check_files(Path(d).resolve(), "config folder " + str(d))
+    check_composed(dirs, args.config_name or "config", overrides, bool(args.multirun))
+
+
+def _search_dirs(override: str) -> list[str]:
+    """The folders of a ``hydra.searchpath=[...]`` override; ``SpecError`` for an entry that is not a
+    local folder (``pkg://`` would import a Python module)."""
+    entries = [e.strip().strip("'\"") for e in override.partition("=")[2].strip().strip("[]").split(",") if e.strip()]
+    out = []
+    for e in entries:
+        path = e[len("file://"):] if e.startswith("file://") else e
+        if "://" in path or not Path(path).is_dir():
+            raise SpecError("hydra.searchpath", f"entry {e!r} is not a local config folder.",
+                            fix="give folders (file://DIR or DIR), or use --config-dir DIR.")
+        out.append(path)
+    return out

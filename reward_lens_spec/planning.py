@@ -17,8 +17,50 @@ def plan_for(run, base_dir=None):
                     model_name=run.model.name, layers=tuple(obs.layers) if obs.layers is not None else None,
                     components=tuple(obs.components) if obs.components else None, pairs=obs.pairs,
                     gated=run.model.head.value == "gated")
+    check_restriction_range(obs, info)
     check_frame_configs(run, base_dir)
-    return build_plan(obs, info, load_observable), info
+    plan = build_plan(obs, info, load_observable)
+    restricted_steps(obs, plan)
+    return plan, info
+
+
+COMPONENTS = ("resid", "attn", "mlp")        # the patch grid's components (ops.patch)
+
+
+def check_restriction_range(obs, info) -> None:
+    """``observable.layers`` within ``0..n_layers-1`` and ``observable.components`` in the patch grid's set,
+    for every observable; ``SpecError`` naming the key, with a ``Fix:``."""
+    if obs.layers is not None:
+        bad = [l for l in obs.layers if not 0 <= l < info.n_layers]
+        if bad:
+            raise SpecError("observable.layers", f"layer(s) {bad} out of range: model '{info.model_name}' has "
+                            f"{info.n_layers} layers (valid 0..{info.n_layers - 1}).", value=bad,
+                            fix=f"list layers in 0..{info.n_layers - 1}, e.g. observable.layers=[{info.n_layers - 1}], "
+                                "or drop observable.layers.")
+    if obs.components:
+        bad = [c for c in obs.components if c not in COMPONENTS]
+        if bad:
+            raise SpecError("observable.components", f"unknown component(s) {bad}.", value=bad[0], options=COMPONENTS,
+                            fix="observable.components=[mlp] (any of resid, attn, mlp), or drop it.")
+
+
+def restricted_steps(obs, plan) -> dict[str, list[str]]:
+    """``{key: steps it restricts}`` for each set restriction; ``SpecError`` naming the key when no step of
+    the plan honours it (it would be silently ignored)."""
+    from .registry import OPERATORS
+
+    out = {}
+    for key in ("layers", "components", "pairs"):
+        if getattr(obs, key) is None:
+            continue
+        out[key] = [s.name for s in plan.steps if key in type(s.op).restricted_by]
+        if not out[key]:
+            ops = sorted(n for n, c in OPERATORS.items() if key in c.restricted_by)
+            raise SpecError(f"observable.{key}", f"no step of observable '{obs.name}' reads it (only "
+                            f"{', '.join(ops)} steps do), so it would be ignored.",
+                            fix=f"drop observable.{key}; to keep part of a variable add a step "
+                                f"{{name: part, op: select, input: <step>, dim: {key.rstrip('s')}, values: [...]}}.")
+    return out
 
 
 def _width(cfg) -> int:

@@ -56,6 +56,38 @@ def list_operators() -> dict[str, str]:
     return {n: (c.__doc__ or "").strip().splitlines()[0] for n, c in sorted(OPERATORS.items())}
 
 
+def _param_line(f) -> str:
+    typ = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    if f.default is not dataclasses.MISSING:
+        return f"{f.name}: {typ} = {f.default!r}"
+    if f.default_factory is not dataclasses.MISSING:
+        return f"{f.name}: {typ} = {f.default_factory()!r}"
+    return f"{f.name}: {typ} (required)"
+
+
+def describe_operator(name: str, full: bool = False) -> str:
+    """What ``reward-lens-spec ops [NAME]`` prints: first docstring line (``full``: the class and module
+    docstrings), params with types and defaults (or required), inputs, dims, and the restrictions it honours.
+    Raises ``SpecError`` for an unknown name (did you mean)."""
+    import inspect
+    import sys
+
+    cls = get_operator(name, "ops")
+    doc = inspect.cleandoc(cls.__doc__ or "")
+    params = [_param_line(f) for f in dataclasses.fields(cls.Params)]
+    named = ["input"] + [f"{e} (a step name)" for e in cls.extra_inputs]
+    inputs = "none (reads the capture pass / re-runs)" if cls.n_inputs == 0 and not cls.extra_inputs else \
+        " + ".join(named)
+    lines = [f"{cls.name:<20} {doc.splitlines()[0] if doc else ''}",
+             f"{'':<20} params: {'; '.join(params) or '(none)'}",
+             f"{'':<20} inputs: {inputs}; dims: {cls.dims or '(see docstring)'}"
+             + (f"; honours observable.{'/'.join(cls.restricted_by)}" if cls.restricted_by else "")]
+    if full:
+        mod = inspect.cleandoc(sys.modules[cls.__module__].__doc__ or "")
+        lines += ["", doc, ""] + ([f"module {cls.__module__}:", mod] if mod else [])
+    return "\n".join(lines)
+
+
 @dataclass
 class Step:
     name: str

@@ -336,10 +336,10 @@ def group_config(group: str, ref: str, *, key: str, base_dir: str | None = None)
     """
     from pathlib import Path
 
-    from .paths import conf_dir, group_options
+    from .paths import find_config, group_options
 
-    path = conf_dir() / group / f"{ref}.yaml"
-    if not path.is_file():
+    path = find_config(group, ref)                  # a built-in or user-folder option, else a path
+    if path is None:
         cand = Path(ref) if Path(ref).is_absolute() or base_dir is None else Path(base_dir) / ref
         if ref.endswith((".yaml", ".yml")) and cand.is_file():
             path = cand

@@ -33,6 +33,7 @@ from .errors import SpecError, StoreError
 from .planning import stages
 from .store._attrs import portable
 from .store.attempts import PREFIX, Attempt, list_attempts
+from .store.writer import observable_attrs
 
 SCRATCH = "_stage"           # not a valid observable name (store.writer.check_name), so no clash
 READOUT_H = "readout_h"
@@ -184,7 +185,10 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
                   "by_writer": by_writer}
     stored = xr.open_zarr(b.zarr_store(), group=out_g, consolidated=False, chunks={})
     logits = np.asarray(xr.open_zarr(b.zarr_store(), group=scr_g, consolidated=False)[HEAD_LOGITS].values)
-    won = att.complete(run_attrs(counts, chunk_info, stored, logits), "reduce", force=store_spec.force)
+    attrs = run_attrs(counts, chunk_info, stored, logits)
+    att.fence("reduce")
+    _label_group(b, out_g, observable_attrs(attrs, stored))
+    won = att.complete(attrs, "reduce", force=store_spec.force)
     att.release("reduce")
     return Streamed("complete", att.aid if won else "", len(slices), len(mine))
 
@@ -250,6 +254,13 @@ def _ensure_skeleton(att, role, b, groups, n, size):
                 b.zarr_store(), group=group, mode="w", compute=False, consolidated=False, zarr_format=3)
         att.mark("skeleton", {"writer": att.writer}, "skeleton")
         att.release("skeleton")
+
+
+def _label_group(b, group, attrs: dict) -> None:
+    """Put what a plain-xarray reader needs (``store.writer.observable_attrs``) on the observable group."""
+    import zarr
+
+    zarr.open_group(store=b.zarr_store(), path=group, mode="r+", zarr_format=3).attrs.update(attrs)
 
 
 def _write_region(b, group, ds, sl):

@@ -31,7 +31,7 @@ def test_main_job_writes_a_readable_run_and_reuses_it(tmp_path):
     assert len(runs) == 1
     run_id = runs["run_id"][0]
     attempt = json.load(open(url / "runs" / run_id / "zarr.json"))["attributes"]["attempt"]
-    ds = xr.open_zarr(str(url), group=f"runs/{run_id}/{attempt}/score")   # no package needed to read it
+    ds = xr.open_zarr(str(url), group=f"runs/{run_id}/{attempt}/score", consolidated=False)   # no package needed
     assert set(ds.data_vars) == {"reward", "margin", "p_chosen", "bt_loss", "bt_grad"}
     assert ds["margin"].attrs["units"] == "reward" and ds["bt_loss"].attrs["units"] == "nats"
     assert ds["reward"].dims == ("pair", "side")

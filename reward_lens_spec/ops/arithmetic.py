@@ -34,6 +34,7 @@ class Combine(Operator):
 
     name = "combine"
     per_pair = True
+    dims = "x, other → x's dims + other's extra dims (broadcast by name)"
     Params = CombineParams
     extra_inputs = ("other",)
 
@@ -68,6 +69,7 @@ class Scale(Operator):
 
     name = "scale"
     per_pair = True
+    dims = "x → same dims"
     Params = ScaleParams
 
     def out_dims(self, in_dims, info, where):

@@ -36,6 +36,7 @@ class BradleyTerry(Operator):
 
     name = "bradley_terry"
     per_pair = True
+    dims = "margin (pair [× objective]) → same dims"
     Params = BradleyTerryParams
 
     def out_dims(self, in_dims, info, where):

@@ -40,6 +40,7 @@ class Capture(Operator):
 
     name = "capture"
     per_pair = True
+    dims = "() → pair × side × d_model (readout) | pair × side × layer × d_model | + component (components) | + head (heads)"
     Params = CaptureParams
     n_inputs = 0
 

@@ -59,6 +59,7 @@ class Conflicts(Operator):
     """Objective × objective sign disagreement (or margin correlation) over pairs."""
 
     name = "conflicts"
+    dims = "margin (pair × objective) → objective × objective_b"
     Params = ConflictsParams
 
     def out_dims(self, in_dims, info, where):

@@ -119,6 +119,7 @@ class PairFeature(Operator):
 
     name = "pair_feature"
     per_pair = True
+    dims = "() → pair"
     Params = PairFeatureParams
     n_inputs = 0
 
@@ -159,6 +160,7 @@ class Confound(Operator):
     """Margin vs a per-pair feature: baseline accuracy, Spearman ρ, matched-bin accuracy, with CIs."""
 
     name = "confound"
+    dims = "margin (pair [× objective]), feature (pair) → [objective ×] statistic × bound"
     Params = ConfoundParams
     n_inputs = 2
     extra_inputs = ("feature",)
@@ -201,6 +203,7 @@ class PositionBias(Operator):
     """Label position bias and accuracy by the chosen response's presentation position, with CIs."""
 
     name = "position_bias"
+    dims = "margin (pair [× objective]), feature (pair) → [objective ×] order_statistic × bound"
     Params = ConfoundParams
     n_inputs = 2
     extra_inputs = ("feature",)
@@ -251,8 +254,10 @@ class SwapConsistency(Operator):
     """Δ(c, r) + Δ(r, c) per pair, both orders re-scored (exactly 0 when scoring is per side)."""
 
     name = "swap_consistency"
+    dims = "margin (pair [× objective]) → same dims"
     Params = SwapParams
     reruns = True
+    restricted_by = ("pairs",)
 
     def out_dims(self, in_dims, info, where):
         return ("pair",) + _margin_dims(in_dims, where)

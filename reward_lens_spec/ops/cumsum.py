@@ -18,6 +18,7 @@ class Cumsum(Operator):
 
     name = "cumsum"
     per_pair = True
+    dims = "x (…, dim, …) → same dims"
     Params = CumsumParams
 
     def out_dims(self, in_dims, info, where):

@@ -16,6 +16,7 @@ class Diff(Operator):
 
     name = "diff"
     per_pair = True
+    dims = "x (…, side, …) → x without side"
     Params = NoParams
 
     def out_dims(self, in_dims, info, where):

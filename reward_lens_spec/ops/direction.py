@@ -31,6 +31,7 @@ class Direction(Operator):
     """The reward direction w_r (head rows) as a d_model vector, in the model's native frame."""
 
     name = "direction"
+    dims = "() → d_model, or objective × d_model"
     Params = DirectionParams
     n_inputs = 0
 

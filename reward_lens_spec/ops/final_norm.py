@@ -35,6 +35,7 @@ class FinalNorm(Operator):
 
     name = "final_norm"
     per_pair = True
+    dims = "x (…, d_model) [, reference (…, d_model)] → same dims"
     Params = FinalNormParams
     extra_inputs = ("reference",)
 

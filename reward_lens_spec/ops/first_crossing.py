@@ -41,6 +41,7 @@ class FirstCrossing(Operator):
 
     name = "first_crossing"
     per_pair = True
+    dims = "x (…, dim, …) → x without dim"
     Params = FirstCrossingParams
 
     def out_dims(self, in_dims, info, where):

@@ -63,6 +63,7 @@ class ObjectiveGeometry(Operator):
 
     name = "objective_geometry"
     reads_capture = True           # the whitened frame is fitted on every pair's readout h
+    dims = "() → objective × objective_b"
     Params = ObjectiveGeometryParams
     n_inputs = 0
 

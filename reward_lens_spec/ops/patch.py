@@ -41,6 +41,7 @@ class _PatchBase(Operator):
     reruns = True
     per_pair = True                # observable.pairs counts from the run's first pair (chunks get their share)
     approximate = False
+    restricted_by = ("layers", "components", "pairs")
 
     def _grid(self, info):
         comps = tuple(info.components) if info.components else tuple(self.p.components)
@@ -134,6 +135,7 @@ class Patch(_PatchBase):
     """Exact activation patching at the readout token (pair × layer × component)."""
 
     name = "patch"
+    dims = "() → pair × layer × component [× objective]"
 
     def prefix_rows(self, info, n_pairs):
         if self.p.positions != "readout":
@@ -153,6 +155,7 @@ class AttributionPatch(_PatchBase):
     """Attribution patching (gradient × activation difference; approximate)."""
 
     name = "attribution_patch"
+    dims = "() → pair × layer × component [× objective]"
     approximate = True
 
     def _compute(self, ctx, targets, pidx):

@@ -53,6 +53,7 @@ class Project(Operator):
 
     name = "project"
     per_pair = True
+    dims = "x (…, d_model) → x without d_model [+ objective]"
     Params = ProjectParams
 
     def out_dims(self, in_dims, info, where):

@@ -39,6 +39,7 @@ class RankCorrelation(Operator):
     """Spearman rank correlation of two variables over dims, per pair or pooled."""
 
     name = "rank_correlation"
+    dims = "x, other (pair × over…) → per (pair) or () pooled"
     Params = RankCorrelationParams
     extra_inputs = ("other",)
 

@@ -29,6 +29,7 @@ class Reduce(Operator):
     """Reduce over a dim (mean/sum/median/quantile), optionally grouped by a coordinate."""
 
     name = "reduce"
+    dims = "x (…, dim, …) → x without dim [+ by]"
     Params = ReduceParams
 
     def out_dims(self, in_dims, info, where):

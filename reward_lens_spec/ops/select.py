@@ -22,6 +22,7 @@ class Select(Operator):
 
     name = "select"
     per_pair = True
+    dims = "x (…, dim, …) → without dim (index) or same dims (values)"
     Params = SelectParams
 
     def out_dims(self, in_dims, info, where):

@@ -39,7 +39,8 @@ def parse(argv: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; prints one line per file written."""
+    """Entry point; prints one line per file written. PNG plots without matplotlib: one line naming the
+    extra, exit 2 (the HTML page needs no matplotlib)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parse(argv)
@@ -47,6 +48,11 @@ def main(argv: list[str] | None = None) -> int:
             from .build import build_report
             print(build_report(args["url"], args["out"]))
             return 0
+        try:
+            import matplotlib  # noqa: F401  (a check only)
+        except ImportError:
+            raise SpecError("report", "plots need matplotlib, which is not installed.",
+                            fix="pip install 'reward_lens_spec[full]'") from None
         from .plots import plot_run
         if args["run"] == "all":
             from ..store import open_store

@@ -10,17 +10,43 @@ def _short(gauge: str) -> str:
     return f"{head}:{tail[:12]}" if head and len(tail) == 64 else gauge
 
 
+def _counts(d: dict) -> str:
+    """``{kind: n or [ids]}`` → ``"3 (identical_sides 2, empty_response 1)"``; zero kinds left out."""
+    n = {k: (len(v) if isinstance(v, (list, tuple)) else int(v or 0)) for k, v in (d or {}).items()}
+    hit = {k: v for k, v in n.items() if v}
+    return f"{sum(hit.values())}" + (f" ({', '.join(f'{k} {v}' for k, v in sorted(hit.items()))})" if hit else "")
+
+
+def run_line(run_id: str, prov: dict, reused: bool) -> str:
+    """One line from a stored run's provenance: computed or reused, trust, pairs scored, flagged, excluded."""
+    trust = prov.get("trust")
+    if isinstance(trust, dict):
+        trust = trust.get("level", trust.get("name", trust))
+    eff = prov.get("effective_n") or {}
+    how = "reused, not recomputed (store.force=true recomputes)" if reused else f"computed in {prov.get('wall_s')} s"
+    return (f"run {run_id}: {how}; trust {trust}; pairs scored {eff.get('n_scored', '?')} of {eff.get('n', '?')}; "
+            f"flagged {_counts(prov.get('data_flags'))}; excluded {_counts(prov.get('excluded'))}")
+
+
 def print_summary(outcome) -> None:
-    """Print one line per output variable (dims, units, mean over finite cells) and the store path."""
+    """Print one line per output variable (dims, units, mean over finite cells) of a computed run; then,
+    computed or reused, the store path and one line of the run's provenance (``run_line``), read back
+    from the store. A shard whose run is not complete yet says so instead."""
+    from ..store import open_store
+
     if getattr(outcome, "status", "complete") != "complete":
         print(f"run {outcome.run_id}: this job's chunks are stored in {outcome.store_url}; the run is complete "
               "(and listed) once its last shard has finished")
         return
-    if outcome.reused:
-        print(f"run {outcome.run_id} is already complete in {outcome.store_url}: reused, not recomputed "
-              "(store.force=true recomputes)")
-        return
-    ds = outcome.result
+    if not outcome.reused:
+        _print_table(outcome.result)
+    prov = open_store(outcome.store_url).provenance(outcome.run_id)
+    print(f"store: {outcome.store_url}")
+    print(run_line(outcome.run_id, prov, outcome.reused))
+    print(f"run id: {outcome.run_id}")
+
+
+def _print_table(ds) -> None:
     print(f"{'variable':<28} {'dims':<34} {'units':<12} {'mean':>10}  gauge")
     for name, var in ds.data_vars.items():
         vals = np.asarray(var.values, dtype=float)
@@ -35,5 +61,3 @@ def print_summary(outcome) -> None:
         label = (f" per objective ({', '.join(map(str, margin['objective'].values))})"
                  if "objective" in margin.dims else "")
         print(f"pairs: {margin.sizes['pair']}; chosen preferred (margin > 0){label}: {', '.join(shares)}")
-    print(f"store: {outcome.store_url}")
-    print(f"run id: {outcome.run_id}")

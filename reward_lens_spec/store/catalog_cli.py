@@ -2,18 +2,20 @@
 
 Commands (all key=value arguments; loads no model, imports no torch):
 
-    ls       url= [model_fingerprint= dataset= observable= trust= trust_verified= spec_hash= model=]
+    ls       url= [model_fingerprint= dataset= observable= trust= trust_verified= spec_hash= model=] [--wide]
+             fits 100 columns (8-digit hashes); --wide prints every column and full hashes
     show     url= run=                 provenance + each observable's dims/variables
-
-``trust`` is derived on read from the store's evidence (``trust.evidence``), never the
-stored label; ``trust_verified=false`` lists the records whose stored label or documents
-fail to verify (``show`` prints ``trust_reason``).
-    diff     url= run= run_b=          unified diff of the two resolved configs
+    diff     url= a= b=                unified diff of the two resolved configs (run=/run_b= also work)
     export   url= run= observable= out=PATH.nc|PATH.csv
     gc       url= [older_than=SECONDS] remove what no live writer holds and no reader lists
                                        (default age 3600 s; never a complete run, never via a symlink)
     migrate  url=                      bring an older store's root to this layout
 
+``trust`` is derived on read from the store's evidence (``trust.evidence``), never the
+stored label; ``trust_verified=false`` lists the records whose stored label or documents
+fail to verify (``show`` prints ``trust_reason``).
+
+Two runs are ``a=``/``b=`` and one run is ``run=``, as in ``compare`` and ``report``.
 Optional ``endpoint_url=`` is passed to fsspec as ``client_kwargs.endpoint_url``
 (credentials come from the environment, e.g. AWS_ACCESS_KEY_ID). Errors go to
 stderr with exit code 2.
@@ -27,9 +29,12 @@ import yaml
 from reward_lens_spec.errors import StoreError, did_you_mean
 
 COMMANDS = ("ls", "show", "diff", "export", "gc", "migrate")
-KEYS = {"url", "run", "run_b", "observable", "out", "model_fingerprint", "dataset", "trust",
+KEYS = {"url", "run", "a", "b", "run_b", "observable", "out", "model_fingerprint", "dataset", "trust",
         "trust_verified", "spec_hash", "model", "older_than", "endpoint_url"}
 FILTERS = ("model_fingerprint", "dataset", "observable", "trust", "trust_verified", "spec_hash", "model")
+LS_COLUMNS = ("run_id", "observables", "model", "dataset", "trust", "trust_verified", "created", "model_fingerprint")
+WIDTH = 100
+HASHES = ("model_fingerprint", "dataset_checksum", "spec_hash")
 
 
 def _parse(argv: list[str]) -> tuple[str, dict]:
@@ -40,6 +45,9 @@ def _parse(argv: list[str]) -> tuple[str, dict]:
         raise StoreError(f"store: missing command. Usage: reward-lens-spec store "
                          f"<{'|'.join(COMMANDS)}> url=URL [key=value ...]")
     cmd, kv = args[0], {}
+    if "--wide" in args[1:]:
+        args = [a for a in args if a != "--wide"]
+        kv["wide"] = True
     if cmd not in COMMANDS:
         raise StoreError(f"store: unknown command {cmd!r}.{did_you_mean(cmd, COMMANDS)} "
                          f"Valid: {', '.join(COMMANDS)}.")
@@ -51,7 +59,27 @@ def _parse(argv: list[str]) -> tuple[str, dict]:
         kv[key] = value
     if "url" not in kv:
         raise StoreError(f"store {cmd}: url= is required.")
+    if cmd == "diff":                                  # the older spelling run= run_b= still works
+        kv.setdefault("a", kv.pop("run", None))
+        kv.setdefault("b", kv.pop("run_b", None))
     return cmd, kv
+
+
+def ls_table(df, wide: bool = False) -> str:
+    """The ``ls`` table: every column with full hashes (``wide``), else ``LS_COLUMNS`` with 8-digit
+    hashes and minute times, dropping trailing columns until it fits ``WIDTH`` characters."""
+    df = df.assign(observables=df["observables"].map(",".join))
+    if wide:
+        return df.to_string(index=False)
+    df = df.assign(created=df["created"].dt.strftime("%Y-%m-%d %H:%M"),
+                   **{h: df[h].map(lambda x: str(x)[:8] if x else x) for h in HASHES})
+    df = df.rename(columns={"model_fingerprint": "fingerprint"})
+    cols = [c.replace("model_fingerprint", "fingerprint") for c in LS_COLUMNS]
+    text = df[cols].to_string(index=False)
+    while len(cols) > 2 and max(map(len, text.splitlines())) > WIDTH:
+        cols.pop()
+        text = df[cols].to_string(index=False)
+    return text
 
 
 def _need(kv: dict, cmd: str, *keys: str) -> None:
@@ -75,8 +103,9 @@ def _run(cmd: str, kv: dict) -> None:
         if df.empty:
             print(f"no complete runs in {url}")
         else:
-            df = df.assign(observables=df["observables"].map(",".join))
-            print(df.to_string(index=False))
+            print(ls_table(df, kv.get("wide", False)))
+            if not kv.get("wide"):
+                print("(--wide: every column, full hashes)")
         n_unverified = int((~df["trust_verified"].astype(bool)).sum()) if not df.empty else 0
         if n_unverified:
             print(f"({n_unverified} run(s) with trust_verified=False: the stored label or a document fails to "
@@ -95,9 +124,9 @@ def _run(cmd: str, kv: dict) -> None:
             dims = ", ".join(f"{d}={n}" for d, n in ds.sizes.items())
             print(f"observable {obs}: dims ({dims}); variables: {', '.join(ds.data_vars)}")
     elif cmd == "diff":
-        _need(kv, cmd, "run", "run_b")
-        lines = store.diff(kv["run"], kv["run_b"])
-        print("\n".join(lines) if lines else f"configs of {kv['run']} and {kv['run_b']} are identical")
+        _need(kv, cmd, "a", "b")
+        lines = store.diff(kv["a"], kv["b"])
+        print("\n".join(lines) if lines else f"configs of {kv['a']} and {kv['b']} are identical")
     elif cmd == "export":
         _need(kv, cmd, "run", "observable", "out")
         print(f"wrote {store.export(kv['run'], kv['observable'], kv['out'])}")

@@ -132,6 +132,21 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
+READER_KEYS = ("run_id", "trust", "model", "model_fingerprint", "model_family", "dataset", "dataset_checksum",
+               "observable", "observable_version", "spec_hash", "effective_n", "frame", "created")
+
+
+def observable_attrs(run_attrs: dict, ds: xr.Dataset) -> dict:
+    """What a reader with plain xarray needs on the observable group itself: run id, trust, a provenance
+    summary (``READER_KEYS`` of the run's attrs; the full record stays on the run group), and per
+    variable its ``gauge`` and ``units``."""
+    out = {k: run_attrs[k] for k in READER_KEYS if k in run_attrs}
+    out["gauge"] = {v: str(ds[v].attrs.get("gauge", "")) for v in ds.data_vars}
+    out["units"] = {v: str(ds[v].attrs.get("units", "")) for v in ds.data_vars}
+    out["provenance"] = "full record in the attrs of the parent group runs/<run_id>"
+    return {**ds.attrs, **out}
+
+
 def write_run(url: str, run_id: str, results: dict, attrs: dict, *,
               storage_options: dict | None = None, force: bool = False) -> bool:
     """Write one run's observables and provenance; True if written, False if reused.
@@ -176,7 +191,9 @@ def write_run(url: str, run_id: str, results: dict, attrs: dict, *,
         for obs in sorted(results):
             att.fence("write")
             try:
-                _write_observable(b, portable(results[obs]), f"{att.prefix}/{obs}")
+                ds = portable(results[obs])
+                ds = ds.assign_attrs(observable_attrs(run_attrs, ds))
+                _write_observable(b, ds, f"{att.prefix}/{obs}")
             except Exception as e:
                 raise StoreError(f"store {url}: writing run {run_id} observable {obs} failed "
                                  f"({type(e).__name__}: {e}).") from e

@@ -54,10 +54,10 @@ def load_study(experiment) -> dict:
     """A study dict from a name (``conf/experiment/<name>.yaml``) or a mapping; validated."""
     from omegaconf import OmegaConf
 
-    from ..paths import conf_dir, group_options
+    from ..paths import find_config, group_options
     if isinstance(experiment, str):
-        path = conf_dir() / "experiment" / f"{experiment}.yaml"
-        if not path.is_file():
+        path = find_config("experiment", experiment)                # built-in or a user's config folder
+        if path is None:
             raise SpecError("experiment", f"unknown experiment '{experiment}'.", value=experiment,
                             options=group_options("experiment"))
         raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
