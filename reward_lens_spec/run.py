@@ -28,11 +28,13 @@ class Outcome:
     run_id: str
     store_url: str
     reused: bool
-    result: xr.Dataset | None        # the stored run, opened lazily (None when reused or not complete yet)
+    result: xr.Dataset | None        # the stored run (None when reused or not complete yet): in memory when it
+                                     # holds at most RESULT_IN_MEMORY bytes, else opened lazily (dask)
     plan: object
     status: str = "complete"         # or "shard_done": this job's chunks are in, the last shard completes the run
 
 
+RESULT_IN_MEMORY = 256 * 2**20   # bytes: a larger stored result is handed back lazily, never loaded whole
 KEEP_PREFIX_MAX = 64      # patched rows whose prefix KV cache the capture pass keeps (capture(keep_prefix=))
 
 
@@ -148,4 +150,6 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     if done.status != "complete":
         return Outcome(run_id, store_url, False, None, plan, status=done.status)
     result = open_store(store_url, storage_options=so).load(run_id, run.observable.name)
+    if result.nbytes <= RESULT_IN_MEMORY:
+        result = result.load()
     return Outcome(run_id, store_url, False, result, plan)

@@ -11,6 +11,10 @@ Stage 2 (``"reduce"``): after the last chunk, whoever wrote it runs the steps th
 pairs on the stored arrays, opened lazily (dask), writes their outputs next to the per-pair
 ones, and completes the run (``store.attempts``: the run document names the attempt).
 
+A pair-stage step whose rows read every pair's capture (``Operator.needs_all_pairs``: mean or
+resample ablation, steering in units of the residual's RMS over pairs) makes the run one chunk:
+correct, but its memory is then that of the whole dataset.
+
 Resume and shards: a job computes the chunks ``k`` with ``k % store.shards == store.shard``
 that have no marker yet, in the attempt it shares with its launch (``store.launch``, or Hydra's
 sweep dir) or adopts from a dead writer (``store.attempts``). Chunks are the same pairs
@@ -104,6 +108,8 @@ def stream(b, run_id, lm, pairs, enc, plan, info, *, capture_kw, frame, store_sp
     """
     check_sharding(store_spec)
     st = stages(plan)
+    if any(s.op.needs_all_pairs for s in plan.steps if st[s.name] == "pair"):   # e.g. mean ablation: its rows
+        store_spec = replace(store_spec, chunk_pairs=max(1, len(enc.pair_ids)))  # read every pair's capture
     n, size, shards = len(enc.pair_ids), store_spec.chunk_pairs, store_spec.shards
     slices = chunk_slices(n, size)
     meta = {"kind": "stream", "shards": shards, "chunk_pairs": size, "n_pairs": n,
@@ -157,10 +163,10 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
                                              keep, capture_kw, frame, need_h)
         _ensure_skeleton(att, role, b, [(out_g, ds_out, out_coords), (scr_g, ds_scr, full_coords)],
                          len(enc.pair_ids), store_spec.chunk_pairs)
-        for group, ds in ((out_g, ds_out), (scr_g, ds_scr)):
+        for group, ds, pc in ((out_g, ds_out, out_coords), (scr_g, ds_scr, full_coords)):
             if ds.data_vars:
                 att.fence(role)
-                _write_region(b, group, ds, sl)
+                _write_region(b, group, ds, sl, pc)
         att.mark(f"chunk.{k}", {"writer": att.writer, "counts": counts}, role)
         del ds_out, ds_scr
     att.release(role)
@@ -249,6 +255,11 @@ def _ensure_skeleton(att, role, b, groups, n, size):
                 tmpl[name] = xr.DataArray(da.zeros(shape, chunks=chunks, dtype=v.dtype), dims=v.dims, attrs=v.attrs)
             coords = {k: c.variable for k, c in ds.coords.items() if "pair" not in c.dims}
             coords.update(pair_coords)
+            for k in _op_pair_coords(ds, pair_coords):        # an operator's own per-pair labels: regions too
+                c = ds.coords[k]
+                shape = tuple(n if d == "pair" else c.sizes[d] for d in c.dims)
+                chunks = tuple(size if d == "pair" else c.sizes[d] for d in c.dims)
+                coords[k] = xr.Variable(c.dims, da.zeros(shape, chunks=chunks, dtype=c.dtype), attrs=c.attrs)
             att.fence("skeleton")
             portable(xr.Dataset(tmpl, coords=coords, attrs=ds.attrs)).to_zarr(
                 b.zarr_store(), group=group, mode="w", compute=False, consolidated=False, zarr_format=3)
@@ -263,8 +274,13 @@ def _label_group(b, group, attrs: dict) -> None:
     zarr.open_group(store=b.zarr_store(), path=group, mode="r+", zarr_format=3).attrs.update(attrs)
 
 
-def _write_region(b, group, ds, sl):
-    ds = ds.drop_vars(list(ds.coords))
+def _op_pair_coords(ds, pair_coords) -> list[str]:
+    """Coords along ``pair`` that an operator made (e.g. a side's response length), beyond the run's own."""
+    return [k for k, c in ds.coords.items() if "pair" in c.dims and k not in pair_coords]
+
+
+def _write_region(b, group, ds, sl, pair_coords):
+    ds = ds.drop_vars([k for k in ds.coords if k not in _op_pair_coords(ds, pair_coords)])
     ds.attrs = {}
     for v in ds.data_vars.values():
         v.attrs = {}

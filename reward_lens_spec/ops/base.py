@@ -59,6 +59,8 @@ class Operator:
     reruns: ClassVar[bool] = False                 # needs model re-runs beyond the capture pass
     per_pair: ClassVar[bool] = False               # stage: out[pairs] depends only on in[pairs] (see below)
     reads_capture: ClassVar[bool] = False          # a reduce step that reads ctx.capture.h of every pair
+    needs_all_pairs: ClassVar[bool] = False        # a pair-stage step whose rows read every pair's capture
+                                                   # (e.g. mean ablation): the run streams as one chunk
     dims: ClassVar[str] = ""                       # input → output dims, for `reward-lens-spec ops`
     restricted_by: ClassVar[tuple[str, ...]] = ()  # observable.layers / components / pairs this op honours
 

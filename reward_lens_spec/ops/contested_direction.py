@@ -56,7 +56,7 @@ class ContestedDirectionParams:
     quantity: str = "statistics"
     objective: Optional[str] = None
     unanimous: float = 1.0
-    shrinkage: str = "ledoit_wolf"
+    shrinkage: str = "auto"                 # plain covariance when invertible (exact invariance), else Ledoit–Wolf
     n_perm: int = 200
     n_null: int = 1000
     seed: int = 0
@@ -127,6 +127,7 @@ class ContestedDirection(Operator):
     """Direction separating contested from unanimous pairs in whitened h_c − h_r; |cos| to w_r with nulls."""
 
     name = "contested_direction"
+    reads_capture = True           # the whitened frame is fitted on every pair's readout h
     Params = ContestedDirectionParams
     reduces_pairs = True
 

@@ -34,7 +34,7 @@ STATS = ["participation_ratio", "top_share", "n_objectives"]
 @dataclass(frozen=True)
 class EffectiveObjectivesParams:
     frame: str = "whitened"
-    shrinkage: str = "ledoit_wolf"
+    shrinkage: str = "auto"                 # plain covariance when invertible (exact invariance), else Ledoit–Wolf
 
 
 def participation_ratio(U: np.ndarray) -> tuple[float, float]:
@@ -51,6 +51,7 @@ class EffectiveObjectives(Operator):
     """Effective number of objectives: participation ratio of the head rows' Gram spectrum (whitened)."""
 
     name = "effective_objectives"
+    reads_capture = True           # the whitened frame is fitted on every pair's readout h
     Params = EffectiveObjectivesParams
     n_inputs = 0
     reduces_pairs = True          # the whitened frame is fitted on every pair's readout

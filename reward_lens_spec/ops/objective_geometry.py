@@ -31,7 +31,7 @@ FRAMES = ("native", "whitened")
 @dataclass(frozen=True)
 class ObjectiveGeometryParams:
     frame: str = "native"
-    shrinkage: str = "ledoit_wolf"
+    shrinkage: str = "auto"                 # plain covariance when invertible (exact invariance), else Ledoit–Wolf
 
 
 def cosine_matrix(U: np.ndarray) -> np.ndarray:

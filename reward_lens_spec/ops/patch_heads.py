@@ -32,6 +32,7 @@ class HeadPatchParams:
 
 class _HeadPatchBase(Operator):
     Params = HeadPatchParams
+    per_pair = True                # re-runs each pair's readout token over its own cached prefix
     n_inputs = 0
     reruns = True
     approximate = False

@@ -41,6 +41,8 @@ class Steer(Operator):
     """Add α·ρ·û to resid_post at the readout token; the margin per α (pair × alpha) or its slope."""
 
     name = "steer"
+    per_pair = True
+    needs_all_pairs = True         # ρ and the mean-difference direction are over every pair: one chunk
     Params = SteerParams
     n_inputs = 0
     reruns = True

@@ -132,8 +132,9 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
+# content only (no time): a resumed or sharded run's group attrs equal an uninterrupted run's
 READER_KEYS = ("run_id", "trust", "model", "model_fingerprint", "model_family", "dataset", "dataset_checksum",
-               "observable", "observable_version", "spec_hash", "effective_n", "frame", "created")
+               "observable", "observable_version", "spec_hash", "effective_n", "frame")
 
 
 def observable_attrs(run_attrs: dict, ds: xr.Dataset) -> dict:

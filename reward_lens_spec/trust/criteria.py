@@ -86,7 +86,14 @@ def _auc(ds, truth) -> float:
 
 def _unit_value(var):
     """The planted unit's reading of ``var`` per pair, reward units."""
-    return lambda ds, t: np.asarray(ds[var].sel(layer=t["layer"], component=t["component"]).values, np.float64)
+    def value(ds, t):
+        da = ds[var]
+        if "head" in da.dims:        # a head grid: the planted head (NaN without one, which fails the card)
+            if "head" not in t:
+                return np.full(da.sizes["pair"], np.nan)
+            return np.asarray(da.sel(layer=t["layer"], head=t["head"]).values, np.float64)
+        return np.asarray(da.sel(layer=t["layer"], component=t["component"]).values, np.float64)
+    return value
 
 
 def _lens_step(ds, t) -> np.ndarray:
