@@ -162,11 +162,11 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
         ds_out, ds_scr, counts = _pair_chunk(lm, pairs, subset(enc, sl), plan, st, replace(info, pairs=lim),
                                              keep, capture_kw, frame, need_h)
         _ensure_skeleton(att, role, b, [(out_g, ds_out, out_coords), (scr_g, ds_scr, full_coords)],
-                         len(enc.pair_ids), store_spec.chunk_pairs)
-        for group, ds, pc in ((out_g, ds_out, out_coords), (scr_g, ds_scr, full_coords)):
+                         len(enc.pair_ids), store_spec.chunk_pairs, set(full_coords))
+        for group, ds in ((out_g, ds_out), (scr_g, ds_scr)):
             if ds.data_vars:
                 att.fence(role)
-                _write_region(b, group, ds, sl, pc)
+                _write_region(b, group, ds, sl, set(full_coords))
         att.mark(f"chunk.{k}", {"writer": att.writer, "counts": counts}, role)
         del ds_out, ds_scr
     att.release(role)
@@ -236,7 +236,7 @@ def _pair_chunk(lm, pairs, enc_k, plan, st, info_k, keep, capture_kw, frame, nee
     return ds_out, xr.Dataset(scratch), ctx.counts
 
 
-def _ensure_skeleton(att, role, b, groups, n, size):
+def _ensure_skeleton(att, role, b, groups, n, size, run_names):
     """Create every run array once per attempt (full pair length, zarr chunks = run chunks)."""
     import dask.array as da
 
@@ -255,7 +255,7 @@ def _ensure_skeleton(att, role, b, groups, n, size):
                 tmpl[name] = xr.DataArray(da.zeros(shape, chunks=chunks, dtype=v.dtype), dims=v.dims, attrs=v.attrs)
             coords = {k: c.variable for k, c in ds.coords.items() if "pair" not in c.dims}
             coords.update(pair_coords)
-            for k in _op_pair_coords(ds, pair_coords):        # an operator's own per-pair labels: regions too
+            for k in _op_pair_coords(ds, run_names):          # an operator's own per-pair labels: regions too
                 c = ds.coords[k]
                 shape = tuple(n if d == "pair" else c.sizes[d] for d in c.dims)
                 chunks = tuple(size if d == "pair" else c.sizes[d] for d in c.dims)
@@ -274,13 +274,14 @@ def _label_group(b, group, attrs: dict) -> None:
     zarr.open_group(store=b.zarr_store(), path=group, mode="r+", zarr_format=3).attrs.update(attrs)
 
 
-def _op_pair_coords(ds, pair_coords) -> list[str]:
-    """Coords along ``pair`` that an operator made (e.g. a side's response length), beyond the run's own."""
-    return [k for k, c in ds.coords.items() if "pair" in c.dims and k not in pair_coords]
+def _op_pair_coords(ds, run_names) -> list[str]:
+    """Coords along ``pair`` that an operator made (e.g. a side's response length), beyond the run's own
+    (``run_names``: pair, dimension, prompt_id, the pair flags)."""
+    return [k for k, c in ds.coords.items() if "pair" in c.dims and k not in run_names]
 
 
-def _write_region(b, group, ds, sl, pair_coords):
-    ds = ds.drop_vars([k for k in ds.coords if k not in _op_pair_coords(ds, pair_coords)])
+def _write_region(b, group, ds, sl, run_names):
+    ds = ds.drop_vars([k for k in ds.coords if k not in _op_pair_coords(ds, run_names)])
     ds.attrs = {}
     for v in ds.data_vars.values():
         v.attrs = {}
