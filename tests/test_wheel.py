@@ -49,7 +49,9 @@ READ = """\
 import json, sys, warnings
 warnings.simplefilter("error")
 import xarray as xr
-ds = xr.open_zarr(sys.argv[1], group=sys.argv[2], consolidated=False)
+run, obs = sys.argv[2], sys.argv[3]                 # the run document names the attempt that holds the data
+attempt = json.load(open(f"{sys.argv[1]}/runs/{run}/zarr.json"))["attributes"]["attempt"]
+ds = xr.open_zarr(sys.argv[1], group=f"runs/{run}/{attempt}/{obs}", consolidated=False)
 print(json.dumps({"total": ds["dla_total"].values.tolist(), "pair": ds["pair"].values.tolist(),
                   "trust": ds.attrs["trust"], "run_id": ds.attrs["run_id"]}))
 """
@@ -148,7 +150,7 @@ def test_wheel_in_a_fresh_venv_runs_every_command_and_a_users_own_study(tmp_path
     assert sorted(p.name for p in work.iterdir()) == ["conf", "outputs", "q.jsonl"]       # no run folder
     run_id = res.stdout.split("run id: ")[1].split()[0]
     direct = json.loads(_run([py, "-c", DIRECT, work / "q.jsonl"], cwd=work).stdout)
-    got = json.loads(_run([py, "-c", READ, work / "outputs" / "store.zarr", f"runs/{run_id}/dla_total"],
+    got = json.loads(_run([py, "-c", READ, work / "outputs" / "store.zarr", run_id, "dla_total"],
                           cwd=work).stdout)
     assert got["pair"] == ["q-00000", "q-00001", "q-00002"] and got["run_id"] == run_id
     for a, b in zip(got["total"], direct):                    # Σ dla = margin of the model's own logits
