@@ -37,9 +37,9 @@ def make_store(d: Path) -> str:
     from reward_lens_spec.trust.cli import calibrate_main
 
     url = str(d / "s.zarr")
-    assert calibrate_main(["observable=score", "n_pairs=6", f"store.url={url}"]) == 0    # a passing card
+    assert calibrate_main(["observable=margin", "n_pairs=6", f"store.url={url}"]) == 0   # a passing card
     ids = {}
-    for model, obs in (("tiny", "battery"), ("tiny", "confounders"), ("tiny", "score"),
+    for model, obs in (("tiny", "battery"), ("tiny", "confounders"), ("tiny", "score"), ("tiny", "margin"),
                        ("tiny", "reward_direction"), ("tiny_gpt2", "reward_direction")):
         run, text = compose_run([f"model={model}", f"observable={obs}", "dataset.limit=6"])
         ids[model, obs] = execute(run, resolved_yaml=text, base_dir=str(d), store_url=url, progress=False).run_id
@@ -135,7 +135,7 @@ def test_catalog_lists_every_complete_run_and_no_incomplete_one(store, page):
     text = page.read_text()
     p = Page(text)
     want = set(s.runs()["run_id"])
-    assert [r["data-run"] for r in p.rows] == list(s.runs()["run_id"]) and len(want) == 8
+    assert [r["data-run"] for r in p.rows] == list(s.runs()["run_id"]) and len(want) == 9
     assert set(p.sections) == {f"run-{r}" for r in want}
     assert INCOMPLETE not in text and "1 incomplete run(s)" in text
 
@@ -180,10 +180,13 @@ def test_run_sections_hold_the_standard_figures_with_units_and_gauge(store, page
 def test_trust_comes_from_the_catalog_and_is_flagged_when_unverified(store, page):
     s = open_store(store)
     text = page.read_text()
-    score = s.runs(observable="score").iloc[0]
-    assert score["trust"] == "calibrated"                    # the passing card calibrates the score run
+    score = s.runs(observable="margin").iloc[0]
+    assert score["trust"] == "calibrated"                    # the passing card calibrates the margin run
     row = text[text.index(f'data-run="{score["run_id"]}"'):].split("</tr>")[0]
-    assert 'data-trust="calibrated"' in row and "scope: observable score" in row
+    assert 'data-trust="calibrated"' in row and "scope:" in row
+    full = s.runs(observable="score").iloc[0]                # score: ungraded outputs keep the run exploratory
+    assert full["trust"] == "exploratory"
+    assert 'data-trust="exploratory"' in text[text.index(f'data-run="{full["run_id"]}"'):].split("</tr>")[0]
     t = trust_of({"trust": "exploratory", "trust_verified": False, "trust_reason": "label edited: registered"},
                  {"trust": "registered"})
     assert (t.level, t.status, t.evidence) == ("exploratory", "NOT verified", "label edited: registered")
