@@ -150,7 +150,7 @@ def test_passing_card_calibrates_the_graded_variable_only(store, tmp_path, dla_c
     flags = dict(zip(*open_store(store).runs()[["run_id", "trust_verified"]].values.T))
     # rid's cache predates the card: flagged, shown derived
     assert flags == {rid: False, rid2: True, find_cards(store)[0]["run_id"]: True}
-    for other in (make_run("tiny_gpt2", limit=3), make_run(layers=[1], limit=3)):   # other family / hash
+    for other in (make_run("tiny_gpt2", limit=3), make_run(version=2, limit=3)):      # other family / hash
         assert trust_of(store, execute_run(store, tmp_path, other))["trust_by_variable"]["dla"] == "exploratory"
 
 
@@ -223,7 +223,7 @@ def test_frozen_study_registers_matching_runs(store, tmp_path, dla_card):
 def test_hole_a_same_name_other_instrument_is_refused(store, tmp_path, dla_card):
     studies.freeze(STUDY, store)
     other = load_observable("dla")
-    other.layers = [0, 1]                                   # same name "dla", different content hash
+    other.outputs = ["dla"]                                 # same name "dla", different content hash
     with pytest.raises(SpecError, match="different instrument under the same name"):
         execute_run(store, tmp_path, make_run(observable=other, experiment=STUDY))
 
