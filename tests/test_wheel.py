@@ -152,7 +152,8 @@ def test_wheel_in_a_fresh_venv_runs_every_command_and_a_users_own_study(tmp_path
     direct = json.loads(_run([py, "-c", DIRECT, work / "q.jsonl"], cwd=work).stdout)
     got = json.loads(_run([py, "-c", READ, work / "outputs" / "store.zarr", run_id, "dla_total"],
                           cwd=work).stdout)
-    assert got["pair"] == ["q-00000", "q-00001", "q-00002"] and got["run_id"] == run_id
+    assert len(set(got["pair"])) == 3 and all(p.startswith("pair-") for p in got["pair"])   # ids from content
+    assert got["run_id"] == run_id
     for a, b in zip(got["total"], direct):                    # Σ dla = margin of the model's own logits
         assert abs(a - b) <= 1e-4 * max(1.0, abs(b)), (got["total"], direct)
 
