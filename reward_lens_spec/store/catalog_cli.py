@@ -32,7 +32,7 @@ COMMANDS = ("ls", "show", "diff", "export", "gc", "migrate")
 KEYS = {"url", "run", "a", "b", "run_b", "observable", "out", "model_fingerprint", "dataset", "trust",
         "trust_verified", "spec_hash", "model", "older_than", "endpoint_url"}
 FILTERS = ("model_fingerprint", "dataset", "observable", "trust", "trust_verified", "spec_hash", "model")
-LS_COLUMNS = ("run_id", "observables", "model", "dataset", "trust", "trust_verified", "created", "model_fingerprint")
+LS_COLUMNS = ("run_id", "observables", "model", "dataset", "trust", "created", "model_fingerprint")
 WIDTH = 100
 HASHES = ("model_fingerprint", "dataset_checksum", "spec_hash")
 
