@@ -206,7 +206,7 @@ def test_store_ls_fits_100_columns_and_diff_takes_compare_vocabulary(tmp_path):
 
 def test_missing_optional_dependency_is_one_line_naming_the_extra(tmp_path):
     code = ("import sys; sys.modules['matplotlib'] = None\n"
-            "from reward_lens_spec.cli import main; main(['report', 'url=x.zarr'])")
+            "from reward_lens_spec.cli import main; main(['report', 'url=x.zarr', 'format=png'])")
     res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
     assert res.returncode == 2 and res.stderr.count("\n") == 1
     assert "reward_lens_spec[full]" in res.stderr
