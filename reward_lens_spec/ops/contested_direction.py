@@ -129,7 +129,6 @@ class ContestedDirection(Operator):
     name = "contested_direction"
     reads_capture = True           # the whitened frame is fitted on every pair's readout h
     Params = ContestedDirectionParams
-    reduces_pairs = True
 
     def out_dims(self, in_dims, info, where):
         for d in ("pair", "side", "d_model"):

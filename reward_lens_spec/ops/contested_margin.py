@@ -74,7 +74,6 @@ class ContestedMargin(Operator):
 
     name = "contested_margin"
     Params = ContestedMarginParams
-    reduces_pairs = True
 
     def out_dims(self, in_dims, info, where):
         need_dim(in_dims[0], "pair", where, "a margin per pair")

@@ -54,7 +54,6 @@ class EffectiveObjectives(Operator):
     reads_capture = True           # the whitened frame is fitted on every pair's readout h
     Params = EffectiveObjectivesParams
     n_inputs = 0
-    reduces_pairs = True          # the whitened frame is fitted on every pair's readout
 
     def out_dims(self, in_dims, info, where):
         if self.p.frame not in FRAMES:

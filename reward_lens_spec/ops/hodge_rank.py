@@ -173,7 +173,6 @@ class HodgeRank(Operator):
 
     name = "hodge_rank"
     Params = HodgeRankParams
-    reduces_pairs = True
 
     def out_dims(self, in_dims, info, where):
         need_dim(in_dims[0], "pair", where, "a margin per pair")

@@ -159,7 +159,6 @@ class PreferenceRank(Operator):
 
     name = "preference_rank"
     Params = PreferenceRankParams
-    reduces_pairs = True
 
     def out_dims(self, in_dims, info, where):
         for d in ("pair", "side", "d_model"):

@@ -64,7 +64,6 @@ class ScalarCost(Operator):
     name = "scalar_cost"
     Params = ScalarCostParams
     extra_inputs = ("scalar",)
-    reduces_pairs = True
 
     def out_dims(self, in_dims, info, where):
         if "pair" not in in_dims[0] or "objective" not in in_dims[0] or set(in_dims[0]) != {"pair", "objective"}:
