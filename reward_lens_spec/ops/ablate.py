@@ -52,6 +52,7 @@ class Ablate(Operator):
     """Zero, mean or resample ablation at the readout token; effect on the margin (pair × layer × component|head)."""
 
     name = "ablate"
+    dims = "() → pair × layer × component|head [× objective]"
     per_pair = True
     needs_all_pairs = True         # mean / resample read every pair's capture: the run is one chunk
     Params = AblateParams
