@@ -133,3 +133,65 @@ def test_a_gated_head_steers_along_its_mean_effective_direction():
     rho = ds["r"].attrs["residual_rms"]
     want = lm.head.rewards(lm.norm.apply(x + 1e-3 * rho * w / np.linalg.norm(w)))[:, 0]
     np.testing.assert_allclose(ds["r"].sel(side="chosen", alpha=1e-3).values, want, rtol=1e-5, atol=1e-6)
+
+
+def test_steering_every_response_token_matches_a_naive_forward():
+    """positions=response: the vector is added from the first response byte to the readout token."""
+    from tests.conftest import tiny_lm
+    lm = tiny_lm("tiny_qwen2")
+    alphas = [-1.0, 0.0, 2.0]
+    steps = [{"name": "m", "op": "steer", "layer": 1, "alphas": alphas, "positions": "response",
+              "direction": "mean_difference", "batch_size": 3}]
+    ds, ctx = _run(lm, ObservableSpec(name="st", steps=steps, outputs=["m"]))
+    enc = ctx.encoded
+    sides = [[enc.chosen[p], enc.rejected[p]] for p in range(len(enc.pair_ids))]
+    x = np.array([[naive_act(lm, s, "resid", 1).double().numpy() for s in pair] for pair in sides])
+    md = (x[:, 0] - x[:, 1]).mean(0)
+    u, rho = md / np.linalg.norm(md), np.sqrt((x ** 2).sum(-1).mean())
+    block = get_module(lm.model, lm.family.layers)[1]
+    readout_only = 0
+    by_id = {q.id: q for q in ctx.pairs}
+    for p in (0, len(sides) - 1):
+        pair = by_id[enc.pair_ids[p]]
+        # byte-level tokenizer, plain format: the response is the last len(utf-8 bytes) tokens
+        starts = [len(sides[p][s]) - len(text.encode("utf-8")) for s, text in enumerate((pair.chosen, pair.rejected))]
+        for i, a in enumerate(alphas):
+            r = []
+            for s in (0, 1):
+                def hook(m, args, o, a=a, start=starts[s]):
+                    y = o[0].clone() if isinstance(o, tuple) else o.clone()
+                    y[0, start:] += torch.as_tensor(a * rho * u, dtype=y.dtype)
+                    return (y,) + tuple(o[1:]) if isinstance(o, tuple) else y
+                h = block.register_forward_hook(hook)
+                with torch.no_grad():
+                    r.append(float(lm.model(input_ids=torch.tensor([sides[p][s]])).logits[0, 0]))
+                h.remove()
+            assert abs(float(ds["m"].isel(pair=p, alpha=i)) - (r[0] - r[1])) < 5e-6, (p, a)
+        readout_only += abs(float(ds["m"].isel(pair=p, alpha=2))
+                            - float(_run(lm, ObservableSpec(name="ro", steps=[{**steps[0], "positions": "readout"}],
+                                                            outputs=["m"]))[0]["m"].isel(pair=p, alpha=2)))
+    assert readout_only > 1e-4            # steering the whole response is not the readout-only intervention
+    assert ds["m"].attrs["positions"] == "response"
+
+
+def test_steering_the_response_at_the_last_layer_equals_the_readout_only_steer(family_lm):
+    lm = family_lm
+    L = lm.n_layers - 1
+    step = {"name": "r", "op": "steer", "layer": L, "alphas": [-1.0, 0.5, 2.0], "quantity": "reward"}
+    obs = ObservableSpec(name="st", steps=[step, {**step, "name": "rr", "positions": "response"}], outputs=["r", "rr"])
+    ds, _ = _run(lm, obs)
+    np.testing.assert_allclose(ds["rr"].values, ds["r"].values, rtol=2e-5, atol=2e-6)
+    assert np.ptp(ds["rr"].values, axis=-1).min() > 1e-3
+
+
+def test_steering_positions_is_checked_at_plan_time():
+    from reward_lens_spec.errors import SpecError
+    from reward_lens_spec.ops.base import PlanInfo
+    from reward_lens_spec.registry import build_plan
+    from tests.conftest import tiny_lm
+    lm = tiny_lm()
+    info = PlanInfo(family=lm.family, n_layers=lm.n_layers, n_objectives=1, objectives=lm.head.objectives)
+    for bad, match in (({"positions": "prompt"}, "positions"), ({"batch_size": 0}, "batch_size")):
+        with pytest.raises(SpecError, match=match):
+            build_plan(ObservableSpec(name="s", steps=[{"name": "s", "op": "steer", "layer": 0, **bad}],
+                                      outputs=["s"]), info)

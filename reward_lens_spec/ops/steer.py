@@ -1,4 +1,4 @@
-"""steer: add α·ρ·û to the residual stream (resid_post of ``layer``) at the readout token; re-read.
+"""steer: add α·ρ·û to the residual stream (resid_post of ``layer``); re-read the reward.
 
 Dose-response of the reward along a direction. ``û`` is a unit direction:
   head | objective:<name>        the reward direction w_r / |w_r| (``head``: one objective, or a
@@ -8,10 +8,15 @@ Dose-response of the reward along a direction. ``û`` is a unit direction:
   ``input: <step>``              a d_model direction computed by an earlier step (e.g. ``mean_direction``)
 ``α`` (``alphas``) is in units of ρ, the residual's RMS norm at that layer:
 ``ρ = sqrt(mean over every pair and side of |x|²)`` at the readout token (attr ``residual_rms``).
+``positions``: ``readout`` (default) adds it at the readout token only (exact: copies of the readout
+token over the cached prefix, one per α, ``models.interventions.set_readout``); ``response`` adds it
+at every response token, from the first response token (``models.per_token.response_starts``) to the
+readout token (one full forward per sequence and α, ``models.steering.steer_response``; an α = 0
+control run must reproduce the captured reward, or the run stops). At the last layer the two agree
+exactly (only the readout position reaches the head).
 ``side``: which sides are steered (``both`` | ``chosen`` | ``rejected``); the others keep their reward.
 Quantities: ``margin`` Δ(α) (pair × alpha), ``reward`` (pair × side × alpha), ``slope`` — the
-least-squares slope of Δ over α (pair; reward per ρ). Exact: copies of the readout token over the
-cached prefix, one per α (``models.interventions.set_readout``). Gauge: invariant (a readout).
+least-squares slope of Δ over α (pair; reward per ρ). Gauge: invariant (a readout).
 Source: activation addition (Turner et al. 2023, "Activation Addition"; Rimsky et al. 2024, CAA).
 """
 from __future__ import annotations
@@ -34,6 +39,8 @@ class SteerParams:
     alphas: tuple = (-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0)
     side: str = "both"
     quantity: str = "margin"
+    positions: str = "readout"
+    batch_size: int = 16
 
 
 @register
@@ -51,6 +58,8 @@ class Steer(Operator):
         return {"resid_post"}
 
     def prefix_rows(self, info, n_pairs):
+        if self.p.positions == "response":          # full forwards: no cached prefix needed
+            return set()
         n = n_pairs if info.pairs is None else min(info.pairs, n_pairs)
         sides = {"both": (0, 1), "chosen": (0,), "rejected": (1,)}.get(self.p.side, ())
         return {(p, s) for p in range(n) for s in sides}
@@ -59,6 +68,9 @@ class Steer(Operator):
         if not (isinstance(self.p.layer, int) and 0 <= self.p.layer < info.n_layers):
             raise SpecError(where + ".layer", f"layer {self.p.layer!r} out of range; valid 0..{info.n_layers - 1}.")
         choice(self.p.side, ("both", "chosen", "rejected"), where + ".side")
+        choice(self.p.positions, ("readout", "response"), where + ".positions")
+        if not (isinstance(self.p.batch_size, int) and self.p.batch_size >= 1):
+            raise SpecError(where + ".batch_size", f"must be an integer >= 1, got {self.p.batch_size!r}.")
         choice(self.p.quantity, ("margin", "reward", "slope"), where + ".quantity")
         if not self.p.alphas or not all(isinstance(a, (int, float)) for a in self.p.alphas):
             raise SpecError(where + ".alphas", f"alphas must be a non-empty list of numbers, got {self.p.alphas!r}.")
@@ -101,18 +113,24 @@ class Steer(Operator):
         from ..models.interventions import set_readout
         pidx, alphas = first_pairs(ctx), [float(a) for a in self.p.alphas]
         u, rho = self._direction(ctx, inputs[0] if inputs else None)
-        key = (self.name, self.p.layer, self.p.direction, tuple(u.round(12)), tuple(alphas), self.p.side, len(pidx))
-        base = ctx.lm.head.rewards(ctx.capture.h[pidx]).astype(np.float64)             # pair × side × output
+        key = (self.name, self.p.layer, self.p.direction, tuple(u.round(12)), tuple(alphas), self.p.side, len(pidx),
+               self.p.positions)
+        cap = ctx.capture
+        base = ctx.lm.head.rewards(cap.h[pidx], None if cap.gate is None else cap.gate[pidx]).astype(np.float64)
+        sides = {"both": (0, 1), "chosen": (0,), "rejected": (1,)}[self.p.side]
         if key not in ctx.memo:
-            x = ctx.capture.sites["resid_post"][:, :, self.p.layer].astype(np.float64)
-            targets = [("resid_post", self.p.layer, 0)] * len(alphas)
             r = np.repeat(base[:, :, None], len(alphas), 2)                            # pair × side × alpha × out
-            for side in {"both": (0, 1), "chosen": (0,), "rejected": (1,)}[self.p.side]:
-                got, counts = set_readout(ctx.lm, ctx.encoded, ctx.capture, targets,
-                                          lambda t, pairs, side=side: x[pairs, side] + alphas[t] * rho * u,
-                                          pidx, base_side=side)
-                ctx.add_counts(self.name, counts)
-                r[:, side] = got
+            if self.p.positions == "response":
+                r = self._response(ctx, r, base, pidx, sides, alphas, u, rho)
+            else:
+                x = cap.sites["resid_post"][:, :, self.p.layer].astype(np.float64)
+                targets = [("resid_post", self.p.layer, 0)] * len(alphas)
+                for side in sides:
+                    got, counts = set_readout(ctx.lm, ctx.encoded, cap, targets,
+                                              lambda t, pairs, side=side: x[pairs, side] + alphas[t] * rho * u,
+                                              pidx, base_side=side)
+                    ctx.add_counts(self.name, counts)
+                    r[:, side] = got
             ctx.memo[key] = r
         r = ctx.memo[key]
         coords = {"alpha": alphas}
@@ -129,5 +147,23 @@ class Steer(Operator):
                 out = result(ctx, slope, pidx, (), {}, "reward per residual RMS",
                              "least-squares slope of the steered margin over alpha")
         out.attrs.update(residual_rms=rho, layer=self.p.layer, direction=self.p.direction if not inputs else
-                         "input", side=self.p.side)
+                         "input", side=self.p.side, positions=self.p.positions)
         return out
+
+    def _response(self, ctx, r, base, pidx, sides, alphas, u, rho):
+        """Steer every response token: full forwards, with an α = 0 control checked against the capture."""
+        from ..models.patching import _check_unpatched
+        from ..models.per_token import response_starts
+        from ..models.steering import steer_response
+        starts = response_starts(ctx.lm.tokenizer, ctx.pairs, ctx.encoded)
+        rows = [(p, s) for p in pidx for s in sides]
+        shifts = np.array([0.0] + alphas)[:, None] * rho * u[None, :]                  # control first
+        got, counts = steer_response(ctx.lm, ctx.encoded, starts, self.p.layer, shifts, rows, gate=ctx.capture.gate,
+                             batch_size=self.p.batch_size,
+                             padding_side=getattr(ctx.lm.tokenizer, "padding_side", "left"))
+        where = {p: i for i, p in enumerate(pidx)}
+        for k, (p, s) in enumerate(rows):
+            _check_unpatched(ctx.lm, got[k, 0], base[where[p], s], ctx.encoded.pair_ids[p])
+            r[where[p], s] = got[k, 1:]
+        ctx.add_counts(self.name, counts)
+        return r
