@@ -164,6 +164,23 @@ def test_four_shard_joblib_multirun_equals_one_job(tmp_path):
     assert_bit_identical(sharded, single)
 
 
+def test_two_shard_submitit_multirun_equals_one_job(tmp_path):
+    """The same sharding through Hydra's submitit launcher (its local executor: real job processes,
+    as `hydra/launcher=slurm` submits them on a cluster)."""
+    args = ["observable=dla", "dataset.limit=6", "store.chunk_pairs=2"]
+    res = cli(tmp_path, "--multirun", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10",
+              "hydra.sweep.dir=sw", *args, f"store.url={tmp_path / 'sharded.zarr'}", "store.shards=2",
+              "store.shard=0,1")
+    assert res.returncode == 0, res.stderr[-3000:]
+    st, rid, sharded = only_run(tmp_path / "sharded.zarr")
+    chunks = st.provenance(rid)["chunks"]
+    assert chunks["n"] == 3 and chunks["shards"] == 2 and len(chunks["by_writer"]) == 2
+    assert cli(tmp_path, *args, f"store.url={tmp_path / 'single.zarr'}").returncode == 0
+    _, rid1, single = only_run(tmp_path / "single.zarr")
+    assert rid1 == rid
+    assert_bit_identical(sharded, single)
+
+
 def test_bfloat16_streamed_run_self_checks_with_its_own_tolerance(tmp_path):
     """bf16 on CPU: the chunked run passes the capture self-check at bf16's tolerance, DLA still sums to
     the margin (to bf16 rounding), and a wrong readout still stops the run."""

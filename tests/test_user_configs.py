@@ -175,8 +175,10 @@ def test_help_lists_commands_groups_and_each_commands_arguments(tmp_path):
 
 
 def test_ops_shows_params_defaults_dims_and_whole_docstring(tmp_path):
-    from reward_lens_spec.registry import OPERATORS
+    from reward_lens_spec.registry import OPERATORS, _load_builtin_ops
 
+    _load_builtin_ops()                 # every built-in, not only those earlier tests imported
+    assert len(OPERATORS) >= 40
     res = cli(tmp_path, "ops")
     assert res.returncode == 0, res.stderr
     assert "dim: str (required); index: Optional[Any] = None; values: Optional[list] = None" in res.stdout

@@ -58,5 +58,6 @@ class Accuracy(GroupStat):
     """Pairwise accuracy P(Δ > 0) + ½P(Δ = 0), per group, with a cluster-bootstrap CI and effective n."""
 
     name = "accuracy"
+    dims = "x (pair [× …]) → [by ×] … × bound"
     units = "fraction"
     statistic = staticmethod(accuracy)

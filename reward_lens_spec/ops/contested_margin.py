@@ -73,6 +73,7 @@ class ContestedMargin(Operator):
     """Mean |margin| on contested vs unanimous pairs (annotator votes/agreement), gap with CI."""
 
     name = "contested_margin"
+    dims = "margin (pair) → contested_statistic × bound"
     Params = ContestedMarginParams
 
     def out_dims(self, in_dims, info, where):

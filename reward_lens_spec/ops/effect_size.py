@@ -25,5 +25,6 @@ class EffectSize(GroupStat):
     """Standardized effect size d_z = mean(Δ)/sd(Δ), per group, with a cluster-bootstrap CI and effective n."""
 
     name = "effect_size"
+    dims = "x (pair [× …]) → [by ×] … × bound"
     units = "standard deviations"
     statistic = staticmethod(d_z)

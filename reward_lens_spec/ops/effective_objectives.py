@@ -51,6 +51,7 @@ class EffectiveObjectives(Operator):
     """Effective number of objectives: participation ratio of the head rows' Gram spectrum (whitened)."""
 
     name = "effective_objectives"
+    dims = "() → effective_statistic"
     reads_capture = True           # the whitened frame is fitted on every pair's readout h
     Params = EffectiveObjectivesParams
     n_inputs = 0

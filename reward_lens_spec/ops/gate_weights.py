@@ -21,6 +21,7 @@ class GateWeights(Operator):
     """A gated head's weights over objectives, per side (pair × side × objective)."""
 
     name = "gate_weights"
+    dims = "() → pair × side × objective"
     per_pair = True                # each pair's gate, from its own capture rows
     n_inputs = 0
 

@@ -32,6 +32,7 @@ class MeanDirection(Operator):
     """Mean of x_chosen − x_rejected over pairs (optionally per group): a d_model direction."""
 
     name = "mean_direction"
+    dims = "x (pair × side × … × d_model) → [by ×] … × d_model"
     Params = MeanDirectionParams
 
     def out_dims(self, in_dims, info, where):

@@ -56,6 +56,7 @@ class Null(Operator):
     """Null draws of a readout effect: random directions, shuffled sides or shuffled pairs (draw × …)."""
 
     name = "null"
+    dims = "x (pair × side × … × d_model) → draw × …"
     Params = NullParams
 
     def out_dims(self, in_dims, info, where):

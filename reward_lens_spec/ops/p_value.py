@@ -44,6 +44,7 @@ class PValue(Operator):
     """Monte-Carlo p-value of an effect against a step's null draws (two-sided/greater/less; BH option)."""
 
     name = "p_value"
+    dims = "x (…), against (draw × …) → same dims as x"
     Params = PValueParams
     extra_inputs = ("against",)
     n_inputs = 2

@@ -79,6 +79,7 @@ class PatchHeads(_HeadPatchBase):
     """Exact activation patching of each head's o_proj input at the readout token (pair × layer × head)."""
 
     name = "patch_heads"
+    dims = "() → pair × layer × head [× objective]"
 
     def prefix_rows(self, info, n_pairs):
         n = n_pairs if info.pairs is None else min(info.pairs, n_pairs)
@@ -102,6 +103,7 @@ class AttributionPatchHeads(_HeadPatchBase):
     """Attribution patching per head (gradient × o_proj-input difference; approximate)."""
 
     name = "attribution_patch_heads"
+    dims = "() → pair × layer × head [× objective]"
     approximate = True
 
     def _compute(self, ctx, layers, H, pidx):

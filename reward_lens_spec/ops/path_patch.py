@@ -40,6 +40,7 @@ class PathPatch(Operator):
     """Direct vs indirect path of each attn/mlp sender's patch effect on the reward (pair × layer × component × path)."""
 
     name = "path_patch"
+    dims = "() → pair × layer × component × path [× objective]"
     per_pair = True                # re-runs each pair's readout token over its own cached prefix
     Params = PathPatchParams
     n_inputs = 0

@@ -158,6 +158,7 @@ class PreferenceRank(Operator):
     """Transitive vs rank-2k skew-symmetric pair model on readout h: held-out cyclic_gain with CI."""
 
     name = "preference_rank"
+    dims = "x (pair × side × d_model) → rank_statistic × bound (statistics) | singular"
     Params = PreferenceRankParams
 
     def out_dims(self, in_dims, info, where):

@@ -39,6 +39,7 @@ class Prefix(Operator):
     """Per-token reward over the response (reward, aligned margin, or lens over layers × positions)."""
 
     name = "prefix"
+    dims = "() → pair × side × position (reward) | pair × position (margin) | pair × side × layer × position (lens) [× objective]"
     per_pair = True                # its own pass over each pair's sides
     Params = PrefixParams
     n_inputs = 0

@@ -143,6 +143,7 @@ class RewardBench(Operator):
     """RewardBench accuracy per subset / per section / the leaderboard score, with cluster-bootstrap CIs."""
 
     name = "rewardbench"
+    dims = "margin (pair [× objective]) → [objective ×] subset | section | () × bound"
     Params = RewardBenchParams
 
     def out_dims(self, in_dims, info, where):
@@ -204,6 +205,7 @@ class BestOfN(Operator):
     """RewardBench 2: candidates' rewards per item, best-of-N correctness, and accuracy per subset."""
 
     name = "best_of_n"
+    dims = "reward (pair × side [× objective]) → item × candidate | item | subset × bound"
     Params = RewardBenchParams
 
     def out_dims(self, in_dims, info, where):

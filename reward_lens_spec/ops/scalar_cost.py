@@ -62,6 +62,7 @@ class ScalarCost(Operator):
     """Per-objective preference a scalar loses: sign disagreement (plain, margin-weighted), overruled mass."""
 
     name = "scalar_cost"
+    dims = "margins (pair × objective) [, scalar (pair)] → scalar_cost_statistic × bound"
     Params = ScalarCostParams
     extra_inputs = ("scalar",)
 

@@ -48,6 +48,7 @@ class Steer(Operator):
     """Add α·ρ·û to resid_post at the readout token; the margin per α (pair × alpha) or its slope."""
 
     name = "steer"
+    dims = "[direction (d_model)] → pair × alpha (margin) | pair × side × alpha (reward) | pair (slope) [× objective]"
     per_pair = True
     needs_all_pairs = True         # ρ and the mean-difference direction are over every pair: one chunk
     Params = SteerParams
