@@ -69,6 +69,27 @@ def compute(lm, pairs, plan, info, *, fmt="plain", template="User: {prompt}\nAss
     return express(xr.Dataset({o: values[o] for o in plan.outputs}), frame, info.model_name), ctx, enc
 
 
+def set_threads(threads) -> None:
+    """Pin torch's intra-op thread count (``model.threads``; ``None`` leaves torch's default).
+
+    Gradient-based outputs (attribution patching) depend on it in their last float32 bits, so jobs
+    that must agree bit for bit (shards of one run and a single-job run) pin the same count.
+    Raises ``SpecError`` (``model.threads``) unless it is null or an integer >= 1.
+    """
+    if threads is None:
+        return
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise SpecError("model.threads", f"must be null or an integer >= 1, got {threads!r}.",
+                        fix="model.threads=1 (or remove it for torch's default).")
+    import torch
+    torch.set_num_threads(threads)
+
+
+def torch_threads() -> int:
+    import torch
+    return torch.get_num_threads()
+
+
 def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress: bool = True) -> Outcome:
     """Run one composed, validated config (``RunConfig``) end to end; see the module docstring."""
     from .data import load_pairs
@@ -81,6 +102,7 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
 
     t0 = time.perf_counter()
     plan, info = plan_for(run, base_dir)                      # every spec error before any model loads
+    set_threads(run.model.threads)
     study = check_run(run, store_url, storage_options=dict(run.store.storage_options))   # edited study: refused
     ds = run.dataset
     pairs = load_pairs(ds.kind.value, path=ds.path, fields=dict(ds.fields) or None, limit=ds.limit,
@@ -133,6 +155,7 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
         "observables": [run.observable.name],
         "observable_version": run.observable.version, "versions": versions(), "git_sha": git_sha(),
         "seed": run.seed, "device": lm.device, "dtype": lm.dtype, "wall_s": round(wall, 3),
+        "torch_threads": torch_threads(),
         "counts": counts, "chunks": chunks,
         "study_hash": study["study_hash"] if study else None,
         "gauge": {v: str(result[v].attrs.get("gauge", "")) for v in result.data_vars},

@@ -93,6 +93,7 @@ class ModelSpec:
     trust_remote_code: bool = False
     allow_pickle: bool = False
     attn_implementation: Optional[str] = "eager"
+    threads: Optional[int] = None          # torch intra-op threads (null: torch's default); see README "Sharding"
 
 
 @dataclass

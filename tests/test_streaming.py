@@ -149,12 +149,15 @@ def test_sigkilled_run_resumes_to_the_identical_result(tmp_path):
 
 
 def test_four_shard_joblib_multirun_equals_one_job(tmp_path):
-    args = ["observable=battery", "dataset.limit=14", "observable.pairs=6", "store.chunk_pairs=2"]
+    # model.threads pins torch's thread count in every job: attribution patching's gradients differ in
+    # their last float32 bits across thread counts, and joblib's workers default to cpu_count // n_jobs
+    args = ["observable=battery", "dataset.limit=14", "observable.pairs=6", "store.chunk_pairs=2", "model.threads=1"]
     res = cli(tmp_path, "--multirun", "hydra/launcher=joblib", "hydra.launcher.n_jobs=4", *args,
               f"store.url={tmp_path / 'sharded.zarr'}", "store.shards=4", "store.shard=0,1,2,3")
     assert res.returncode == 0, res.stderr[-3000:]
     st, rid, sharded = only_run(tmp_path / "sharded.zarr")
     prov = st.provenance(rid)
+    assert prov["torch_threads"] == 1
     assert prov["chunks"]["n"] == 7 and prov["chunks"]["shards"] == 4
     assert len(prov["chunks"]["by_writer"]) == 4 and sum(prov["chunks"]["by_writer"].values()) == 7
     assert st.incomplete() == [] and len(os.listdir(os.path.join(tmp_path, "sharded.zarr", "runs", rid))) == 2
@@ -164,10 +167,24 @@ def test_four_shard_joblib_multirun_equals_one_job(tmp_path):
     assert_bit_identical(sharded, single)
 
 
+def test_model_threads_is_checked_and_shapes_only_the_last_bits_of_gradients(tmp_path):
+    bad = cli(tmp_path, "observable=score", "dataset.limit=2", "model.threads=0")
+    assert bad.returncode != 0 and "model.threads" in bad.stderr and not (tmp_path / "outputs").exists()
+    args = ["observable=attribution_patch", "dataset.limit=3", "observable.pairs=2"]
+    got = {}
+    for n in (1, 2):
+        assert cli(tmp_path, *args, f"model.threads={n}", f"store.url=t{n}.zarr").returncode == 0
+        st, rid, res = only_run(tmp_path / f"t{n}.zarr")
+        assert st.provenance(rid)["torch_threads"] == n
+        got[n] = (rid, res["attribution_patch"]["attribution_patch_effect"].values)
+    assert got[1][0] == got[2][0]                        # the thread count is not part of the run id
+    np.testing.assert_allclose(got[1][1], got[2][1], rtol=1e-6, atol=1e-8)
+
+
 def test_two_shard_submitit_multirun_equals_one_job(tmp_path):
     """The same sharding through Hydra's submitit launcher (its local executor: real job processes,
     as `hydra/launcher=slurm` submits them on a cluster)."""
-    args = ["observable=dla", "dataset.limit=6", "store.chunk_pairs=2"]
+    args = ["observable=dla", "dataset.limit=6", "store.chunk_pairs=2", "model.threads=1"]
     res = cli(tmp_path, "--multirun", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10",
               "hydra.sweep.dir=sw", *args, f"store.url={tmp_path / 'sharded.zarr'}", "store.shards=2",
               "store.shard=0,1")
