@@ -117,7 +117,7 @@ def bench_model(shape, args, device):
         check_layout(b, create=True)
         stream(b, "r", lm, pairs, enc, plan, info, capture_kw=dict(batch_size=args.batch_size), frame=None,
                store_spec=StoreSpec(chunk_pairs=args.chunk_pairs),
-               run_attrs=lambda c, ch, r: {"observables": [plan.observable], "chunks": ch})
+               run_attrs=lambda c, ch, r, logits: {"observables": [plan.observable], "chunks": ch})
 
     for name, fn in (("bare forward", bare), ("capture pass (battery sites)", cap), ("battery, streamed", battery)):
         if name != "battery, streamed":

