@@ -11,7 +11,6 @@ import dataclasses
 import importlib
 import pkgutil
 from dataclasses import dataclass, field
-from typing import Any
 
 from omegaconf import OmegaConf
 

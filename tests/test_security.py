@@ -101,7 +101,7 @@ def hostile_callback(marker: Path) -> str:
 def test_callback_override_is_refused(tmp_path, target):
     marker = tmp_path / "ran.marker"
     arg = "file" if target == "builtins.open" else "self"
-    extra = [f"+hydra.callbacks.evil.mode=w"] if target == "builtins.open" else []
+    extra = ["+hydra.callbacks.evil.mode=w"] if target == "builtins.open" else []
     res = cli(tmp_path, "validate", f"+hydra.callbacks.evil._target_={target}",
               f"+hydra.callbacks.evil.{arg}={marker}", *extra)
     refused(res, "+hydra.callbacks")

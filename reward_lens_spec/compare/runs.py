@@ -26,7 +26,6 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 
-import numpy as np
 import xarray as xr
 
 from ..errors import GaugeError, SpecError

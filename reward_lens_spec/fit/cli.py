@@ -250,9 +250,9 @@ def _verify(run, folder: Path, base_dir: str, pairs, expected) -> dict:
 
 
 def print_report(rep: dict) -> None:
-    t, ln = rep["parts"].get("test", {}), rep["length"]
+    ln = rep["length"]
     fmt = lambda d: f"{d['estimate']:.3f} [{d['ci_low']:.3f}, {d['ci_high']:.3f}] (n={d['n']}, n_eff={d['n_eff']})"
-    print(f"split: " + ", ".join(f"{p} {rep['split'][p]['n_pairs']}" for p in PARTS) + f"; λ = {rep['l2']:g}")
+    print("split: " + ", ".join(f"{p} {rep['split'][p]['n_pairs']}" for p in PARTS) + f"; λ = {rep['l2']:g}")
     for part in PARTS:
         if part in rep["parts"]:
             r = rep["parts"][part]

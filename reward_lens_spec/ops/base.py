@@ -103,6 +103,15 @@ def need_dim(dims: tuple[str, ...], dim: str, where: str, why: str) -> None:
                         fix="feed it the output of a step that keeps that dim.")
 
 
+def need_readout_sides(dims: tuple[str, ...], where: str) -> None:
+    """Raise ``SpecError`` at ``where`` unless ``dims`` are exactly readout activations (pair × side × d_model)."""
+    for d in ("pair", "side", "d_model"):
+        need_dim(dims, d, where, "readout activations of both sides")
+    if set(dims) - {"pair", "side", "d_model"}:
+        raise SpecError(where + ".input", f"needs readout activations (pair × side × d_model), got {dims}.",
+                        fix="feed it {op: capture, site: readout}.")
+
+
 def without(dims: tuple[str, ...], *drop: str) -> tuple[str, ...]:
     return tuple(d for d in dims if d not in drop)
 

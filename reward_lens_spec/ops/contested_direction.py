@@ -42,7 +42,7 @@ import xarray as xr
 from ..errors import SpecError
 from ..frames.covariance import check_shrinkage
 from ..registry import register
-from .base import Operator, labelled, need_dim
+from .base import Operator, labelled, need_readout_sides
 from .contested_margin import check_unanimous, record_classes
 
 QUANTITIES = ("statistics", "direction")
@@ -132,11 +132,7 @@ class ContestedDirection(Operator):
     Params = ContestedDirectionParams
 
     def out_dims(self, in_dims, info, where):
-        for d in ("pair", "side", "d_model"):
-            need_dim(in_dims[0], d, where, "readout activations of both sides")
-        if set(in_dims[0]) - {"pair", "side", "d_model"}:
-            raise SpecError(where + ".input", f"needs readout activations (pair × side × d_model), got {in_dims[0]}.",
-                            fix="feed it {op: capture, site: readout}.")
+        need_readout_sides(in_dims[0], where)
         if self.p.quantity not in QUANTITIES:
             raise SpecError(where + ".quantity", f"unknown quantity '{self.p.quantity}'.", value=self.p.quantity,
                             options=QUANTITIES)

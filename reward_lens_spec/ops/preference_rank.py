@@ -42,7 +42,7 @@ from scipy.special import expit, log_expit
 
 from ..errors import SpecError
 from ..registry import register
-from .base import INVARIANT, Operator, labelled, need_dim
+from .base import INVARIANT, Operator, labelled, need_readout_sides
 
 QUANTITIES = ("statistics", "singular_values")
 BOUND = ["estimate", "ci_low", "ci_high"]
@@ -162,11 +162,7 @@ class PreferenceRank(Operator):
     Params = PreferenceRankParams
 
     def out_dims(self, in_dims, info, where):
-        for d in ("pair", "side", "d_model"):
-            need_dim(in_dims[0], d, where, "readout activations of both sides")
-        if set(in_dims[0]) - {"pair", "side", "d_model"}:
-            raise SpecError(where + ".input", f"needs readout activations (pair × side × d_model), got {in_dims[0]}.",
-                            fix="feed it {op: capture, site: readout}.")
+        need_readout_sides(in_dims[0], where)
         if self.p.quantity not in QUANTITIES:
             raise SpecError(where + ".quantity", f"unknown quantity '{self.p.quantity}'.", value=self.p.quantity,
                             options=QUANTITIES)
