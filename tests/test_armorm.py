@@ -175,3 +175,15 @@ def test_per_token_reward_on_armorm_ends_at_the_score(armo):
         for side in ("chosen", "rejected"):
             k = int(n_tok.sel(pair=pid, side=side))
             assert pr.sel(pair=pid, side=side).values[k - 1] == res["reward"].sel(pair=pid, side=side).item()
+
+
+def test_steering_the_whole_response_on_armorm_keeps_its_prompt_gate(armo):
+    """Layer 1 is the last of the 2: steering every response token must equal steering the readout only,
+    and α = 0 must give the score margin (the gate, read in the prompt, is the captured one)."""
+    d, folder, _, _ = armo
+    res = run_cfg(d, folder, "observable=battery", "observable.include=[score,examples/steer_response]",
+                  "observable.name=armo_steer").result
+    whole, readout = res["steer_margin_response"], res["steer_margin_readout"]
+    np.testing.assert_allclose(whole.values, readout.values, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(whole.sel(alpha=0.0).values, res["margin"].values, rtol=1e-5, atol=1e-6)
+    assert np.ptp(whole.values, axis=-1).min() > 1e-4

@@ -76,11 +76,12 @@ def set_readout(lm, encoded, cap, targets, values, pair_indices, *, base_side: i
             cache, pmask, lengths = pb.take(prow)
             last = torch.tensor([seqs[p][-1] for p in pairs], device=dev)
             run = _run_packed if packed else _run_rows
+            gate = None if cap.gate is None else cap.gate[pairs, base_side]          # ArmoRM: frozen at capture
             kept: dict = {}
             h = lm.norm.module.register_forward_pre_hook(lambda m, a: kept.__setitem__("x", a[0])) \
                 if keep_final else None        # the final norm's input: after every layer's hooks
             try:
-                r = run(lm, part, vals, cache, pmask, lengths, last, n, dtype, dev, counts)
+                r = run(lm, part, vals, cache, pmask, lengths, last, n, dtype, dev, counts, gate)
             finally:
                 if h is not None:
                     h.remove()
@@ -142,7 +143,7 @@ def _start(site, layer, n_layers):
     return layer if site == "head" else start_layer(site, layer, n_layers)
 
 
-def _run_packed(lm, part, vals, cache, pmask, lengths, last, n, dtype, dev, counts):
+def _run_packed(lm, part, vals, cache, pmask, lengths, last, n, dtype, dev, counts, gate=None):
     B, P = pmask.shape
     skip = CopySkip(lm, np.array([0] + [_start(s, l, lm.n_layers) for s, l, _ in part] + [0]), P, B)
     fwd, pre = _hooks(lm, part, vals, skip, packed=True)
@@ -151,7 +152,8 @@ def _run_packed(lm, part, vals, cache, pmask, lengths, last, n, dtype, dev, coun
     try:
         r = _patched_rewards(lm, fwd, input_ids=last[:, None].expand(B, n), attention_mask=_copies_mask(
             pmask, n, dtype), position_ids=torch.as_tensor(lengths - 1, device=dev)[:, None].expand(B, n),
-            cache=cache, use_cache=True, packed=True)
+            cache=cache, use_cache=True, packed=True,
+            gate=None if gate is None else np.repeat(gate[:, None], n, 1))
     finally:
         for h in handles:
             h.remove()
@@ -160,7 +162,7 @@ def _run_packed(lm, part, vals, cache, pmask, lengths, last, n, dtype, dev, coun
     return r
 
 
-def _run_rows(lm, part, vals, cache, pmask, lengths, last, n, dtype, dev, counts):
+def _run_rows(lm, part, vals, cache, pmask, lengths, last, n, dtype, dev, counts, gate=None):
     """Sliding-window models: copies as batch rows over a repeated cache (one pair)."""
     cache.batch_repeat_interleave(n)
     mask = torch.cat([pmask, torch.ones((1, 1), dtype=pmask.dtype, device=dev)], 1).expand(n, -1)
@@ -169,7 +171,7 @@ def _run_rows(lm, part, vals, cache, pmask, lengths, last, n, dtype, dev, counts
     try:
         r = _patched_rewards(lm, fwd, input_ids=last[:, None].expand(n, 1), attention_mask=mask,
                              position_ids=torch.full((n, 1), int(lengths[0]) - 1, device=dev), cache=cache,
-                             use_cache=True)
+                             use_cache=True, gate=None if gate is None else np.repeat(gate[:1], n, 0))
     finally:
         for h in handles:
             h.remove()
