@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from reward_lens_spec.data import Pair
 from reward_lens_spec.models.formatting import encode_pairs
@@ -41,3 +42,27 @@ def encoded_for():
     def _enc(lm, ps=None, **kw):
         return encode_pairs(lm.tokenizer, ps or make_pairs(), **kw)
     return _enc
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module (``pytestmark = pytest.mark.usefixtures("one_thread")``): tiny
+    matmuls run faster on one thread than on two contended OpenMP threads of a shared 2-core box."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def planted():
+    """The planted-DLA organism family (6 pairs each), built once per module."""
+    from reward_lens_spec.models.organisms import organism_family
+    return organism_family("planted", n_pairs=6)
+
+
+@pytest.fixture(scope="module")
+def dla_card(planted):
+    """``observable=dla`` graded on ``planted``."""
+    from reward_lens_spec.trust.scorecard import grade
+    return grade("dla", organisms=planted)

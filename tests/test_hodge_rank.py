@@ -5,7 +5,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from reward_lens_spec.data import load_pairs
 from reward_lens_spec.errors import SpecError
@@ -16,12 +15,7 @@ from reward_lens_spec.spec import ObservableSpec
 from reward_lens_spec.trust.scorecard import evaluate, grade
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def fractions(winners, losers, values):

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from scipy.optimize import check_grad
 
 from reward_lens_spec.errors import SpecError
@@ -15,12 +14,7 @@ from reward_lens_spec.spec import ObservableSpec
 from reward_lens_spec.trust.scorecard import evaluate, grade
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_skew_scores_are_antisymmetric_gradient_exact_and_singular_values_match_dense_A():

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from reward_lens_spec.errors import SpecError
 from reward_lens_spec.models.preference_organisms import multi_objective_organisms, planted_participation_ratio
@@ -14,12 +13,7 @@ from reward_lens_spec.spec import ObservableSpec
 from reward_lens_spec.trust.scorecard import evaluate, grade
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

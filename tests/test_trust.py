@@ -12,7 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from reward_lens_spec.errors import SpecError
-from reward_lens_spec.models.organisms import (STRENGTHS, organism_family, planted_organism,
+from reward_lens_spec.models.organisms import (STRENGTHS, planted_organism,
                                                trained_organisms)
 from reward_lens_spec.observables import load_observable
 from reward_lens_spec.spec import ObservableSpec, validate
@@ -53,23 +53,7 @@ def trust_of(url, run_id):
     return open_store(url).trust(run_id)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls: one thread is faster than two contended OpenMP threads on a shared 2-core box."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def planted():
-    return organism_family("planted", n_pairs=6)
-
-
-@pytest.fixture(scope="module")
-def dla_card(planted):
-    return grade("dla", organisms=planted)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture

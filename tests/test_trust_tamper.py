@@ -12,11 +12,9 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from omegaconf import OmegaConf
 
 from reward_lens_spec.errors import StoreError
-from reward_lens_spec.models.organisms import organism_family
 from reward_lens_spec.spec import ObservableSpec
 from reward_lens_spec.store import open_store
 from reward_lens_spec.store.catalog_cli import main as store_main
@@ -70,22 +68,7 @@ def observable(text: str, tmp_path: Path) -> ObservableSpec:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ObservableSpec), OmegaConf.load(path)))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def planted():
-    return organism_family("planted", n_pairs=6)
-
-
-@pytest.fixture(scope="module")
-def dla_card(planted):
-    return grade("dla", organisms=planted)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture
