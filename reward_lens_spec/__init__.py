@@ -1,7 +1,8 @@
 """reward_lens_spec: declarative, spec-driven interpretability for Bradley–Terry reward models.
 
 Python entry points for readers of a result store (no model needed):
-``open_store(url)`` lists runs and loads results as xarray.
+``open_store(url)`` lists runs and loads results as xarray (``Result``: one DataArray per
+output variable, each with its own coordinates).
 """
 __version__ = "0.1.0"
 

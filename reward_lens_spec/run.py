@@ -21,6 +21,7 @@ from . import __version__
 from .errors import SpecError
 from .identity import canonical_observable, git_sha, spec_hash, versions
 from .planning import frame_dependent, plan_for
+from .result import Result
 
 
 @dataclass
@@ -28,7 +29,7 @@ class Outcome:
     run_id: str
     store_url: str
     reused: bool
-    result: xr.Dataset | None        # the stored run (None when reused or not complete yet): in memory when it
+    result: Result | None            # the stored run (None when reused or not complete yet): in memory when it
                                      # holds at most RESULT_IN_MEMORY bytes, else opened lazily (dask)
     plan: object
     status: str = "complete"         # or "shard_done": this job's chunks are in, the last shard completes the run
@@ -43,8 +44,8 @@ def compute(lm, pairs, plan, info, *, fmt="plain", template="User: {prompt}\nAss
     """Encode ``pairs``, run the one shared capture pass for ``plan``, then every step.
 
     Frame-dependent outputs are then expressed in ``frame`` (a ``frames.Frame``; ``None`` =
-    native, see ``frames.express``). Returns ``(xr.Dataset of the plan's outputs, RunContext,
-    EncodedPairs)``.
+    native, see ``frames.express``). Returns ``(Result of the plan's outputs (each variable with its own
+    coordinates), RunContext, EncodedPairs)``.
     """
     from .frames.express import express
     from .context import RunContext
@@ -66,7 +67,7 @@ def compute(lm, pairs, plan, info, *, fmt="plain", template="User: {prompt}\nAss
     for step in plan.steps:
         values[step.name] = step.op.run(ctx, *[values[s] for s in step.inputs])
         values[step.name].attrs.setdefault("gauge", step.gauge)
-    return express(xr.Dataset({o: values[o] for o in plan.outputs}), frame, info.model_name), ctx, enc
+    return express(Result({o: values[o] for o in plan.outputs}), frame, info.model_name), ctx, enc
 
 
 def set_threads(threads) -> None:

@@ -35,8 +35,10 @@ import xarray as xr
 
 from .errors import SpecError, StoreError
 from .planning import stages
-from .store._attrs import portable
+from .result import Result
 from .store.attempts import PREFIX, Attempt, list_attempts
+from .store.groups import (VARIABLES, ZARR_KW, open_variable, open_variables, set_group_attrs, variable_dataset,
+                           write_variables)
 from .store.writer import observable_attrs
 
 SCRATCH = "_stage"           # not a valid observable name (store.writer.check_name), so no clash
@@ -145,10 +147,6 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     keep = {s.name for s in plan.steps if st[s.name] == "pair" and (s.name in plan.outputs or s.name in read_by_reduce)}
     need_h = any(s.op.reads_capture for s in reduce_steps)
     full_coords = RunContext(lm=lm, pairs=pairs, encoded=enc, capture=None, info=info).pair_coords()
-    # a reduction over a pair label (e.g. ``reduce by: dimension``) makes that label a dim of its own
-    # output: the run's group keeps it as that dim, not as a pair coord (what one in-memory Dataset does)
-    clash = {d for s in reduce_steps if s.name in plan.outputs for d in s.dims} - {"pair"}
-    out_coords = {k: v for k, v in full_coords.items() if k not in clash}
     done = att.chunks_done()
     mine = [k for k in range(len(slices)) if k % store_spec.shards == store_spec.shard and k not in done]
     it = mine
@@ -161,12 +159,12 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
         lim = None if info.pairs is None else max(0, min(info.pairs - sl.start, sl.stop - sl.start))
         ds_out, ds_scr, counts = _pair_chunk(lm, pairs, subset(enc, sl), plan, st, replace(info, pairs=lim),
                                              keep, capture_kw, frame, need_h)
-        _ensure_skeleton(att, role, b, [(out_g, ds_out, out_coords), (scr_g, ds_scr, full_coords)],
+        _ensure_skeleton(att, role, b, [(out_g, ds_out, full_coords), (scr_g, ds_scr, full_coords)],
                          len(enc.pair_ids), store_spec.chunk_pairs, set(full_coords))
-        for group, ds in ((out_g, ds_out), (scr_g, ds_scr)):
-            if ds.data_vars:
+        for group, res in ((out_g, ds_out), (scr_g, ds_scr)):
+            if res:
                 att.fence(role)
-                _write_region(b, group, ds, sl, set(full_coords))
+                _write_region(b, group, res, sl, set(full_coords))
         att.mark(f"chunk.{k}", {"writer": att.writer, "counts": counts}, role)
         del ds_out, ds_scr
     att.release(role)
@@ -189,18 +187,18 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
         counts[key] = counts.get(key, 0) + int(v)
     chunk_info = {"n": len(slices), "chunk_pairs": store_spec.chunk_pairs, "shards": store_spec.shards,
                   "by_writer": by_writer}
-    stored = xr.open_zarr(b.zarr_store(), group=out_g, consolidated=False, chunks={})
-    logits = np.asarray(xr.open_zarr(b.zarr_store(), group=scr_g, consolidated=False)[HEAD_LOGITS].values)
+    stored = open_variables(b.zarr_store(), out_g, plan.outputs)
+    logits = np.asarray(open_variable(b.zarr_store(), scr_g, HEAD_LOGITS, lazy=False).values)
     attrs = run_attrs(counts, chunk_info, stored, logits)
     att.fence("reduce")
-    _label_group(b, out_g, observable_attrs(attrs, stored))
+    _label_group(b, out_g, observable_attrs(attrs, stored), plan.outputs)
     won = att.complete(attrs, "reduce", force=store_spec.force)
     att.release("reduce")
     return Streamed("complete", att.aid if won else "", len(slices), len(mine))
 
 
 def _pair_chunk(lm, pairs, enc_k, plan, st, info_k, keep, capture_kw, frame, need_h):
-    """Capture pass + pair-stage steps on one chunk; returns (outputs, scratch, counts) Datasets."""
+    """Capture pass + pair-stage steps on one chunk; returns (outputs, scratch, counts): two ``Result``s."""
     from .context import RunContext
     from .frames.express import express
     from .models.capture import capture
@@ -226,18 +224,19 @@ def _pair_chunk(lm, pairs, enc_k, plan, st, info_k, keep, capture_kw, frame, nee
         for name in [*s.inputs, s.name]:           # free what no later step of this chunk reads
             if last.get(name, -1) <= j:
                 values.pop(name, None)
-    ds_out = express(xr.Dataset({o: kept[o] for o in plan.outputs if o in kept}), frame, info_k.model_name)
+    ds_out = express(Result({o: kept[o] for o in plan.outputs if o in kept}), frame, info_k.model_name)
     scratch = {k: v for k, v in kept.items() if k not in plan.outputs}
     scratch[HEAD_LOGITS] = xr.DataArray(np.asarray(cap.logits), dims=("pair", "side", "output"),
                                         coords={**ctx.pair_coords(), "side": ["chosen", "rejected"]})
     if need_h:
         scratch[READOUT_H] = xr.DataArray(cap.h, dims=("pair", "side", "d_model"),
                                           coords={**ctx.pair_coords(), "side": ["chosen", "rejected"]})
-    return ds_out, xr.Dataset(scratch), ctx.counts
+    return ds_out, Result(scratch), ctx.counts
 
 
 def _ensure_skeleton(att, role, b, groups, n, size, run_names):
-    """Create every run array once per attempt (full pair length, zarr chunks = run chunks)."""
+    """Create every run array once per attempt (full pair length, zarr chunks = run chunks), each variable
+    in its own group (``store.groups``) with its own coords and the run's pair labels."""
     import dask.array as da
 
     while att.marker("skeleton") is None:
@@ -245,47 +244,48 @@ def _ensure_skeleton(att, role, b, groups, n, size, run_names):
             att.fence(role)
             time.sleep(0.2)                        # another job is creating it
             continue
-        for group, ds, pair_coords in groups:
-            if not ds.data_vars:
-                continue
-            tmpl = {}
-            for name, v in ds.data_vars.items():
+        for group, res, pair_coords in groups:
+            for name, v in res.items():
                 shape = tuple(n if d == "pair" else v.sizes[d] for d in v.dims)
                 chunks = tuple(size if d == "pair" else v.sizes[d] for d in v.dims)
-                tmpl[name] = xr.DataArray(da.zeros(shape, chunks=chunks, dtype=v.dtype), dims=v.dims, attrs=v.attrs)
-            coords = {k: c.variable for k, c in ds.coords.items() if "pair" not in c.dims}
-            coords.update(pair_coords)
-            for k in _op_pair_coords(ds, run_names):          # an operator's own per-pair labels: regions too
-                c = ds.coords[k]
-                shape = tuple(n if d == "pair" else c.sizes[d] for d in c.dims)
-                chunks = tuple(size if d == "pair" else c.sizes[d] for d in c.dims)
-                coords[k] = xr.Variable(c.dims, da.zeros(shape, chunks=chunks, dtype=c.dtype), attrs=c.attrs)
-            att.fence("skeleton")
-            portable(xr.Dataset(tmpl, coords=coords, attrs=ds.attrs)).to_zarr(
-                b.zarr_store(), group=group, mode="w", compute=False, consolidated=False, zarr_format=3)
+                coords = {k: c.variable for k, c in v.coords.items() if "pair" not in c.dims}
+                if "pair" in v.dims:
+                    coords.update(pair_coords)
+                for k in _op_pair_coords(v, run_names):      # an operator's own per-pair labels: regions too
+                    c = v.coords[k]
+                    cshape = tuple(n if d == "pair" else c.sizes[d] for d in c.dims)
+                    cchunks = tuple(size if d == "pair" else c.sizes[d] for d in c.dims)
+                    coords[k] = xr.Variable(c.dims, da.zeros(cshape, chunks=cchunks, dtype=c.dtype), attrs=c.attrs)
+                tmpl = xr.DataArray(da.zeros(shape, chunks=chunks, dtype=v.dtype), dims=v.dims, coords=coords,
+                                    attrs=v.attrs)
+                att.fence("skeleton")
+                variable_dataset(tmpl, name).to_zarr(b.zarr_store(), group=f"{group}/{name}", mode="w",
+                                                     compute=False, **ZARR_KW)
         att.mark("skeleton", {"writer": att.writer}, "skeleton")
         att.release("skeleton")
 
 
-def _label_group(b, group, attrs: dict) -> None:
-    """Put what a plain-xarray reader needs (``store.writer.observable_attrs``) on the observable group."""
-    import zarr
+def _label_group(b, group, attrs: dict, variables) -> None:
+    """Put what a plain-xarray reader needs (``store.writer.observable_attrs``) and the variable listing
+    on the observable group."""
+    set_group_attrs(b.zarr_store(), group, {**attrs, VARIABLES: list(variables)})
 
-    zarr.open_group(store=b.zarr_store(), path=group, mode="r+", zarr_format=3).attrs.update(attrs)
 
-
-def _op_pair_coords(ds, run_names) -> list[str]:
+def _op_pair_coords(v, run_names) -> list[str]:
     """Coords along ``pair`` that an operator made (e.g. a side's response length), beyond the run's own
     (``run_names``: pair, dimension, prompt_id, the pair flags)."""
-    return [k for k, c in ds.coords.items() if "pair" in c.dims and k not in run_names]
+    return [k for k, c in v.coords.items() if "pair" in c.dims and k not in run_names]
 
 
-def _write_region(b, group, ds, sl, run_names):
-    ds = ds.drop_vars([k for k in ds.coords if k not in _op_pair_coords(ds, run_names)])
-    ds.attrs = {}
-    for v in ds.data_vars.values():
+def _write_region(b, group, res, sl, run_names):
+    """Write one chunk's pair rows ``sl`` of every variable of ``res`` into its group."""
+    for name, v in res.items():
+        v = v.drop_vars([k for k in v.coords if k not in _op_pair_coords(v, run_names)])
         v.attrs = {}
-    ds.to_zarr(b.zarr_store(), group=group, region={"pair": sl}, consolidated=False, zarr_format=3)
+        ds = v.to_dataset(name=name)
+        if "pair" not in v.dims:
+            raise StoreError(f"pair-stage output {name!r} has no pair dim; it cannot be written by chunk.")
+        ds.to_zarr(b.zarr_store(), group=f"{group}/{name}", region={"pair": sl}, **ZARR_KW)
 
 
 def _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, frame, need_h, pair_coords) -> dict:
@@ -297,28 +297,25 @@ def _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, 
     if not reduce_steps:
         return {}
 
-    def _open(group):                  # data lazy (dask); coords (labels along pair, layer, ...) in memory
-        try:
-            ds = xr.open_zarr(b.zarr_store(), group=group, consolidated=False, chunks={})
-        except (FileNotFoundError, KeyError):
-            return xr.Dataset()
-        return ds.assign_coords({c: ds[c].load() for c in ds.coords})
-
-    stored = {**dict(_open(scr_g).data_vars), **dict(_open(out_g).data_vars)}
+    pair_inputs = {i for s in reduce_steps for i in s.inputs if st[i] == "pair"}
+    in_out = [i for i in pair_inputs if i in plan.outputs]
+    stored = {**dict(open_variables(b.zarr_store(), scr_g, sorted(pair_inputs - set(in_out)))),
+              **dict(open_variables(b.zarr_store(), out_g, in_out))}       # lazy (dask); coords in memory
+    if need_h:
+        stored[READOUT_H] = open_variable(b.zarr_store(), scr_g, READOUT_H)
     ctx = RunContext(lm=lm, pairs=pairs, encoded=enc, info=info,
                      capture=_Readout(stored.get(READOUT_H) if need_h else None))
     values = {name: stored[name].assign_coords(pair_coords)       # pair labels as the chunks had them
-              for name in {i for s in reduce_steps for i in s.inputs if st[i] == "pair"}}
+              for name in pair_inputs}
     for s in reduce_steps:
         values[s.name] = s.op.run(ctx, *[values[i] for i in s.inputs])
         values[s.name].attrs.setdefault("gauge", s.gauge)
     outs = [o for o in plan.outputs if st[o] == "reduce"]
     if outs:
-        ds = express(xr.Dataset({o: values[o] for o in outs}), frame, info.model_name)
-        have = set(_open(out_g).variables)
-        ds = ds.drop_vars([c for c in ds.coords if c in have]).compute()
+        res = express(Result({o: values[o] for o in outs}), frame, info.model_name)
+        res = Result({o: v.compute() for o, v in res.items()}, res.attrs)
         att.fence("reduce")
-        portable(ds).to_zarr(b.zarr_store(), group=out_g, mode="a", consolidated=False, zarr_format=3)
+        write_variables(b.zarr_store(), res, out_g)
     from .frames import save_frame
     for made in [v for v in ctx.memo.values() if isinstance(v, Frame)]:   # operators' own frames: stored too
         save_frame(made, b.url, storage_options=b.storage_options)

@@ -21,6 +21,16 @@ def make_pairs(n: int = 5) -> list[Pair]:
     return out
 
 
+def assert_identical_results(a, b) -> None:
+    """Two ``Result``s hold the same variables, each identical (values, coords, attrs) and of one dtype."""
+    import xarray as xr
+
+    assert list(a) == list(b) and a.attrs == b.attrs
+    for k in a:
+        xr.testing.assert_identical(a[k], b[k])
+        assert a[k].dtype == b[k].dtype, k
+
+
 def tiny_lm(name: str = "tiny", **kw):
     model, tok = build_tiny(name, **{k: v for k, v in kw.items() if k in ("seed", "num_labels", "pad_token",
                                                                         "padding_side")})

@@ -79,7 +79,8 @@ def test_crystallization_fraction_is_a_depth_fraction(battery, family_lm):
 def test_faithfulness_is_a_spearman_per_pair(battery):
     from scipy.stats import spearmanr
     ds, _ = battery
-    layers = [l for l in ds.layer.values if l >= 0]             # the patch grid has no embedding row
+    layers = list(ds["patch_effect"].layer.values)              # the patch grid has no embedding row
+    assert -1 not in layers and -1 in ds["dla"].layer.values
     a = ds["dla"].sel(component=["attn", "mlp"], layer=layers).isel(pair=0).values.ravel()
     b = ds["patch_effect"].sel(component=["attn", "mlp"], layer=layers).isel(pair=0).values.ravel()
     assert ds["faithfulness"].isel(pair=0) == pytest.approx(spearmanr(a, b).statistic)

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import xarray as xr
 
 from reward_lens_spec import open_store
 from reward_lens_spec.models.preference_organisms import cycle_pairs
@@ -35,8 +34,7 @@ def test_groups_and_votes_mapped_by_dataset_fields_reach_the_store(tmp_path):
     st = open_store(str(tmp_path / "s.zarr"))
     runs = list(st.runs()["run_id"])
     hodge = next(r for r in runs if r.startswith("preference_cycles-"))
-    ds = xr.open_zarr(str(tmp_path / "s.zarr"), group=f"runs/{hodge}/{st.provenance(hodge)['attempt']}/preference_cycles",
-                         consolidated=False)
+    ds = st.load(hodge, "preference_cycles", lazy=False)
     assert sorted(ds["hodge_by_group"].group.values) == sorted({r["set"] for r in rows})
     # every set is a 3-cycle whose edge flows are 2·agreement − 1: (1/3, 1, 1/3) in even sets, (1, 1/3, 1) in odd
     # ones; a cycle (a, b, c) has curl energy (a + b + c)²/3 of a² + b² + c²: 25/33 and 49/57
@@ -45,8 +43,7 @@ def test_groups_and_votes_mapped_by_dataset_fields_reach_the_store(tmp_path):
     np.testing.assert_allclose(ng.values, [want[str(g)] for g in ng.group.values], rtol=1e-12)
     assert np.abs(ds["hodge_pooled"].sel(flow="model", hodge_statistic="non_gradient_fraction").values) < 1e-9
     cont = next(r for r in runs if r.startswith("contested-"))
-    cd = xr.open_zarr(str(tmp_path / "s.zarr"), group=f"runs/{cont}/{st.provenance(cont)['attempt']}/contested",
-                         consolidated=False)
+    cd = st.load(cont, "contested", lazy=False)
     gauge = cd["contested_direction"].attrs["gauge"]
     frame_id = gauge.split(":", 2)[2]
     assert any(r == f"frame-{frame_id}" for r in runs)          # the frame every gauge label names is stored

@@ -54,15 +54,24 @@ def make_attrs(i: int = 0, **over) -> dict:
     return attrs
 
 
-def assert_same(got: xr.Dataset, want: xr.Dataset) -> None:
+def assert_same(got, want: xr.Dataset) -> None:
+    """``got`` (a ``Result``, or the observable group read by plain xarray as a DataTree) holds ``want``'s
+    variables, each with exactly the coords on its own dims, and its attrs (plus the reader keys)."""
+    from reward_lens_spec.result import Result
     from reward_lens_spec.store.writer import READER_KEYS
 
+    if isinstance(got, xr.DataTree):
+        assert list(got.attrs["output_variables"]) == list(want.data_vars)
+        got = Result({k: node.dataset[k] for k, node in got.children.items()},
+                     {k: v for k, v in got.attrs.items() if k != "output_variables"})
+    assert isinstance(got, Result) and sorted(got) == sorted(want.data_vars)
     got = got.load()
-    xr.testing.assert_equal(got, want)
+    for name in want.data_vars:
+        xr.testing.assert_equal(got[name], want[name])
+        assert set(got[name].coords) == set(want[name].coords), name
+        assert got[name].attrs == want[name].attrs, name
     assert {k: got.attrs[k] for k in want.attrs} == want.attrs
     assert set(got.attrs) - set(want.attrs) <= set(READER_KEYS) | {"gauge", "units", "provenance"}   # for readers
-    for name in want.variables:
-        assert got[name].attrs == want[name].attrs, name
 
 
 # Child process: wait at a shared barrier, then write one run (optionally slowly).
@@ -142,9 +151,13 @@ def test_round_trip_readable_with_plain_xarray(url):
     doc = json.load(open(os.path.join(url, "runs", "r1", "zarr.json")))["attributes"]
     for obs, want in results.items():   # the run document names the attempt holding the data
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # root is never consolidated
-            got = xr.open_zarr(url, group=f"runs/r1/{doc['attempt']}/{obs}")
+            warnings.simplefilter("error")                   # as the README writes it: no warning
+            got = xr.open_datatree(url, group=f"runs/r1/{doc['attempt']}/{obs}", engine="zarr",
+                                   consolidated=False)
+            one = xr.open_zarr(url, group=f"runs/r1/{doc['attempt']}/{obs}/{list(want.data_vars)[0]}",
+                               consolidated=False)
         assert_same(got, want)
+        assert list(one.data_vars) == list(want.data_vars)[:1]
     root = json.load(open(os.path.join(url, "zarr.json")))
     assert root["attributes"] == {"reward_lens_spec_layout": LAYOUT_VERSION}
     assert doc["complete"] is True and doc["observables"] == ["lens", "score"]
@@ -257,13 +270,13 @@ def test_failed_or_interrupted_write_is_not_a_result(url, monkeypatch):
         write_run(url, "r", bad, make_attrs(0))
     store = open_store(url)
     assert store.incomplete() == [] and store.runs().empty  # own partial group cleaned up
-    import reward_lens_spec.store.writer as writer
-    portable = writer.portable
+    import reward_lens_spec.store.groups as groups
+    portable = groups.portable
 
     def gc_meanwhile(ds):  # a gc of any age while this one writes: a live writer's attempt stays
         assert store.remove_incomplete(older_than_s=0) == []
         return portable(ds)
-    monkeypatch.setattr(writer, "portable", gc_meanwhile)
+    monkeypatch.setattr(groups, "portable", gc_meanwhile)
     assert write_run(url, "r", make_results(0), make_attrs(0))
     assert_same(store.load("r", "score"), make_results(0)["score"])
 
@@ -344,7 +357,7 @@ def test_catalog_cli(url, tmp_path, capsys):
     assert "r1" in out and "r0" not in out and "1 incomplete" in out
     assert store_cli(["show", f"url={url}", "run=r0"]) == 0
     out = capsys.readouterr().out
-    assert "spec_hash: spec0" in out and "observable lens: dims (pair=5, layer=4)" in out
+    assert "spec_hash: spec0" in out and "observable lens:\n  raw: pair=5 × layer=4" in out
     assert store_cli(["diff", f"url={url}", "run=r0", "run_b=r1"]) == 0
     assert "+seed: 1" in capsys.readouterr().out
     csv, nc = tmp_path / "lens.csv", tmp_path / "lens.nc"

@@ -83,7 +83,8 @@ def test_s3_round_trip_catalog_and_reuse(s3):
     fs = s3fs.S3FileSystem(**so)
     attempt = json.loads(fs.cat_file(f"{url[5:]}/runs/r1/zarr.json"))["attributes"]["attempt"]
     for obs, want in make_results(1).items():  # a colleague without this package
-        got = xr.open_zarr(url, group=f"runs/r1/{attempt}/{obs}", storage_options=so, consolidated=False)
+        got = xr.open_datatree(url, group=f"runs/r1/{attempt}/{obs}", engine="zarr", storage_options=so,
+                               consolidated=False)
         assert_same(got, want)
     store = open_store(url, storage_options=so)
     assert sorted(store.runs().run_id) == ["r0", "r1"]

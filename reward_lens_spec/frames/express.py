@@ -19,12 +19,14 @@ from __future__ import annotations
 import xarray as xr
 
 from ..errors import SpecError
+from ..result import Result
 from .fit import Frame, native_gauge
 from .gate import gauge_of
 
 
-def express(ds: xr.Dataset, frame: Frame | None, model: str) -> xr.Dataset:
-    """``ds`` with every native-frame ``d_model`` output of ``model`` mapped into ``frame``."""
+def express(ds, frame: Frame | None, model: str):
+    """``ds`` (a ``Result`` or Dataset; the same type back) with every native-frame ``d_model`` output of
+    ``model`` mapped into ``frame``."""
     if frame is None or frame.kind == "native":
         return ds
     native = native_gauge(model)
@@ -45,7 +47,7 @@ def express(ds: xr.Dataset, frame: Frame | None, model: str) -> xr.Dataset:
                             fix="output it from capture (points), diff (vectors) or direction, or use frame=native.")
         out[name] = mapped.astype(arr.dtype).transpose(*arr.dims)
         out[name].attrs["invariance"] = frame.provenance.get("invariance", "approximate")  # frames.covariance
-    return xr.Dataset(out, attrs=ds.attrs)
+    return Result(out, ds.attrs) if isinstance(ds, Result) else xr.Dataset(out, attrs=ds.attrs)
 
 
 def native_direction(arr: xr.DataArray, store_url: str, model: str, where: str) -> xr.DataArray:

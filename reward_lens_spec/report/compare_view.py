@@ -119,6 +119,7 @@ def compare_view(store, prov: dict, datasets: dict) -> tuple[list[Figure], list[
         return [], [], notes + [f"source runs not readable, so nothing is drawn: {exc}"]
     figs = []
     for name, res in sorted(datasets.items()):
+        res = res.to_dataset()                       # one comparison's statistics share their coords: no padding
         if "estimate" in res and name in va and name in vb:
             figs.append(margin_figure(name, res, va[name], vb[name], runs, models))
         elif "cosine" in res:

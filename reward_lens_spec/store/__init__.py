@@ -1,10 +1,14 @@
 """The result store: one Zarr v3 hierarchy (local path or fsspec URL) shared by a lab.
 
-Layout (``reward_lens_spec_layout: 1`` in the root attrs)::
+Layout (``reward_lens_spec_layout: 3`` in the root attrs)::
 
-    <url>/runs/<run_id>/              run group; attrs = provenance (+ complete: true, last)
-    <url>/runs/<run_id>/<observable>/ one xarray Dataset, readable without this package:
-                                      xarray.open_zarr(url, group="runs/<id>/<observable>")
+    <url>/runs/<run_id>/                         run group; attrs = provenance (+ complete: true and
+                                                 the attempt, last)
+    <url>/runs/<run_id>/<attempt>/<observable>/  attrs a reader needs (trust, gauge, units, run id,
+                                                 provenance summary, ``output_variables``)
+    <url>/runs/<run_id>/<attempt>/<observable>/<variable>/
+                                                 one xarray Dataset per variable, readable without
+                                                 this package: xarray.open_zarr(url, group=...)
 
 Writers go skeleton -> data -> completion document (see ``writer``); readers
 list only complete runs (see ``reader``). Nothing here imports torch.

@@ -2,12 +2,13 @@
 
 The store is one Zarr v3 hierarchy::
 
-    <url>/zarr.json                 root group; attrs {"reward_lens_spec_layout": 2}
+    <url>/zarr.json                 root group; attrs {"reward_lens_spec_layout": 3}
     <url>/runs/zarr.json            the group holding every run
     <url>/runs/<run_id>/zarr.json   run group; its attrs are the run's provenance and,
                                     written last, ``complete: true`` + ``attempt``
-    <url>/runs/<run_id>/<attempt>/<obs>/...   one xarray Dataset per observable, under
-                                    the prefix of the writer the run document names
+    <url>/runs/<run_id>/<attempt>/<obs>/<var>/  one xarray Dataset per output variable
+                                    (``store.groups``), under the prefix of the writer
+                                    the run document names
 
 This module reads and writes the small JSON documents (``zarr.json``) itself,
 so it can create them exclusively (root) or atomically (run documents), list
@@ -27,7 +28,7 @@ from fsspec.utils import get_protocol
 from reward_lens_spec.errors import StoreError
 
 LAYOUT_KEY = "reward_lens_spec_layout"
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 RUNS = "runs"
 DOC = "zarr.json"
 

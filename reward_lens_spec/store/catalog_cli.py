@@ -6,7 +6,9 @@ Commands (all key=value arguments; loads no model, imports no torch):
              fits 100 columns (8-digit hashes); --wide prints every column and full hashes
     show     url= run=                 provenance + each observable's dims/variables
     diff     url= a= b=                unified diff of the two resolved configs (run=/run_b= also work)
-    export   url= run= observable= out=PATH.nc|PATH.csv
+    export   url= run= observable= [var=NAME] out=PATH.nc|PATH.csv
+                                       (var= needed when the observable's variables have
+                                       different coordinate sets: one file would pad them)
     gc       url= [older_than=SECONDS] remove what no live writer holds and no reader lists
                                        (default age 3600 s; never a complete run, never via a symlink)
     migrate  url=                      bring an older store's root to this layout
@@ -29,7 +31,7 @@ import yaml
 from reward_lens_spec.errors import StoreError, did_you_mean
 
 COMMANDS = ("ls", "show", "diff", "export", "gc", "migrate")
-KEYS = {"url", "run", "a", "b", "run_b", "observable", "out", "model_fingerprint", "dataset", "trust",
+KEYS = {"url", "run", "a", "b", "run_b", "observable", "var", "out", "model_fingerprint", "dataset", "trust",
         "trust_verified", "spec_hash", "model", "older_than", "endpoint_url"}
 FILTERS = ("model_fingerprint", "dataset", "observable", "trust", "trust_verified", "spec_hash", "model")
 LS_COLUMNS = ("run_id", "observables", "model", "dataset", "trust", "created", "model_fingerprint")
@@ -120,16 +122,18 @@ def _run(cmd: str, kv: dict) -> None:
         print(yaml.safe_dump(prov, sort_keys=True).rstrip())
         if config:
             print("config_yaml: |\n" + "\n".join("  " + line for line in str(config).splitlines()))
-        for obs, ds in store.load(kv["run"]).items():
-            dims = ", ".join(f"{d}={n}" for d, n in ds.sizes.items())
-            print(f"observable {obs}: dims ({dims}); variables: {', '.join(ds.data_vars)}")
+        for obs, res in store.load(kv["run"]).items():
+            print(f"observable {obs}:")
+            for name, da in res.items():
+                dims = " × ".join(f"{d}={n}" for d, n in da.sizes.items()) or "scalar"
+                print(f"  {name}: {dims}")
     elif cmd == "diff":
         _need(kv, cmd, "a", "b")
         lines = store.diff(kv["a"], kv["b"])
         print("\n".join(lines) if lines else f"configs of {kv['a']} and {kv['b']} are identical")
     elif cmd == "export":
         _need(kv, cmd, "run", "observable", "out")
-        print(f"wrote {store.export(kv['run'], kv['observable'], kv['out'])}")
+        print(f"wrote {store.export(kv['run'], kv['observable'], kv['out'], variable=kv.get('var'))}")
     elif cmd == "gc":
         try:
             older = float(kv["older_than"]) if kv.get("older_than") else GC_AGE_S

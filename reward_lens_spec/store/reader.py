@@ -32,9 +32,11 @@ import xarray as xr
 import yaml
 
 from reward_lens_spec.errors import StoreError, did_you_mean
+from reward_lens_spec.result import Result
 from reward_lens_spec.store._attrs import encode_json_attrs
 from reward_lens_spec.store._backend import Backend
 from reward_lens_spec.store.gc import GC_AGE_S, collect_run
+from reward_lens_spec.store.groups import open_variables
 from reward_lens_spec.store.writer import check_layout, check_name, data_group, run_state
 
 COLUMNS = ("run_id", "observables", "model_fingerprint", "model", "dataset", "dataset_checksum",
@@ -192,7 +194,8 @@ class Store:
         return list(self._attrs(run_id).get("observables", []))
 
     def load(self, run_id: str, observable: str | None = None, *, lazy: bool = True):
-        """One observable's Dataset, or (``observable=None``) a dict of all of them.
+        """One observable's ``Result`` (variable → DataArray, each with its own coordinates), or
+        (``observable=None``) a dict of all of them.
 
         ``lazy=True`` gives dask-backed arrays (nothing read until used).
         Raises StoreError for an unknown/incomplete run, an unknown observable,
@@ -209,18 +212,16 @@ class Store:
         return out if observable is None else out[observable]
 
     @staticmethod
-    def _with_trust(ds: xr.Dataset, verdict: dict | None) -> xr.Dataset:
+    def _with_trust(res: Result, verdict: dict | None) -> Result:
         if verdict is None or verdict["trust"] is None:
-            return ds
-        for v in ds.data_vars:
-            ds[v].attrs["trust"] = verdict["trust_by_variable"].get(v, verdict["trust"])
-        return ds
+            return res
+        for v in res:
+            res[v].attrs["trust"] = verdict["trust_by_variable"].get(v, verdict["trust"])
+        return res
 
-    def _open(self, run_id: str, obs: str, lazy: bool) -> xr.Dataset:
+    def _open(self, run_id: str, obs: str, lazy: bool) -> Result:
         try:
-            ds = xr.open_zarr(self._b.zarr_store(), group=data_group(run_id, self._attrs(run_id), obs),
-                              consolidated=False, chunks={} if lazy else None)
-            return ds if lazy else ds.load()
+            return open_variables(self._b.zarr_store(), data_group(run_id, self._attrs(run_id), obs), lazy=lazy)
         except Exception as e:
             raise StoreError(f"store {self.url}: cannot read run {run_id} observable {obs} "
                              f"({type(e).__name__}: {e}).") from e
@@ -240,18 +241,31 @@ class Store:
         return list(difflib.unified_diff(a.splitlines(), b.splitlines(), fromfile=run_a,
                                          tofile=run_b, lineterm=""))
 
-    def export(self, run_id: str, observable: str, path: str) -> str:
-        """Write one observable to ``path`` (``.nc`` netCDF or ``.csv``); return the path.
+    def export(self, run_id: str, observable: str, path: str, *, variable: str | None = None) -> str:
+        """Write one observable (or one ``variable`` of it) to ``path`` (``.nc`` netCDF or ``.csv``).
 
         netCDF: attrs netCDF cannot hold are JSON strings listed in ``_json_attrs``
         (engine netCDF4/h5netcdf if installed, else scipy). CSV: ``to_dataframe``,
-        one row per coordinate combination. Raises StoreError for another suffix
-        or a failed write.
+        one row per coordinate combination. Returns the path. Raises StoreError for another suffix,
+        an unknown variable, an observable whose variables have different coordinate sets and no
+        ``variable`` (one file would pad them with NaN), or a failed write.
         """
         ext = os.path.splitext(str(path))[1].lower()
         if ext not in (".nc", ".csv"):
             raise StoreError(f"export: out={path} must end in .nc or .csv.")
-        ds = self.load(run_id, observable, lazy=False)
+        res = self.load(run_id, observable, lazy=False)
+        if variable is not None:
+            if variable not in res:
+                raise StoreError(f"export: observable {observable} of run {run_id} has no variable {variable!r}."
+                                 f"{did_you_mean(variable, res)} Valid: {', '.join(res)}.")
+            res = Result({variable: res[variable]}, res.attrs)
+        try:
+            xr.align(*res.values(), join="exact")
+        except ValueError as e:
+            raise StoreError(f"export: the variables of observable {observable} have different coordinate sets "
+                             f"({e}); one file would pad them with NaN. Fix: add var=NAME, one of "
+                             f"{', '.join(res)}.") from e
+        ds = res.to_dataset()
         try:
             if ext == ".csv":
                 ds.to_dataframe().to_csv(path)

@@ -1,13 +1,14 @@
 """Writing runs into a shared result store: each writer its own attempt, completion names one.
 
 1. **root** (once per store, create-if-absent): ``zarr.json`` with
-   ``reward_lens_spec_layout: 2`` and ``runs/zarr.json``. Created exclusively;
+   ``reward_lens_spec_layout: 3`` and ``runs/zarr.json``. Created exclusively;
    nobody rewrites them afterwards (``migrate`` is the one exception).
 2. **attempt**: the writer claims a lease and creates ``runs/<run_id>/<attempt>/``
    (``store.attempts``): a prefix no other writer writes. Nothing is ever deleted
    to make room: not a crashed writer's attempt, not a complete run under ``force``.
-3. **data**: each observable's Dataset goes to ``runs/<run_id>/<attempt>/<observable>``
-   via ``Dataset.to_zarr(mode="w", consolidated=False)`` (never consolidated:
+3. **data**: each observable goes to ``runs/<run_id>/<attempt>/<observable>``, one subgroup
+   per variable with that variable's own coordinates (``store.groups``), via
+   ``Dataset.to_zarr(mode="w", consolidated=False)`` (never consolidated:
    xarray consolidates at the store root, which would rewrite shared metadata).
    Streaming runs write pair-chunk regions instead (``reward_lens_spec.streaming``).
 4. **complete**: while its lease holds, the writer replaces the run document
@@ -26,10 +27,12 @@ from datetime import datetime, timezone
 import xarray as xr
 
 from reward_lens_spec.errors import StoreError
-from reward_lens_spec.store._attrs import check_json_safe, portable
+from reward_lens_spec.result import Result
+from reward_lens_spec.store._attrs import check_json_safe
 from reward_lens_spec.store._backend import (DOC, LAYOUT_KEY, LAYOUT_VERSION, RUNS, Backend,
                                              group_doc)
 from reward_lens_spec.store.attempts import Attempt
+from reward_lens_spec.store.groups import write_variables
 
 RESERVED = ("run_id", "observables", "created", "complete", "store_write_s", "writer", "attempt")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,199}$")
@@ -107,22 +110,22 @@ def data_group(run_id: str, attrs: dict, observable: str) -> str:
     return f"{RUNS}/{run_id}/{att}/{observable}" if att else f"{RUNS}/{run_id}/{observable}"
 
 
-def _write_observable(b: Backend, ds: xr.Dataset, group: str) -> None:
-    """Write one observable's Dataset as the Zarr group ``group`` (inside its run).
+def _write_observable(b: Backend, res, group: str, attrs: dict) -> None:
+    """Write one observable (``Result`` or Dataset) as the group ``group``, one subgroup per variable
+    (``store.groups``).
 
-    Local stores and dask-backed (streamed) datasets are written in place by
-    ``to_zarr``. An in-memory dataset bound for an object store is encoded into
-    a memory store first and its objects uploaded in one concurrent batch: the
-    same bytes, far fewer round trips than zarr's per-array parent checks.
+    Local stores and dask-backed (streamed) outputs are written in place. In-memory outputs bound
+    for an object store are encoded into a memory store first and its objects uploaded in one
+    concurrent batch: the same bytes, far fewer round trips than zarr's per-array parent checks.
     """
-    kw = dict(mode="w", consolidated=False, zarr_format=3)
-    if b.local or any(v.chunks is not None for v in ds.variables.values()):
-        ds.to_zarr(b.zarr_store(), group=group, **kw)
+    res = Result.of(res)
+    if b.local or any(v.chunks is not None for v in res.values()):
+        write_variables(b.zarr_store(), res, group, attrs)
         return
     import zarr.storage
 
     staged: dict = {}
-    ds.to_zarr(zarr.storage.MemoryStore(store_dict=staged), group=group, **kw)
+    write_variables(zarr.storage.MemoryStore(store_dict=staged), res, group, attrs)
     prefix = group + "/"
     files = {b.path(k): v.to_bytes() for k, v in staged.items() if k.startswith(prefix)}
     b.put_many(files)
@@ -137,7 +140,7 @@ READER_KEYS = ("run_id", "trust", "model", "model_fingerprint", "model_family", 
                "observable", "observable_version", "spec_hash", "effective_n", "frame")
 
 
-def observable_attrs(run_attrs: dict, ds: xr.Dataset) -> dict:
+def observable_attrs(run_attrs: dict, ds) -> dict:
     """What a reader with plain xarray needs on the observable group itself: run id, trust, a provenance
     summary (``READER_KEYS`` of the run's attrs; the full record stays on the run group), and per
     variable its ``gauge`` and ``units``."""
@@ -166,9 +169,9 @@ def write_run(url: str, run_id: str, results: dict, attrs: dict, *,
         raise StoreError(f"run {run_id}: results must be a non-empty dict observable -> Dataset.")
     for obs, ds in results.items():
         check_name("observable", obs)
-        if not isinstance(ds, xr.Dataset):
+        if not isinstance(ds, (xr.Dataset, Result)):
             raise StoreError(f"run {run_id}: results[{obs!r}] is {type(ds).__name__}, "
-                             "not an xarray.Dataset.")
+                             "not an xarray.Dataset or a reward_lens_spec.Result.")
     if not isinstance(attrs, dict):
         raise StoreError(f"run {run_id}: attrs must be a dict, got {type(attrs).__name__}.")
     check_json_safe(attrs, "attrs")
@@ -192,9 +195,8 @@ def write_run(url: str, run_id: str, results: dict, attrs: dict, *,
         for obs in sorted(results):
             att.fence("write")
             try:
-                ds = portable(results[obs])
-                ds = ds.assign_attrs(observable_attrs(run_attrs, ds))
-                _write_observable(b, ds, f"{att.prefix}/{obs}")
+                res = Result.of(results[obs])
+                _write_observable(b, res, f"{att.prefix}/{obs}", observable_attrs(run_attrs, res))
             except Exception as e:
                 raise StoreError(f"store {url}: writing run {run_id} observable {obs} failed "
                                  f"({type(e).__name__}: {e}).") from e
@@ -234,9 +236,9 @@ def is_complete(url: str, run_id: str, *, storage_options: dict | None = None) -
 def migrate(url: str, *, storage_options: dict | None = None) -> int:
     """Bring a store's root to this package's layout; return the layout version.
 
-    Stores written before the attr existed, or with layout 1 (data in the run
-    group, still read there), get ``reward_lens_spec_layout: 2`` (other root attrs
-    kept). A current store is left alone. Raises StoreError for a missing/garbage root or a
+    Stores written before the attr existed, or with an older layout, get this package's
+    ``reward_lens_spec_layout`` (other root attrs kept); their runs' data stay where they are and
+    are read there (layout 1: in the run group; layout 2: one Dataset per observable group). A current store is left alone. Raises StoreError for a missing/garbage root or a
     store from a newer version.
     """
     b = Backend(url, storage_options)

@@ -43,6 +43,7 @@ import xarray as xr
 import yaml
 
 from ..errors import SpecError, StoreError
+from ..result import Result
 from .evidence import LEVELS, NOT_RESULTS, Evidence, level_of, seal
 
 COMPARATORS = {">": np.greater, "<": np.less, ">=": np.greater_equal, "<=": np.less_equal}
@@ -264,8 +265,8 @@ def check_run(run, store_url: str, *, storage_options=None) -> dict | None:
     return match[0]
 
 
-def metric_value(pred: dict, ds: xr.Dataset) -> float:
-    """Evaluate ``pred['metric']`` on a result Dataset; NaN when nothing finite is left."""
+def metric_value(pred: dict, ds) -> float:
+    """Evaluate ``pred['metric']`` on a run's outputs (``Result`` or Dataset); NaN when nothing finite is left."""
     m = pred["metric"]
     var = m["variable"]
     if var not in ds:
@@ -323,7 +324,7 @@ def adjudicate(experiment: str, store_url: str, *, run_ids=None, shash: str | No
     if rid in st.documents():
         return {**st.provenance(rid), "reused": True}
     preds = predictions(study)
-    loaded = {a["run_id"]: xr.merge(list(st.load(a["run_id"], lazy=False).values()), compat="override")
+    loaded = {a["run_id"]: Result({k: v for res in st.load(a["run_id"], lazy=False).values() for k, v in res.items()})
               for a in runs}
     values = np.array([[metric_value(p, loaded[a["run_id"]]) for a in runs] for p in preds])
     holds = np.array([[bool(COMPARATORS[p["comparator"]](v, p["threshold"])) for v in row]
