@@ -55,6 +55,20 @@ def fmt_row(name, o_t, o_f, p_t, p_f, note=""):
     return f"| {name} | {_span(o_t)} | {o_f} | {_span(p_t)} | {p_f} | **{ratio:.1f}×** | {note} |"
 
 
+def store_section(store_rows) -> list[str]:
+    """§4: ``write_run`` / ``load`` (a group per variable) against one Dataset in one group, same run."""
+    L = ["", "## 4. Store throughput (`write_run` / `open_store(...).load(..., lazy=False)`)", "",
+         "One Zarr group per output variable (store layout 3) against the same Dataset in one group with "
+         "plain xarray (layout 2's data write; no run document, lease or trust seal), timed side by side.", "",
+         "| result | variables | size | write | read | one-group write | one-group read | write ratio | read ratio |",
+         "|---|---|---|---|---|---|---|---|---|"]
+    for r in store_rows:
+        L.append(f"| {r['what']} | {r['variables']} | {r['mb']:.1f} MB | {r['write_mbs']:.0f} MB/s ({r['write_s']:.2f} s) | "
+                 f"{r['read_mbs']:.0f} MB/s ({r['read_s']:.2f} s) | {r['one_write_s']:.2f} s | {r['one_read_s']:.2f} s | "
+                 f"{r['write_s'] / r['one_write_s']:.2f}× | {r['read_s'] / r['one_read_s']:.2f}× |")
+    return L
+
+
 def render(args, facts, cap_rows, comps, scaling, store_rows, frames, notes, wall) -> str:
     cmd = "python benchmarks/run.py " + " ".join(sys.argv[1:])
     L = ["# reward_lens_spec benchmarks", "", f"Reproduce: `{cmd.strip()}` (from the repository root; "
@@ -102,11 +116,7 @@ def render(args, facts, cap_rows, comps, scaling, store_rows, frames, notes, wal
         L.append(f"| {s['n']} | {s['batch_size']} | {s['wall']:.3g} s | {1e3 * s['wall'] / s['n']:.3g} ms | "
                  f"{s['compute_peak_mb']:.0f} MB | {s['rss_before_mb']:.0f} MB | {s['maxrss_mb']:.0f} MB | "
                  f"{s['forwards']} |")
-    L += ["", "## 4. Store throughput (`write_run` / `open_store(...).load(..., lazy=False)`)", "",
-          "| result | size | write | read |", "|---|---|---|---|"]
-    for r in store_rows:
-        L.append(f"| {r['what']} | {r['mb']:.1f} MB | {r['write_mbs']:.0f} MB/s ({r['write_s']:.2f} s) | "
-                 f"{r['read_mbs']:.0f} MB/s ({r['read_s']:.2f} s) |")
+    L += store_section(store_rows)
     f = frames
     L += ["", f"## 5. Whitened frame fit (`fit_whitened`, Ledoit–Wolf, d = {f['d']}, n = {f['n']} planted activations)",
           "", "| wall (median) | runs | process CPU (median) | stages, first run | target |", "|---|---|---|---|---|",

@@ -16,7 +16,8 @@ RUN = Path(__file__).resolve().parent / "run.py"
 
 def store_throughput(work: Path, n: int, repeats: int = 3) -> list:
     """Write/read MB/s of two results shaped for SmolLM2 (30 layers, 9 heads, d 576) and ``n`` pairs:
-    the battery's outputs, and per-pair residuals (pair × side × layer × d_model, float32)."""
+    the battery's outputs, and per-pair residuals (pair × side × layer × d_model, float32); side by side,
+    the same Dataset written to and read from one group with plain xarray (store layout 2's data write)."""
     import shutil
 
     import numpy as np
@@ -36,11 +37,12 @@ def store_throughput(work: Path, n: int, repeats: int = 3) -> list:
                          coords={k: c[k] for k in ("pair", "side", "layer", "component", "head")})
     resid = xr.Dataset({"resid": f("pair", "side", "layer", "d_model")},
                        coords={k: c[k] for k in ("pair", "side", "layer")})
+    from reward_lens_spec.store._attrs import portable
     rows = []
     for what, ds in ((f"battery outputs, {n} pairs", battery), (f"residuals {n}×2×31×576 f32", resid)):
         url = work / "store_bench.zarr"
         shutil.rmtree(url, ignore_errors=True)
-        tw, tr = [], []
+        tw, tr, ow, orr = [], [], [], []
         for i in range(repeats):
             t0 = time.perf_counter()
             write_run(str(url), f"bench-{i}", {"bench": ds}, {"note": "benchmark"})
@@ -48,10 +50,18 @@ def store_throughput(work: Path, n: int, repeats: int = 3) -> list:
             t0 = time.perf_counter()
             back = open_store(str(url)).load(f"bench-{i}", "bench", lazy=False)
             tr.append(time.perf_counter() - t0)
+            # side by side: the whole Dataset in one group, as store layout 2 wrote it (no run document)
+            t0 = time.perf_counter()
+            portable(ds).to_zarr(str(url), group=f"one/bench-{i}", mode="w", consolidated=False, zarr_format=3)
+            ow.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            xr.open_zarr(str(url), group=f"one/bench-{i}", consolidated=False).load()
+            orr.append(time.perf_counter() - t0)
         assert float(abs(back[next(iter(ds.data_vars))] - ds[next(iter(ds.data_vars))]).max()) == 0.0
         mb = ds.nbytes / 1e6
         rows.append({"what": what, "mb": mb, "write_s": med(tw), "read_s": med(tr),
-                     "write_mbs": mb / med(tw), "read_mbs": mb / med(tr)})
+                     "write_mbs": mb / med(tw), "read_mbs": mb / med(tr), "variables": len(ds.data_vars),
+                     "one_write_s": med(ow), "one_read_s": med(orr)})
         shutil.rmtree(url, ignore_errors=True)
     return rows
 
