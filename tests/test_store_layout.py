@@ -128,3 +128,18 @@ def test_result_reads_like_a_dataset_where_unambiguous():
         Result({"x": a.to_dataset(name="x")})
     assert res.identical(Result({"dla": a.copy(), "patch_effect": b.copy()}, {"trust": "exploratory"}))
     assert not res.identical(Result({"dla": a, "patch_effect": b + 1}, {"trust": "exploratory"}))
+
+
+def test_a_group_without_its_listing_is_refused_not_read_as_empty(tmp_path):
+    url = str(tmp_path / "s.zarr")
+    write_run(url, "r", {"score": xr.Dataset({"margin": ("pair", [1.0, -2.0])}, coords={"pair": ["a", "b"]})},
+              {"model": "m"})
+    att = json.load(open(os.path.join(url, "runs", "r", "zarr.json")))["attributes"]["attempt"]
+    doc_path = os.path.join(url, "runs", "r", att, "score", "zarr.json")
+    doc = json.load(open(doc_path))
+    assert doc["attributes"]["output_variables"] == ["margin"]
+    np.testing.assert_array_equal(open_store(url).load("r", "score", lazy=False)["margin"].values, [1.0, -2.0])
+    del doc["attributes"]["output_variables"]
+    json.dump(doc, open(doc_path, "w"))
+    with pytest.raises(StoreError, match="cannot read run r observable score.*lists no output_variables"):
+        open_store(url).load("r", "score")

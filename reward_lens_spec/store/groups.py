@@ -64,7 +64,8 @@ def open_variables(zstore, group: str, names=None, *, lazy: bool = True) -> Resu
 
     ``names``: only these variables (default: the group's ``variables`` listing). A group written
     before layout 3 (one Dataset, no listing) is read as that Dataset's variables.
-    Raises ``FileNotFoundError`` / ``KeyError`` from zarr for a missing group or variable.
+    Raises ``FileNotFoundError`` / ``KeyError`` for a missing group or variable, and ``KeyError`` for a
+    group with neither a listing nor arrays of its own.
     """
     if names is not None and not list(names):
         return Result({})
@@ -72,6 +73,8 @@ def open_variables(zstore, group: str, names=None, *, lazy: bool = True) -> Resu
     listed = attrs.pop(VARIABLES, None)
     if listed is None and names is None:                        # layout ≤ 2: one Dataset
         ds = xr.open_zarr(zstore, group=group, chunks={} if lazy else None, **ZARR_KW)
+        if not ds.data_vars:
+            raise KeyError(f"group {group} lists no {VARIABLES} and holds no arrays of its own")
         return Result.of(ds if lazy else ds.load())
     want = list(listed if names is None else names)
     return Result({n: open_variable(zstore, group, n, lazy=lazy) for n in want}, attrs)
