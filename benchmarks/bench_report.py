@@ -32,6 +32,7 @@ TIMED = ("import sys, time; t, c = time.perf_counter(), time.process_time(); "
 def make_store(work: Path, n_runs: int, n_pairs: int) -> str:
     from reward_lens_spec.fit.cli import compose_run
     from reward_lens_spec.run import execute
+    from reward_lens_spec.result import Result
     from reward_lens_spec.store import open_store, write_run
     from reward_lens_spec.store.writer import RESERVED
 
@@ -48,7 +49,7 @@ def make_store(work: Path, n_runs: int, n_pairs: int) -> str:
         obs, ds, prov = sources[i % 2]
         f = 0.5 + (i % 17) / 8
         with xr.set_options(keep_attrs=True):                  # units and gauge stay on scaled variables
-            ds = ds.assign({v: ds[v] * f for v in scaled if v in ds})
+            ds = Result({**ds, **{v: ds[v] * f for v in scaled if v in ds}}, ds.attrs)
         attrs = {**prov, "model": f"tiny-{'abcd'[i % 4]}", "spec_hash": f"{prov['spec_hash'][:40]}{i:024d}"}
         write_run(url, f"{obs}-bench-{i:04d}", {obs: ds}, attrs)
     return url
