@@ -110,7 +110,12 @@ class Result(Mapping):
         return sum(int(v.nbytes) for v in self._vars.values())
 
     def load(self) -> "Result":
-        """Read every (dask-backed) variable into memory, in place; returns self."""
+        """Read every variable into memory, in place (the dask-backed ones in one dask pass); returns self."""
+        lazy = [k for k, v in self._vars.items() if v.chunks is not None]
+        if lazy:
+            import dask
+            for k, v in zip(lazy, dask.compute(*[self._vars[k] for k in lazy])):
+                self._vars[k] = v
         for k, v in self._vars.items():
             self._vars[k] = v.load()
         return self

@@ -38,7 +38,7 @@ from .planning import stages
 from .result import Result
 from .store.attempts import PREFIX, Attempt, list_attempts
 from .store.groups import (VARIABLES, ZARR_KW, open_variable, open_variables, set_group_attrs, variable_dataset,
-                           write_variables)
+                           write_labels, write_variables)
 from .store.writer import observable_attrs
 
 SCRATCH = "_stage"           # not a valid observable name (store.writer.check_name), so no clash
@@ -235,8 +235,8 @@ def _pair_chunk(lm, pairs, enc_k, plan, st, info_k, keep, capture_kw, frame, nee
 
 
 def _ensure_skeleton(att, role, b, groups, n, size, run_names):
-    """Create every run array once per attempt (full pair length, zarr chunks = run chunks), each variable
-    in its own group (``store.groups``) with its own coords and the run's pair labels."""
+    """Create every run array once per attempt (full pair length, zarr chunks = run chunks): each group
+    holds the run's pair labels once, each variable its own group (``store.groups``) with its own coords."""
     import dask.array as da
 
     while att.marker("skeleton") is None:
@@ -245,12 +245,15 @@ def _ensure_skeleton(att, role, b, groups, n, size, run_names):
             time.sleep(0.2)                        # another job is creating it
             continue
         for group, res, pair_coords in groups:
+            att.fence("skeleton")
+            labels = {k: c for k, c in pair_coords.items() if k != "pair"}
+            write_labels(b.zarr_store(), group, pair_coords["pair"], labels)   # the run's pair labels, once
             for name, v in res.items():
                 shape = tuple(n if d == "pair" else v.sizes[d] for d in v.dims)
                 chunks = tuple(size if d == "pair" else v.sizes[d] for d in v.dims)
                 coords = {k: c.variable for k, c in v.coords.items() if "pair" not in c.dims}
                 if "pair" in v.dims:
-                    coords.update(pair_coords)
+                    coords["pair"] = pair_coords["pair"]
                 for k in _op_pair_coords(v, run_names):      # an operator's own per-pair labels: regions too
                     c = v.coords[k]
                     cshape = tuple(n if d == "pair" else c.sizes[d] for d in c.dims)
@@ -315,7 +318,7 @@ def _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, 
         res = express(Result({o: values[o] for o in outs}), frame, info.model_name)
         res = Result({o: v.compute() for o, v in res.items()}, res.attrs)
         att.fence("reduce")
-        write_variables(b.zarr_store(), res, out_g)
+        write_variables(b.zarr_store(), res, out_g, labels=False)
     from .frames import save_frame
     for made in [v for v in ctx.memo.values() if isinstance(v, Frame)]:   # operators' own frames: stored too
         save_frame(made, b.url, storage_options=b.storage_options)

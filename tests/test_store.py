@@ -60,9 +60,11 @@ def assert_same(got, want: xr.Dataset) -> None:
     from reward_lens_spec.result import Result
     from reward_lens_spec.store.writer import READER_KEYS
 
-    if isinstance(got, xr.DataTree):
+    if isinstance(got, xr.DataTree):            # plain xarray: the pair labels are coords of the group, once
         assert list(got.attrs["output_variables"]) == list(want.data_vars)
-        got = Result({k: node.dataset[k] for k, node in got.children.items()},
+        labels = {k: c for k, c in got.dataset.coords.items() if k != "pair"}
+        got = Result({k: node.dataset[k].assign_coords(labels) if "pair" in node.dataset[k].dims
+                      else node.dataset[k] for k, node in got.children.items()},
                      {k: v for k, v in got.attrs.items() if k != "output_variables"})
     assert isinstance(got, Result) and sorted(got) == sorted(want.data_vars)
     got = got.load()

@@ -65,7 +65,12 @@ def test_each_variable_has_the_coordinates_it_really_has(battery):
     # the package's reader gives the same variables, and an explicit outer join is what pads
     res = open_store(url).load(run, "battery", lazy=False)
     assert isinstance(res, Result) and list(res) == list(tree.attrs["output_variables"])
-    xr.testing.assert_equal(res["patch_effect"], patch.load())
+    xr.testing.assert_equal(res["patch_effect"].reset_coords(drop=True), patch.load().reset_coords(drop=True))
+    labels = {"dimension", "prompt_id", "prompt_truncated", "response_truncated", "empty_response", "identical_sides"}
+    assert set(tree.dataset.coords) == {"pair"} | labels                # the run's pair labels, stored once
+    assert not labels & set(patch.coords)                               # not again in each variable's group
+    for k in labels:                                                    # and given back by the reader
+        np.testing.assert_array_equal(res["patch_effect"][k].values, tree.dataset[k].values)
     assert "component" not in res.coords and "layer" not in res.sizes and res.sizes["pair"] == 6
     joined = res.to_dataset()
     assert np.isnan(joined["patch_effect"].sel(component="embed")).all()

@@ -2,14 +2,19 @@
 
 Layout (store layout 3) of one observable of a run::
 
-    runs/<run_id>/<attempt>/<observable>/            attrs: trust, gauge, units, provenance summary,
-                                                    run id, ``output_variables`` (their order)
-    runs/<run_id>/<attempt>/<observable>/<variable>/ one Dataset: that variable and its coords
+    runs/<run_id>/<attempt>/<observable>/            the pair labels every pair-dim variable shares
+                                                    (``pair`` + e.g. ``dimension``, ``prompt_id``,
+                                                    the pair flags), stored once; attrs: trust, gauge,
+                                                    units, provenance summary, run id,
+                                                    ``output_variables`` (their order)
+    runs/<run_id>/<attempt>/<observable>/<variable>/ one Dataset: that variable, its own coords and
+                                                    its ``pair`` index
 
-so ``xr.open_zarr(url, group=".../<observable>/<variable>")`` or
-``xr.open_datatree(url, group=".../<observable>", engine="zarr")`` reads it with plain xarray and
-no variable is padded to another's coordinate set. Runs written before layout 3 hold one Dataset
-in the observable group; ``open_variables`` still reads them (with whatever padding they stored).
+so ``xr.open_datatree(url, group=".../<observable>", engine="zarr")`` reads it with plain xarray (or
+``xr.open_zarr(url, group=".../<observable>/<variable>")`` one variable, labelled by pair id) and no
+variable is padded to another's coordinate set. ``open_variables`` gives each pair-dim variable the
+shared labels back. Runs written before layout 3 hold one Dataset in the observable group;
+``open_variables`` still reads them (with whatever padding they stored).
 """
 from __future__ import annotations
 
@@ -27,19 +32,54 @@ def variable_dataset(da: xr.DataArray, name: str) -> xr.Dataset:
     return portable(da.to_dataset(name=name))
 
 
+def shared_pair_labels(res: Result) -> dict[str, xr.DataArray]:
+    """Non-index coords along ``pair`` alone that every pair-dim variable holds, identically."""
+    holders = [v for v in res.values() if "pair" in v.dims]
+    if not holders:
+        return {}
+    out = {}
+    for k, c in holders[0].coords.items():
+        if k != "pair" and c.dims == ("pair",) and all(
+                k in v.coords and v.coords[k].variable.identical(c.variable) for v in holders[1:]):
+            out[k] = c
+    return out
+
+
+def write_labels(zstore, group: str, pair, labels: dict) -> None:
+    """(Re)create ``group`` holding the ``pair`` index and the shared pair ``labels`` (before its children)."""
+    coords = {"pair": pair} if pair is not None else {}
+    coords.update({k: c.variable if isinstance(c, xr.DataArray) else c for k, c in labels.items()})
+    portable(xr.Dataset(coords=coords)).to_zarr(zstore, group=group, mode="w", **ZARR_KW)
+
+
 def set_group_attrs(zstore, group: str, attrs: dict) -> None:
-    """Replace the attrs of the (existing or new) group ``group``."""
+    """Add ``attrs`` to those of the (existing or new) group ``group`` (xarray's own ``coordinates``, naming
+    the pair labels, stays)."""
     import zarr
 
     g = zarr.open_group(store=zstore, path=group, mode="a", zarr_format=3)
-    g.attrs.put(attrs)
+    g.attrs.update(attrs)
 
 
-def write_variables(zstore, res, group: str, attrs: dict | None = None) -> None:
+def write_variables(zstore, res, group: str, attrs: dict | None = None, *, labels: bool = True) -> None:
     """Write every variable of ``res`` (Result or Dataset) as ``group/<variable>``, then ``group``'s attrs
-    (``attrs`` plus ``output_variables``), so the listing is written last."""
+    (``attrs`` plus ``output_variables``), so the listing is written last.
+
+    ``labels``: (re)create ``group`` first with the shared pair labels (``shared_pair_labels``), left out
+    of each variable's group; ``False``: ``group`` exists (a streamed run's reduce stage), so only the
+    labels it already holds are left out.
+    """
     res = Result.of(res)
+    if labels:
+        pair = next((v["pair"].variable for v in res.values() if "pair" in v.coords), None)
+        shared = shared_pair_labels(res) if pair is not None else {}    # labels go back by pair id
+        write_labels(zstore, group, pair, shared)
+        drop = set(shared)
+    else:
+        drop = set(xr.open_zarr(zstore, group=group, chunks=None, **ZARR_KW).variables) - {"pair"}
     for name, da in res.items():
+        if "pair" in da.dims:
+            da = da.drop_vars([k for k in drop if k in da.coords])
         variable_dataset(da, name).to_zarr(zstore, group=f"{group}/{name}", mode="w", **ZARR_KW)
     if attrs is not None:
         set_group_attrs(zstore, group, {**attrs, VARIABLES: list(res)})
@@ -51,12 +91,32 @@ def group_attrs(zstore, group: str) -> dict:
     return dict(zarr.open_group(store=zstore, path=group, mode="r", zarr_format=3).attrs)
 
 
-def open_variable(zstore, group: str, name: str, *, lazy: bool = True) -> xr.DataArray:
-    """The variable stored at ``group/name`` (dask-backed when ``lazy``; its coords in memory)."""
-    ds = xr.open_zarr(zstore, group=f"{group}/{name}", chunks={} if lazy else None, **ZARR_KW)
+def open_variable(zstore, group: str, name: str, *, lazy: bool = True, labels=None) -> xr.DataArray:
+    """The variable stored at ``group/name``: its coords read into memory, its data dask-backed (in its
+    zarr chunks) when ``lazy``, else read. ``labels``: the group's shared pair labels (an
+    ``xarray.Dataset``; default: read them), given back to a pair-dim variable.
+    Opened without dask first, so coords are read straight from zarr rather than by one dask compute each.
+    """
+    if labels is None:
+        labels = _labels(zstore, group)
+    ds = xr.open_zarr(zstore, group=f"{group}/{name}", chunks=None, **ZARR_KW)
     da = ds[name]
-    da = da.assign_coords({c: da[c].load() for c in da.coords})
-    return da if lazy else da.load()
+    da = da.assign_coords({c: da[c].variable.load() for c in da.coords})
+    if "pair" in da.dims and "pair" in labels.coords:
+        if list(map(str, da["pair"].values)) != list(map(str, labels["pair"].values)):
+            raise KeyError(f"{group}/{name}: its pair ids differ from the group's; not labelling them")
+        da = da.assign_coords({k: ("pair", c.values, c.attrs) for k, c in labels.coords.items() if k != "pair"})
+    if not lazy:
+        return da.load()
+    chunks = da.encoding.get("preferred_chunks") or dict(zip(da.dims, da.encoding.get("chunks") or da.shape))
+    return da.chunk({d: chunks.get(d, n) for d, n in da.sizes.items()})
+
+
+def _labels(zstore, group: str) -> xr.Dataset:
+    """The group's shared pair labels, as coords (a coords-only group may read them back as data vars)."""
+    ds = xr.open_zarr(zstore, group=group, chunks=None, **ZARR_KW)
+    ds = ds.set_coords([v for v in ds.data_vars if ds[v].dims == ("pair",)])
+    return ds.assign_coords({c: ds[c].variable.load() for c in ds.coords})
 
 
 def open_variables(zstore, group: str, names=None, *, lazy: bool = True) -> Result:
@@ -71,10 +131,12 @@ def open_variables(zstore, group: str, names=None, *, lazy: bool = True) -> Resu
         return Result({})
     attrs = group_attrs(zstore, group)
     listed = attrs.pop(VARIABLES, None)
+    attrs.pop("coordinates", None)                  # xarray's encoding of the pair labels, not an attr
     if listed is None and names is None:                        # layout ≤ 2: one Dataset
         ds = xr.open_zarr(zstore, group=group, chunks={} if lazy else None, **ZARR_KW)
         if not ds.data_vars:
             raise KeyError(f"group {group} lists no {VARIABLES} and holds no arrays of its own")
         return Result.of(ds if lazy else ds.load())
+    labels = _labels(zstore, group)
     want = list(listed if names is None else names)
-    return Result({n: open_variable(zstore, group, n, lazy=lazy) for n in want}, attrs)
+    return Result({n: open_variable(zstore, group, n, lazy=lazy, labels=labels) for n in want}, attrs)
