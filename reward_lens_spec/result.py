@@ -31,6 +31,7 @@ class Result(Mapping):
             if not isinstance(v, xr.DataArray):
                 raise TypeError(f"Result[{k!r}] is {type(v).__name__}, not an xarray.DataArray.")
         self.attrs = dict(attrs or {})
+        self._agreed = None                          # cache of ``coords`` (reset when a variable changes)
 
     @classmethod
     def of(cls, ds) -> "Result":
@@ -63,6 +64,7 @@ class Result(Mapping):
 
     def __setitem__(self, name, value: xr.DataArray) -> None:
         self._vars[str(name)] = value
+        self._agreed = None
 
     def __contains__(self, name) -> bool:
         return name in self._vars
@@ -81,18 +83,20 @@ class Result(Mapping):
     @property
     def coords(self) -> dict[str, xr.DataArray]:
         """Coordinates identical in every variable that holds them (a conflicting one is left out)."""
-        out: dict[str, xr.DataArray] = {}
-        bad: set[str] = set()
-        for da in self._vars.values():
-            for k, c in da.coords.items():
-                if k in bad:
-                    continue
-                if k not in out:
-                    out[k] = c
-                elif not out[k].variable.identical(c.variable):
-                    bad.add(k)
-                    del out[k]
-        return out
+        if self._agreed is None:
+            out: dict[str, xr.DataArray] = {}
+            bad: set[str] = set()
+            for da in self._vars.values():
+                for k, c in da.coords.items():
+                    if k in bad:
+                        continue
+                    if k not in out:
+                        out[k] = c
+                    elif not (out[k].variable is c.variable or out[k].variable.identical(c.variable)):
+                        bad.add(k)
+                        del out[k]
+            self._agreed = out
+        return dict(self._agreed)
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -118,6 +122,7 @@ class Result(Mapping):
                 self._vars[k] = v
         for k, v in self._vars.items():
             self._vars[k] = v.load()
+        self._agreed = None
         return self
 
     def identical(self, other) -> bool:

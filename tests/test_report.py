@@ -386,10 +386,10 @@ def test_lazy_and_one_pass_reads_give_the_same_page(store, tmp_path, monkeypatch
         return re.sub(r"report generated [^ ]+ from", "", path.read_text())
 
     one_pass = body(build_report(store, tmp_path / "a"))
-    monkeypatch.setattr(build, "LOAD_AT_ONCE", -1)    # every observable stays lazy (dask-backed)
+    monkeypatch.setattr(build, "LOAD_AT_ONCE", -1)    # every variable stays lazy (dask-backed)
     seen = []
     real = build.open_run
-    monkeypatch.setattr(build, "open_run", lambda st, r: seen.append(real(st, r)) or seen[-1])
+    monkeypatch.setattr(build, "open_run", lambda st, r, prov=None: seen.append(real(st, r, prov)) or seen[-1])
     lazy = body(build_report(store, tmp_path / "b"))
     assert seen and all(v.chunks is not None for d in seen for ds in d.values() for v in ds.data_vars.values()
                         if v.ndim)

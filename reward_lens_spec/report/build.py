@@ -23,7 +23,7 @@ from .html import details, e, figure_html, kv_table, page, pre, run_section, tab
 from .svg import fmt
 
 MAX_MEAN_CELLS = 1_000_000          # the summary reads a variable's mean only up to this size
-LOAD_AT_ONCE = 64 * 2**20           # an observable up to this many bytes is read in one pass
+LOAD_AT_ONCE = 64 * 2**20           # a variable up to this many bytes is read when the run is opened
 MAX_PAIR_ROWS = 500
 HASHES = ("spec_hash", "model_fingerprint", "dataset_checksum", "study_hash", "git_sha", "observable_spec_hash")
 
@@ -130,17 +130,14 @@ def run_body(store, run_id: str, prov: dict, datasets: dict, rows: dict | None =
     return "".join(parts)
 
 
-def open_run(store, run_id: str) -> dict:
-    """The run's observables, opened lazily; each one up to ``LOAD_AT_ONCE`` bytes is then read in one
-    synchronous dask pass (one read per array, ~2× faster on small runs than a compute per variable),
-    larger ones stay lazy and only the variables drawn are read. Without dask: the reader's eager load."""
+def open_run(store, run_id: str, prov: dict | None = None) -> dict:
+    """The run's observables: each variable up to ``LOAD_AT_ONCE`` bytes read at once, larger ones left
+    lazy (dask), so only the variables drawn are read. Without dask: the reader's eager load."""
     try:
-        import dask
+        import dask  # noqa: F401
     except ImportError:                             # the reader's lazy open needs dask
-        return store.load(run_id, lazy=False)
-    with dask.config.set(scheduler="synchronous"):
-        lazy = store.load(run_id, lazy=True)
-        return {o: ds.load() if ds.nbytes <= LOAD_AT_ONCE else ds for o, ds in lazy.items()}
+        return store.load(run_id, lazy=False, verdict=prov)
+    return store.load(run_id, lazy=LOAD_AT_ONCE, verdict=prov)   # prov: its derived trust, not derived again
 
 
 def build_report(url: str, out_dir, *, storage_options: dict | None = None) -> Path:
@@ -150,11 +147,14 @@ def build_report(url: str, out_dir, *, storage_options: dict | None = None) -> P
     entries: list[Entry] = []
     sections: list[str] = []
     rows = {str(r["run_id"]): r for r in df.to_dict("records")}
+    from ..trust.evidence import Evidence
+    docs = store.documents()                         # one scan: each run's provenance derived from it
+    evidence = Evidence(docs)
     for row in rows.values():
         run_id = str(row["run_id"])
-        prov = store.provenance(run_id)
+        prov = {**docs[run_id], **evidence.derive(run_id)} if run_id in docs else store.provenance(run_id)
         try:
-            datasets = open_run(store, run_id)
+            datasets = open_run(store, run_id, prov)
             body = run_body(store, run_id, prov, datasets, rows)
         except RewardLensError as exc:
             datasets, body = {}, f'<div class="refusal">This run could not be read: {e(exc)}</div>'

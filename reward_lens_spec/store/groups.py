@@ -71,8 +71,10 @@ def write_variables(zstore, res, group: str, attrs: dict | None = None, *, label
     """
     res = Result.of(res)
     if labels:
-        pair = next((v["pair"].variable for v in res.values() if "pair" in v.coords), None)
-        shared = shared_pair_labels(res) if pair is not None else {}    # labels go back by pair id
+        pairs = [v["pair"].variable for v in res.values() if "pair" in v.dims and "pair" in v.coords]
+        same = bool(pairs) and all(p.identical(pairs[0]) for p in pairs[1:])
+        pair = pairs[0] if same else None             # the group's pair ids only when every variable agrees
+        shared = shared_pair_labels(res) if same else {}    # labels go back by pair id
         write_labels(zstore, group, pair, shared)
         drop = set(shared)
     else:
@@ -93,23 +95,31 @@ def group_attrs(zstore, group: str) -> dict:
 
 def open_variable(zstore, group: str, name: str, *, lazy: bool = True, labels=None) -> xr.DataArray:
     """The variable stored at ``group/name``: its coords read into memory, its data dask-backed (in its
-    zarr chunks) when ``lazy``, else read. ``labels``: the group's shared pair labels (an
-    ``xarray.Dataset``; default: read them), given back to a pair-dim variable.
-    Opened without dask first, so coords are read straight from zarr rather than by one dask compute each.
+    zarr chunks) when ``lazy`` is True, read when False; an int ``lazy``: read if it holds at most that
+    many bytes, else dask-backed. ``labels``: the group's shared pair labels (an
+    ``xarray.Dataset``; default: read them), given back to a pair-dim variable by pair id.
+    Opened without dask, so coords are read straight from zarr; a pair-dim variable's own ``pair`` copy
+    is not read when the group's labels hold the pair ids.
     """
     if labels is None:
         labels = _labels(zstore, group)
-    ds = xr.open_zarr(zstore, group=f"{group}/{name}", chunks=None, **ZARR_KW)
-    da = ds[name]
-    da = da.assign_coords({c: da[c].variable.load() for c in da.coords})
-    if "pair" in da.dims and "pair" in labels.coords:
-        if list(map(str, da["pair"].values)) != list(map(str, labels["pair"].values)):
-            raise KeyError(f"{group}/{name}: its pair ids differ from the group's; not labelling them")
-        da = da.assign_coords({k: ("pair", c.values, c.attrs) for k, c in labels.coords.items() if k != "pair"})
-    if not lazy:
-        return da.load()
-    chunks = da.encoding.get("preferred_chunks") or dict(zip(da.dims, da.encoding.get("chunks") or da.shape))
-    return da.chunk({d: chunks.get(d, n) for d, n in da.sizes.items()})
+    shared = "pair" in labels.coords
+    ds = xr.open_zarr(zstore, group=f"{group}/{name}", chunks=None, drop_variables=["pair"] if shared else None,
+                      **ZARR_KW)
+    v = ds[name]
+    coords = {c: v[c].variable.load() for c in v.coords}
+    if "pair" in v.dims and shared:
+        if labels.sizes["pair"] != v.sizes["pair"]:
+            raise KeyError(f"{group}/{name}: {v.sizes['pair']} pairs, the group labels {labels.sizes['pair']}")
+        coords.update({k: c.variable for k, c in labels.coords.items()})
+    if lazy is True or (lazy is not False and v.nbytes > lazy):
+        chunks = v.encoding.get("preferred_chunks") or {}
+        var = v.variable.chunk({d: chunks.get(d, n) for d, n in v.sizes.items()})
+    else:
+        var = v.variable.load()
+    out = xr.DataArray(var, coords=coords, name=name)
+    out.encoding = v.encoding
+    return out
 
 
 def _labels(zstore, group: str) -> xr.Dataset:

@@ -193,11 +193,13 @@ class Store:
         """Observable names stored in a complete run."""
         return list(self._attrs(run_id).get("observables", []))
 
-    def load(self, run_id: str, observable: str | None = None, *, lazy: bool = True):
+    def load(self, run_id: str, observable: str | None = None, *, lazy: bool | int = True, verdict: dict | None = None):
         """One observable's ``Result`` (variable → DataArray, each with its own coordinates), or
         (``observable=None``) a dict of all of them.
 
-        ``lazy=True`` gives dask-backed arrays (nothing read until used).
+        ``lazy=True`` gives dask-backed arrays (nothing read until used); an int reads each variable of at
+        most that many bytes now and leaves larger ones dask-backed. ``verdict``: the run's derived trust
+        (``trust(run_id)`` or ``provenance(run_id)``) when the caller has it already; else derived here.
         Raises StoreError for an unknown/incomplete run, an unknown observable,
         or a group that cannot be read (naming the run and observable).
         """
@@ -206,7 +208,8 @@ class Store:
             raise StoreError(f"run {run_id} has no observable {observable!r}."
                              f"{did_you_mean(observable, names)} Valid: {', '.join(names)}.")
         # sealed (trust-bearing) runs: each variable's ``trust`` attr is its derived level, not the cache
-        verdict = self.trust(run_id) if self._attrs(run_id).get("content_hash") else None
+        sealed = bool(self._attrs(run_id).get("content_hash"))
+        verdict = (verdict if verdict is not None else self.trust(run_id)) if sealed else None
         out = {o: self._with_trust(self._open(run_id, o, lazy), verdict) for o in names
                if observable in (None, o)}
         return out if observable is None else out[observable]
@@ -216,7 +219,7 @@ class Store:
         if verdict is None or verdict["trust"] is None:
             return res
         for v in res:
-            res[v].attrs["trust"] = verdict["trust_by_variable"].get(v, verdict["trust"])
+            res[v].attrs["trust"] = (verdict.get("trust_by_variable") or {}).get(v, verdict["trust"])
         return res
 
     def _open(self, run_id: str, obs: str, lazy: bool) -> Result:
