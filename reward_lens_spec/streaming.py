@@ -283,12 +283,11 @@ def _op_pair_coords(v, run_names) -> list[str]:
 def _write_region(b, group, res, sl, run_names):
     """Write one chunk's pair rows ``sl`` of every variable of ``res`` into its group."""
     for name, v in res.items():
-        v = v.drop_vars([k for k in v.coords if k not in _op_pair_coords(v, run_names)])
-        v.attrs = {}
-        ds = v.to_dataset(name=name)
         if "pair" not in v.dims:
             raise StoreError(f"pair-stage output {name!r} has no pair dim; it cannot be written by chunk.")
-        ds.to_zarr(b.zarr_store(), group=f"{group}/{name}", region={"pair": sl}, **ZARR_KW)
+        v = v.drop_vars([k for k in v.coords if k not in _op_pair_coords(v, run_names)])
+        v.attrs = {}
+        v.to_dataset(name=name).to_zarr(b.zarr_store(), group=f"{group}/{name}", region={"pair": sl}, **ZARR_KW)
 
 
 def _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, frame, need_h, pair_coords) -> dict:

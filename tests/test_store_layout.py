@@ -148,3 +148,17 @@ def test_a_group_without_its_listing_is_refused_not_read_as_empty(tmp_path):
     json.dump(doc, open(doc_path, "w"))
     with pytest.raises(StoreError, match="cannot read run r observable score.*lists no output_variables"):
         open_store(url).load("r", "score")
+
+
+def test_variables_with_different_pair_orders_keep_their_own_labels(tmp_path):
+    """The group shares pair labels only when every variable's pair index agrees; else each keeps its own."""
+    url = str(tmp_path / "s.zarr")
+    a = xr.DataArray([1.0, 2.0], dims="pair", coords={"pair": ["p", "q"], "dimension": ("pair", ["x", "y"])})
+    b = xr.DataArray([3.0, 4.0], dims="pair", coords={"pair": ["q", "p"], "dimension": ("pair", ["y", "x"])})
+    write_run(url, "r", {"obs": Result({"a": a, "b": b})}, {"model": "m"})
+    res = open_store(url).load("r", "obs", lazy=False)
+    for name, want in (("a", a), ("b", b)):
+        assert list(res[name].pair.values) == list(want.pair.values)
+        assert list(res[name].dimension.values) == list(want.dimension.values)
+        np.testing.assert_array_equal(res[name].values, want.values)
+    assert res["b"].sel(pair="p").item() == 4.0

@@ -147,12 +147,10 @@ def build_report(url: str, out_dir, *, storage_options: dict | None = None) -> P
     entries: list[Entry] = []
     sections: list[str] = []
     rows = {str(r["run_id"]): r for r in df.to_dict("records")}
-    from ..trust.evidence import Evidence
-    docs = store.documents()                         # one scan: each run's provenance derived from it
-    evidence = Evidence(docs)
+    evidence = store.evidence()                      # one scan: each run's provenance derived from it
     for row in rows.values():
         run_id = str(row["run_id"])
-        prov = {**docs[run_id], **evidence.derive(run_id)} if run_id in docs else store.provenance(run_id)
+        prov = store.provenance(run_id, evidence=evidence)
         try:
             datasets = open_run(store, run_id, prov)
             body = run_body(store, run_id, prov, datasets, rows)

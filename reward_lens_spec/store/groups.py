@@ -13,7 +13,8 @@ Layout (store layout 3) of one observable of a run::
 so ``xr.open_datatree(url, group=".../<observable>", engine="zarr")`` reads it with plain xarray (or
 ``xr.open_zarr(url, group=".../<observable>/<variable>")`` one variable, labelled by pair id) and no
 variable is padded to another's coordinate set. ``open_variables`` gives each pair-dim variable the
-shared labels back. Runs written before layout 3 hold one Dataset in the observable group;
+shared labels back (the writer shares them only when every variable's ``pair`` index is identical, so a
+variable's own ``pair`` copy need not be read). Runs written before layout 3 hold one Dataset in the observable group;
 ``open_variables`` still reads them (with whatever padding they stored).
 """
 from __future__ import annotations
@@ -97,7 +98,8 @@ def open_variable(zstore, group: str, name: str, *, lazy: bool = True, labels=No
     """The variable stored at ``group/name``: its coords read into memory, its data dask-backed (in its
     zarr chunks) when ``lazy`` is True, read when False; an int ``lazy``: read if it holds at most that
     many bytes, else dask-backed. ``labels``: the group's shared pair labels (an
-    ``xarray.Dataset``; default: read them), given back to a pair-dim variable by pair id.
+    ``xarray.Dataset``; default: read them), given back to a pair-dim variable (same pair order, by
+    construction of ``write_variables`` and the streamed skeleton; the pair count is checked).
     Opened without dask, so coords are read straight from zarr; a pair-dim variable's own ``pair`` copy
     is not read when the group's labels hold the pair ids.
     """

@@ -174,20 +174,26 @@ class Store:
         """Stored attrs of every complete run, by run id (one scan of the store)."""
         return self._complete()
 
-    def trust(self, run_id: str) -> dict:
-        """Derived trust of one run: ``{trust, trust_by_variable, trust_verified, trust_reason,
-        trust_stored, trust_scope}`` (see ``trust.evidence``). Reads only."""
+    def evidence(self):
+        """The store's evidence chain (``trust.evidence.Evidence``) from one scan of its run documents:
+        pass it to ``trust`` / ``provenance`` to derive many runs without rescanning."""
         from reward_lens_spec.trust.evidence import Evidence
 
-        self._attrs(run_id)                        # StoreError for an unknown or incomplete run
-        return Evidence(self._complete()).derive(run_id)
+        return Evidence(self._complete())
 
-    def provenance(self, run_id: str) -> dict:
+    def trust(self, run_id: str, *, evidence=None) -> dict:
+        """Derived trust of one run: ``{trust, trust_by_variable, trust_verified, trust_reason,
+        trust_stored, trust_scope}`` (see ``trust.evidence``). Reads only. ``evidence``: from
+        ``evidence()``, else scanned here."""
+        self._attrs(run_id)                        # StoreError for an unknown or incomplete run
+        return (evidence or self.evidence()).derive(run_id)
+
+    def provenance(self, run_id: str, *, evidence=None) -> dict:
         """The run's attrs (config, hashes, fingerprints, versions, ...) with trust derived on read.
 
         ``trust`` is the verified level, never the stored label (that is ``trust_stored``).
         """
-        return {**self._attrs(run_id), **self.trust(run_id)}
+        return {**self._attrs(run_id), **self.trust(run_id, evidence=evidence)}
 
     def observables(self, run_id: str) -> list[str]:
         """Observable names stored in a complete run."""
