@@ -30,7 +30,7 @@ TIMED = ("import sys, time; t, c = time.perf_counter(), time.process_time(); "
 
 
 def make_store(work: Path, n_runs: int, n_pairs: int) -> str:
-    from reward_lens_spec.fit.cli import compose_run
+    from reward_lens_spec.run.compose import compose_run
     from reward_lens_spec.run import execute
     from reward_lens_spec.result import Result
     from reward_lens_spec.store import open_store, write_run

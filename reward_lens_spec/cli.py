@@ -12,11 +12,10 @@ from __future__ import annotations
 import os
 import sys
 import textwrap
-from pathlib import Path
 
-from .config_safety import check_argv
 from .errors import RewardLensError
-from .overrides import GROUPS, prepare_overrides, precheck_overrides, use_config_dirs
+from .overrides import GROUPS, use_config_dirs
+from .run.compose import prepare
 from .paths import conf_dir
 from .spec import register_configs
 
@@ -92,16 +91,10 @@ def help_text() -> str:
 def _store_url(cfg, base_dir: str) -> str:
     from hydra.core.hydra_config import HydraConfig
 
-    url = cfg.store.url
-    if url is None:
-        hc = HydraConfig.get()
-        if hc.mode.name == "MULTIRUN":
-            return str(Path(hc.sweep.dir if Path(hc.sweep.dir).is_absolute() else Path(base_dir) / hc.sweep.dir)
-                       / "store.zarr")
-        return str(Path(base_dir) / "outputs" / "store.zarr")
-    if "://" not in url and not Path(url).is_absolute():
-        return str(Path(base_dir) / url)
-    return url
+    from .run.compose import store_url
+
+    hc = HydraConfig.get()
+    return store_url(cfg.store.url, base_dir, hc.sweep.dir if hc.mode.name == "MULTIRUN" else None)
 
 
 def _task(cfg) -> None:
@@ -113,13 +106,13 @@ def _task(cfg) -> None:
 
 
 def _run_task(cfg) -> None:
+    from hydra.core.hydra_config import HydraConfig
     from hydra.utils import get_original_cwd
-    from omegaconf import OmegaConf
 
-    from .spec import validate
+    from .run.compose import finish
 
     base_dir = get_original_cwd()
-    run = validate(cfg)
+    run, resolved_yaml = finish(cfg, list(HydraConfig.get().overrides.task))
     if run.mode.value == "validate":
         from .planning import plan_for, restricted_steps
         plan, _ = plan_for(run, base_dir)
@@ -135,7 +128,7 @@ def _run_task(cfg) -> None:
     from .report.summary import print_summary
     from .run import execute
     url = _store_url(cfg, base_dir)
-    out = execute(run, resolved_yaml=OmegaConf.to_yaml(cfg), base_dir=base_dir, store_url=url)
+    out = execute(run, resolved_yaml=resolved_yaml, base_dir=base_dir, store_url=url)
     print_summary(out)
 
 
@@ -184,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(getattr(trust_cli, f"{cmd}_main")(use_config_dirs(argv[1:])[0]))
         if cmd == "fit":
             from .fit.cli import main as fit_main
-            raise SystemExit(fit_main(prepare_overrides(argv[1:])))
+            raise SystemExit(fit_main(argv[1:]))
         if cmd == "compare":
             from .compare.cli import main as compare_main
             raise SystemExit(compare_main(argv[1:]))
@@ -195,9 +188,7 @@ def main(argv: list[str] | None = None) -> None:
             return _ops(argv[1:])
         if cmd == "validate":
             argv = argv[1:] + ["mode=validate"]
-        argv = prepare_overrides(argv)        # the user's folders and files, as one file:// searchpath
-        check_argv(argv)                      # no hydra.callbacks / foreign _target_ from any config source
-        precheck_overrides(argv)
+        argv = prepare(argv)                  # folders, files, safety, typos: run.compose, as every route
         os.environ.setdefault("HYDRA_FULL_ERROR", "0")
         _hydra_main(argv)
     except RewardLensError as exc:

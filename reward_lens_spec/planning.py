@@ -101,8 +101,9 @@ def stages(plan) -> dict[str, str]:
     """Step name -> ``"pair"`` (runs batch by batch, pair-chunk regions) or ``"reduce"`` (after the last chunk).
 
     A step is in the pair stage when its operator acts pair by pair (``Operator.acts_per_pair``),
-    its output keeps the ``pair`` dim and every input is a pair-stage step; anything reading a
-    reduction runs after it. Raises ``SpecError`` naming the step when an operator that declares
+    its output keeps the ``pair`` dim and every input is a pair-stage step — or, for an operator that
+    re-runs the model (``Operator.reruns``), a reduction without a ``pair`` dim, read whole by every
+    chunk in a later pass (``passes``); anything else runs after the last chunk. Raises ``SpecError`` naming the step when an operator that declares
     itself per-pair drops the ``pair`` dim of an input that has one (it would reduce over pairs).
     """
     out: dict[str, str] = {}
@@ -114,6 +115,22 @@ def stages(plan) -> dict[str, str]:
                             f"operator '{s.op.name}' is declared per-pair but its output ({' × '.join(s.dims)}) "
                             "drops the 'pair' dim of its input.",
                             fix="set per_pair = False on the operator (it reduces over pairs).")
-        pair = per_pair and "pair" in s.dims and all(out[i] == "pair" for i in s.inputs)
+        # a step that re-runs the model may read a reduction without a pair dim (a direction, a mean):
+        # every chunk reads it whole, in a later pass (``passes``); other steps reading one reduce
+        pair = per_pair and "pair" in s.dims and all(
+            out[i] == "pair" or (s.op.reruns and "pair" not in by_name[i].dims) for i in s.inputs)
         out[s.name] = "pair" if pair else "reduce"
+    return out
+
+
+def passes(plan, st=None) -> dict[str, int]:
+    """Step name -> pass: 0, plus one for every reduction → pair-stage step edge on its longest input path.
+
+    Pass ``p`` runs its pair-stage steps chunk by chunk, then its reductions (``run.stream``); a pair-stage
+    step that reads a reduction (e.g. ``steer`` along a ``mean_direction``) so runs after it.
+    """
+    st = st or stages(plan)
+    out: dict[str, int] = {}
+    for s in plan.steps:
+        out[s.name] = max([out[i] + (st[s.name] == "pair" and st[i] == "reduce") for i in s.inputs] or [0])
     return out

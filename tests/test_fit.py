@@ -184,7 +184,7 @@ def test_clear_quantizer_drops_the_gguf_flag():
 
 @pytest.fixture(scope="module")
 def confounders_run(tmp_path_factory):
-    from reward_lens_spec.fit.cli import compose_run
+    from reward_lens_spec.run.compose import compose_run
     from reward_lens_spec.run import execute
 
     d = tmp_path_factory.mktemp("conf")

@@ -67,7 +67,7 @@ def naive_margins(lm, path, template=TEMPLATE) -> dict[str, float]:
 
 
 def score(tmp_path, path, url, *extra):
-    from reward_lens_spec.fit.cli import compose_run
+    from reward_lens_spec.run.compose import compose_run
     from reward_lens_spec.run import execute
 
     run, text = compose_run(["model=tiny", "dataset=jsonl", f"dataset.path={path}", *extra])

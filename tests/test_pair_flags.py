@@ -33,7 +33,7 @@ ROWS = [
 
 @pytest.fixture(scope="module")
 def scored(tmp_path_factory):
-    from reward_lens_spec.fit.cli import compose_run
+    from reward_lens_spec.run.compose import compose_run
     from reward_lens_spec.run import execute
 
     d = tmp_path_factory.mktemp("flags")

@@ -31,7 +31,7 @@ INCOMPLETE = "battery-crashed-before-completion"
 def make_store(d: Path) -> str:
     """A real store: tiny-model runs of every report kind, and one run lacking only its completion."""
     from reward_lens_spec.compare import compare_runs
-    from reward_lens_spec.fit.cli import compose_run
+    from reward_lens_spec.run.compose import compose_run
     from reward_lens_spec.fit.cli import main as fit_main
     from reward_lens_spec.run import execute
     from reward_lens_spec.trust.cli import calibrate_main

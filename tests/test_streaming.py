@@ -23,7 +23,7 @@ from reward_lens_spec.run import compute
 from reward_lens_spec.spec import StoreSpec
 from reward_lens_spec.store._backend import Backend
 from reward_lens_spec.store.writer import check_layout
-from reward_lens_spec.streaming import stream
+from reward_lens_spec.run.stream import stream
 from tests.conftest import assert_identical_results, make_pairs, tiny_lm
 
 TEMPLATE = "User: {prompt}\nAssistant: {response}"

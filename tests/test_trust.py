@@ -17,10 +17,10 @@ from reward_lens_spec.models.organisms import (STRENGTHS, planted_organism,
 from reward_lens_spec.observables import load_observable
 from reward_lens_spec.spec import ObservableSpec, validate
 from reward_lens_spec.store import open_store
-from reward_lens_spec.trust import studies
+from reward_lens_spec.trust import studies, study_doc
 from reward_lens_spec.trust.cli import adjudicate_main, calibrate_main, freeze_main
-from reward_lens_spec.trust.scorecard import (Scorecard, evaluate, find_cards, grade, observable_hash,
-                                              write_card)
+from reward_lens_spec.run.identity import observable_hash
+from reward_lens_spec.trust.scorecard import Scorecard, evaluate, find_cards, grade, write_card
 
 STUDY = {"name": "t_study", "version": 1,
          "design": {"observable": {"name": "dla"}, "model": {"name": "tiny_llama"},
@@ -32,7 +32,7 @@ STUDY = {"name": "t_study", "version": 1,
 
 def make_run(model="tiny_llama", observable="dla", experiment=None, limit=4, **obs_kw):
     """A validated RunConfig (composed like the app) with an in-memory observable or study if given."""
-    from reward_lens_spec.fit.cli import compose_run
+    from reward_lens_spec.run.compose import compose_run
     name = observable if isinstance(observable, str) else "dla"
     run, _ = compose_run([f"model={model}", f"observable={name}", f"dataset.limit={limit}"])
     if not isinstance(observable, str):
@@ -254,7 +254,7 @@ def test_bad_study_schema():
     bad = copy.deepcopy(STUDY)
     bad["hypotheses"][0]["predictions"][0]["comparator"] = "=>"
     with pytest.raises(SpecError, match="comparator"):
-        studies.validate_study(bad)
+        study_doc.validate_study(bad)
 
 
 # -- adjudication ----------------------------------------------------------------------------------

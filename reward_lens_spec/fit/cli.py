@@ -69,31 +69,6 @@ def parse_args(argv: list[str]) -> tuple[FitOptions, str | None, list[str]]:
     return FitOptions(**opts), out, rest
 
 
-def compose_run(overrides: list[str]):
-    """Compose ``conf/config.yaml`` with ``overrides`` and validate it into a ``RunConfig``."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from ..overrides import precheck_overrides
-    from ..paths import conf_dir
-    from ..spec import register_configs, validate
-
-    precheck_overrides(overrides)
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
-    from omegaconf import OmegaConf
-    return validate(cfg), OmegaConf.to_yaml(cfg)
-
-
-def store_url(url: str | None, base_dir: str) -> str:
-    """The main app's rule: no url → ``<cwd>/outputs/store.zarr``; a relative path → under ``base_dir``."""
-    if url is None:
-        return str(Path(base_dir) / "outputs" / "store.zarr")
-    return url if "://" in url or Path(url).is_absolute() else str(Path(base_dir) / url)
-
-
 def _clean(x):
     """JSON-safe copy: numpy → python, NaN/inf → None."""
     if isinstance(x, dict):
@@ -151,27 +126,25 @@ def run_fit(opts: FitOptions, out: str, run, resolved_yaml: str, base_dir: str) 
     import hashlib
 
     from .. import __version__
-    from ..data import load_pairs
     from ..data.checksum import prompt_cluster_key
+    from ..identity import spec_hash, versions
     from ..models.capture import capture
     from ..models.fingerprint import model_fingerprint
-    from ..models.formatting import encode_pairs
-    from ..models.loading import load_model
-    from ..identity import spec_hash, versions
+    from ..run.compose import store_url
+    from ..run.identity import numerics
+    from ..run.inputs import encode, load_dataset, load_lm
     from ..store import write_run
 
     t0 = time.perf_counter()
     m, ds = run.model, run.dataset
-    pairs = load_pairs(ds.kind.value, path=ds.path, fields=dict(ds.fields) or None, limit=ds.limit,
-                       dimensions=ds.dimensions, base_dir=base_dir)
+    pairs = load_dataset(ds, base_dir)
     split = split_by_prompt(pairs.pairs, fractions=opts.fractions, seed=opts.seed,
                             max_pairs={"train": opts.max_pairs, "dev": opts.max_dev, "test": opts.max_test})
-    lm = load_model(run.model, base_dir)
+    lm = load_lm(run.model, base_dir)
     lm = set_head(lm, np.zeros(lm.d_model))
     fp = model_fingerprint(lm.model, lm.tokenizer)
     selected = [p for part in PARTS for p in split[part]]
-    enc = encode_pairs(lm.tokenizer, selected, fmt=m.format.value, template=m.template,
-                       max_length=m.max_length, model_name=m.name)
+    enc = encode(lm, selected, m)
     t1 = time.perf_counter()
     cap = capture(lm, enc, sites=(), batch_size=m.batch_size, max_tokens=m.max_tokens,
                   padding_side=m.padding_side.value, progress=opts.progress)
@@ -211,11 +184,11 @@ def run_fit(opts: FitOptions, out: str, run, resolved_yaml: str, base_dir: str) 
     gkey = [hashlib.sha256(g.encode()).hexdigest()[:12] for g in groups["test"]]
     result = report_dataset(report, [cap.pair_ids[i] for i in idx["test"]], margin[idx["test"]], gkey,
                             ev.length_log_ratio(lc, lr))
-    parts = {"backbone_fingerprint": fp, "dataset_checksum": pairs.checksum, "split": split.summary(),
-             "split_ids": hashlib.sha256("\n".join(cap.pair_ids).encode()).hexdigest(),
+    # everything the fit reads: backbone, pairs, what the model saw of them (template, truncation), the split
+    parts = {"backbone_fingerprint": fp, "dataset_checksum": pairs.checksum, "model_input": enc.digest(),
+             "split": split.summary(), "split_ids": hashlib.sha256("\n".join(cap.pair_ids).encode()).hexdigest(),
              "fit": _clean(dataclasses.asdict(opts) | {"progress": None, "verify_pairs": None}),
-             "numerics": {"dtype": m.dtype.value, "max_length": m.max_length, "format": m.format.value},
-             "package_version": __version__}
+             "numerics": numerics(m), "package_version": __version__}
     h = spec_hash(parts)
     run_id = f"fit_report-{h[:20]}"
     attrs = {"config_yaml": resolved_yaml, "spec_hash": h, "model": m.name, "model_fingerprint": fp,
@@ -236,13 +209,11 @@ def _verify(run, folder: Path, base_dir: str, pairs, expected) -> dict:
     if not pairs:
         return {"n": 0}
     from ..models.capture import capture
-    from ..models.formatting import encode_pairs
-    from ..models.loading import load_model
+    from ..run.inputs import encode, load_lm
 
     spec = dataclasses.replace(run.model, source=str(folder), gguf_file=None)
-    lm = load_model(spec, base_dir)
-    enc = encode_pairs(lm.tokenizer, pairs, fmt=spec.format.value, template=spec.template,
-                       max_length=spec.max_length, model_name=spec.name)
+    lm = load_lm(spec, base_dir)
+    enc = encode(lm, pairs, spec)
     cap = capture(lm, enc, sites=(), batch_size=spec.batch_size, padding_side=spec.padding_side.value)
     got = cap.logits[:, 0, 0].astype(np.float64) - cap.logits[:, 1, 0]
     diff = float(np.max(np.abs(got - np.asarray(expected)[: len(got)])))
@@ -274,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         if not out:
             raise SpecError("out", "the folder to save the fitted checkpoint in is required.",
                             fix="add out=models/<name> (keep it out of git).")
+        from ..run.compose import compose_run
         run, yaml_text = compose_run(rest)
         rep = run_fit(opts, out, run, yaml_text, os.getcwd())
     except RewardLensError as exc:

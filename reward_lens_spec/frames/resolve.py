@@ -35,13 +35,8 @@ def body_fingerprint(lm) -> str:
     return model_fingerprint(lm.model, lm.tokenizer, without_head=lm.family.head)
 
 
-def _numerics(spec) -> dict:
-    return {"dtype": spec.dtype.value, "max_length": spec.max_length, "format": spec.format.value,
-            "template": spec.template if spec.format.value == "plain" else None}
-
-
 def _reference_pairs(run, base_dir):
-    from ..data import load_pairs
+    from ..run.inputs import load_dataset
     from ..spec import group_config
 
     f = run.frame
@@ -50,8 +45,7 @@ def _reference_pairs(run, base_dir):
     # reference_limit, not the dataset's own limit, sets how many pairs: runs of one dataset at
     # different dataset.limit share one frame
     try:
-        loaded = load_pairs(ds.kind.value, path=ds.path, fields=dict(ds.fields) or None, limit=f.reference_limit,
-                            dimensions=ds.dimensions, base_dir=base_dir)
+        loaded = load_dataset(ds, base_dir, limit=f.reference_limit)
     except SpecError as exc:
         where = "frame.reference" if f.reference is not None else "dataset"
         raise SpecError(where, f"the frame's reference dataset '{ds.name}' cannot be loaded ({exc}).",
@@ -63,10 +57,9 @@ def _reference_pairs(run, base_dir):
 def _readout(lm, spec, pairs) -> dict[str, np.ndarray]:
     """pair id → (2, d) readout activations h (chosen, rejected) of ``lm`` on ``pairs``."""
     from ..models.capture import capture
-    from ..models.formatting import encode_pairs
+    from ..run.inputs import encode
 
-    enc = encode_pairs(lm.tokenizer, list(pairs), fmt=spec.format.value, template=spec.template,
-                       max_length=spec.max_length, model_name=lm.name)
+    enc = encode(lm, pairs, spec)
     cap = capture(lm, enc, (), batch_size=spec.batch_size, max_tokens=spec.max_tokens,
                   padding_side=spec.padding_side.value)
     return {pid: cap.h[i] for i, pid in enumerate(enc.pair_ids)}
@@ -125,7 +118,8 @@ def _check_covers(frame: Frame, model: str, fingerprint: str, kind: str) -> Fram
 
 def resolve_frame(run, lm, store_url: str, base_dir: str | None = None) -> Frame | None:
     """The run's frame (``None`` for native); fits, stores and reuses as the module doc says."""
-    from ..models.loading import load_model
+    from ..run.identity import numerics
+    from ..run.inputs import load_lm
     from ..spec import group_config
     from .io import save_frame
 
@@ -137,12 +131,12 @@ def resolve_frame(run, lm, store_url: str, base_dir: str | None = None) -> Frame
     if f.id:
         return _check_covers(_load_by_id(store_url, f.id, so), name, fingerprint, kind)
     ref_name, ref_pairs = _reference_pairs(run, base_dir)
-    models = [(name, fingerprint, _numerics(run.model))]
+    models = [(name, fingerprint, numerics(run.model))]
     partner = None
     if kind == "shared":
         pspec = group_config("model", f.partner, key="frame.partner", base_dir=base_dir)
-        partner = load_model(pspec, base_dir)
-        models.append((pspec.name, body_fingerprint(partner), _numerics(pspec)))
+        partner = load_lm(pspec, base_dir)
+        models.append((pspec.name, body_fingerprint(partner), numerics(pspec)))
     key = fit_key(kind, models, ref_pairs.checksum, f.reference_limit, f.shrinkage)
     found = _find(store_url, key, so)
     if found is not None:

@@ -63,6 +63,9 @@ class Operator:
                                                    # (e.g. mean ablation): the run streams as one chunk
     dims: ClassVar[str] = ""                       # input → output dims, for `reward-lens-spec ops`
     restricted_by: ClassVar[tuple[str, ...]] = ()  # observable.layers / components / pairs this op honours
+    pair_fields: ClassVar[tuple[str, ...]] = ()    # per-pair fields it reads beyond the text and dimension
+                                                   # (Pair.meta keys, rubric, source): in the run identity, and
+                                                   # the only ones it sees (run.inputs.ops_view)
 
     def __init__(self, params):
         self.p = params

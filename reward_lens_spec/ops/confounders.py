@@ -118,6 +118,7 @@ class PairFeature(Operator):
     """A per-pair confounder feature (length, prompt overlap, presentation position)."""
 
     name = "pair_feature"
+    pair_fields = ("chosen_position",)
     per_pair = True
     dims = "() → pair"
     Params = PairFeatureParams

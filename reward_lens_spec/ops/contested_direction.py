@@ -127,6 +127,7 @@ class ContestedDirection(Operator):
     """Direction separating contested from unanimous pairs in whitened h_c − h_r; |cos| to w_r with nulls."""
 
     name = "contested_direction"
+    pair_fields = ("agreement", "votes")
     dims = "x (pair × side × d_model) → direction_statistic (statistics) | d_model (direction)"
     reads_capture = True           # the whitened frame is fitted on every pair's readout h
     Params = ContestedDirectionParams

@@ -73,6 +73,7 @@ class ContestedMargin(Operator):
     """Mean |margin| on contested vs unanimous pairs (annotator votes/agreement), gap with CI."""
 
     name = "contested_margin"
+    pair_fields = ("agreement", "votes")
     dims = "margin (pair) → contested_statistic × bound"
     Params = ContestedMarginParams
 

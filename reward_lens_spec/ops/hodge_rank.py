@@ -172,6 +172,7 @@ class HodgeRank(Operator):
     """Gradient / curl / harmonic split of label and model preference flows per comparison group."""
 
     name = "hodge_rank"
+    pair_fields = ("agreement", "group", "votes")
     dims = "margin (pair) → flow × [group ×] hodge_statistic"
     Params = HodgeRankParams
 

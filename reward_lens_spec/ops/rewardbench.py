@@ -205,6 +205,7 @@ class BestOfN(Operator):
     """RewardBench 2: candidates' rewards per item, best-of-N correctness, and accuracy per subset."""
 
     name = "best_of_n"
+    pair_fields = ("chosen_index", "item", "n_chosen", "n_rejected", "rejected_index")
     dims = "reward (pair × side [× objective]) → item × candidate | item | subset × bound"
     Params = RewardBenchParams
 

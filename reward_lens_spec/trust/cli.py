@@ -32,10 +32,8 @@ def parse_args(argv: list[str], allowed: tuple[str, ...], required: tuple[str, .
     for k in required:
         if k not in out:
             raise SpecError(k, "required.", fix=f"add {k}=...")
-    url = out.get("store.url") or str(Path.cwd() / "outputs" / "store.zarr")
-    if "://" not in url and not Path(url).is_absolute():
-        url = str(Path.cwd() / url)
-    out["store.url"] = url
+    from ..run.compose import store_url
+    out["store.url"] = store_url(out.get("store.url") or None, str(Path.cwd()))
     return out
 
 

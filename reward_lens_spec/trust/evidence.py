@@ -153,7 +153,7 @@ class Evidence:
         return None
 
     def study_error(self, rid: str, a: dict) -> str | None:
-        from .studies import study_hash
+        from .study_doc import study_hash
         bad = seal_error(a)
         if bad:
             return f"study {rid}: {bad}"
@@ -251,7 +251,7 @@ class Evidence:
         return _verdict(a, level, by_var, None, reason, scopes)
 
     def _adjudication(self, rid: str, a: dict) -> dict:
-        from .studies import COMPARATORS, predictions
+        from .study_doc import COMPARATORS, predictions
         bad = seal_error(a)
         rec, why = self.verified_study(a.get("study_hash"))
         if bad or rec is None:

@@ -47,14 +47,14 @@ def seal_run(run_id: str, attrs: dict, result, run, store_url: str, *, logits, p
     ``trust`` and ``trust_by_variable`` — also as each output variable's ``trust`` attr in ``result``.
     """
     from .identities import check_identities
-    from .scorecard import observable_hash
+    from ..run.identity import observable_hash
 
     attrs = {**attrs, "observable_spec_hash": observable_hash(run.observable),
              "identities": check_identities(result, logits, pair_ids,
                                             n_layers=lm.n_layers, objectives=lm.head.objectives,
                                             dtype=str(lm.dtype))}
     if run.experiment and not attrs.get("study_hash"):     # executed a study never frozen: say which
-        from .studies import load_study, study_hash
+        from .study_doc import load_study, study_hash
         attrs["study_hash"] = study_hash(load_study(dict(run.experiment)))
     attrs.pop("trust", None)
     sealed = seal(attrs)

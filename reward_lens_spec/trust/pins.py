@@ -35,22 +35,19 @@ def _overrides(design: dict) -> list[str]:
 
 def design_run(experiment, study: dict):
     """The ``RunConfig`` a study's design describes (``experiment``: a study name or the study dict)."""
-    from ..fit.cli import compose_run
+    from ..run.compose import compose_run
     overrides = [f"experiment={experiment}"] if isinstance(experiment, str) else \
         _overrides(study.get("design") or {})
-    return compose_run(overrides)[0]
+    return compose_run(overrides, typed=[])[0]
 
 
 def pins(run, base_dir: str) -> dict:
     """The three pins of ``run`` (loads the model and the pairs; reads no results)."""
-    from ..data import load_pairs
     from ..models.fingerprint import model_fingerprint
-    from ..models.loading import load_model
-    from .scorecard import observable_hash
+    from ..run.inputs import load_dataset, load_lm
+    from ..run.identity import observable_hash
 
-    ds = run.dataset
-    pairs = load_pairs(ds.kind.value, path=ds.path, fields=dict(ds.fields) or None, limit=ds.limit,
-                       dimensions=ds.dimensions, base_dir=base_dir)
-    lm = load_model(run.model, base_dir)
+    pairs = load_dataset(run.dataset, base_dir)
+    lm = load_lm(run.model, base_dir)
     return {"observable_spec_hash": observable_hash(run.observable),
             "model_fingerprint": model_fingerprint(lm.model, lm.tokenizer), "dataset_checksum": pairs.checksum}

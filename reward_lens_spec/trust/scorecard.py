@@ -77,17 +77,11 @@ from ..errors import SpecError
 from ..models.organisms import STRENGTHS, Organism, organism_family
 from .criteria import CRITERIA
 from .evidence import MIN_SPEARMAN, card_verdict, seal
+from ..run.identity import observable_hash
 from .identities import check_identities
 
 CARD_OBSERVABLE = "scorecard"
 UNIT_KINDS = ("planted", "planted_head", "planted_paths")     # organisms whose truth names a planted unit
-
-
-def observable_hash(obs) -> str:
-    """Canonical spec hash of an ``ObservableSpec`` (what a card and the gate compare)."""
-    from ..identity import canonical_observable, spec_hash
-    return spec_hash(canonical_observable(obs))
-
 
 
 def spearman(x, y) -> float:
@@ -104,12 +98,10 @@ def evaluate(obs, org: Organism) -> xr.Dataset:
 
     ``attrs["identities"]``: the run's exactness-identity records (``trust.identities``).
     """
-    from ..context import RunContext
-    from ..models.capture import capture
-    from ..models.formatting import encode_pairs
+    from ..observables import load_observable
     from ..ops.base import PlanInfo
     from ..registry import build_plan
-    from ..observables import load_observable
+    from ..run.execute import compute
 
     lm = org.lm
     info = PlanInfo(family=lm.family, n_layers=lm.n_layers, n_objectives=lm.head.n_objectives,
@@ -118,14 +110,9 @@ def evaluate(obs, org: Organism) -> xr.Dataset:
                     components=tuple(obs.components) if obs.components else None, pairs=obs.pairs,
                     gated=lm.head.gate is not None)
     plan = build_plan(obs, info, load_observable)
-    enc = encode_pairs(lm.tokenizer, list(org.pairs), model_name=lm.name)
-    cap = capture(lm, enc, plan.sites, batch_size=32)
-    ctx = RunContext(lm=lm, pairs=org.pairs, encoded=enc, capture=cap, info=info)
-    values: dict[str, xr.DataArray] = {}
-    for step in plan.steps:
-        values[step.name] = step.op.run(ctx, *[values[s] for s in step.inputs])
-    out = xr.Dataset({o: values[o] for o in plan.outputs})
-    out.attrs["identities"] = check_identities(out, cap.logits, enc.pair_ids, n_layers=lm.n_layers,
+    res, ctx, enc = compute(lm, org.pairs, plan, info, batch_size=32)      # the one executor, in memory
+    out = xr.Dataset({o: res[o] for o in plan.outputs})
+    out.attrs["identities"] = check_identities(out, ctx.capture.logits, enc.pair_ids, n_layers=lm.n_layers,
                                                objectives=lm.head.objectives, dtype=str(lm.dtype))
     return out
 
@@ -137,8 +124,8 @@ def planted_margins(org: Organism) -> np.ndarray:
     """
     import torch
 
-    from ..models.formatting import encode_pairs
-    enc = encode_pairs(org.lm.tokenizer, list(org.pairs), model_name=org.lm.name)
+    from ..run.inputs import encode
+    enc = encode(org.lm, org.pairs)
     dev = next(org.lm.model.parameters()).device
     out = []
     with torch.no_grad():

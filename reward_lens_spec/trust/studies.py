@@ -35,7 +35,6 @@ Nosek et al. 2018, *The preregistration revolution*, PNAS):
 from __future__ import annotations
 
 import hashlib
-import json
 from datetime import datetime, timezone
 
 import numpy as np
@@ -46,76 +45,7 @@ from ..errors import SpecError, StoreError
 from ..result import Result
 from .evidence import LEVELS, NOT_RESULTS, Evidence, level_of, seal
 
-COMPARATORS = {">": np.greater, "<": np.less, ">=": np.greater_equal, "<=": np.less_equal}
-REDUCTIONS = {"mean": np.mean, "median": np.median, "sum": np.sum, "min": np.min, "max": np.max,
-              "fraction_positive": lambda x: np.mean(x > 0)}
-
-
-def load_study(experiment) -> dict:
-    """A study dict from a name (``conf/experiment/<name>.yaml``) or a mapping; validated."""
-    from omegaconf import OmegaConf
-
-    from ..paths import find_config, group_options
-    if isinstance(experiment, str):
-        path = find_config("experiment", experiment)                # built-in or a user's config folder
-        if path is None:
-            raise SpecError("experiment", f"unknown experiment '{experiment}'.", value=experiment,
-                            options=group_options("experiment"))
-        raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-        raw.pop("defaults", None)
-        study = raw.get("experiment", raw)
-    else:
-        study = OmegaConf.to_container(experiment, resolve=True) if OmegaConf.is_config(experiment) \
-            else json.loads(json.dumps(dict(experiment)))
-    validate_study(study)
-    return study
-
-
-def validate_study(study: dict) -> None:
-    """Raise ``SpecError`` (``experiment.<key>``) unless ``study`` has the schema in the module doc."""
-    if not isinstance(study, dict) or not isinstance(study.get("name"), str) or not study["name"]:
-        raise SpecError("experiment.name", "a study needs a name.", fix="add `name: my_study` under experiment:.")
-    hyps = study.get("hypotheses")
-    if not isinstance(hyps, list) or not hyps:
-        raise SpecError("experiment.hypotheses", "a study needs at least one hypothesis with predictions.")
-    seen = set()
-    for i, h in enumerate(hyps):
-        preds = h.get("predictions") if isinstance(h, dict) else None
-        if not isinstance(preds, list) or not preds:
-            raise SpecError(f"experiment.hypotheses[{i}].predictions", "each hypothesis needs predictions.")
-        for j, p in enumerate(preds):
-            where = f"experiment.hypotheses[{i}].predictions[{j}]"
-            m = p.get("metric") if isinstance(p, dict) else None
-            if not isinstance(m, dict) or not isinstance(m.get("variable"), str):
-                raise SpecError(where + ".metric", "needs a metric with a `variable` (an output variable).")
-            for key, val, opts in (("metric.reduce", m.get("reduce", "mean"), REDUCTIONS),
-                                   ("comparator", p.get("comparator"), COMPARATORS)):
-                if val not in opts:
-                    raise SpecError(f"{where}.{key}", f"unknown {key.split('.')[-1]}.", value=val, options=opts)
-            if not isinstance(p.get("threshold"), (int, float)) or isinstance(p.get("threshold"), bool):
-                raise SpecError(where + ".threshold", "needs a number.")
-            pid = p.get("id") or f"H{i + 1}.P{j + 1}"
-            if pid in seen:
-                raise SpecError(where + ".id", f"duplicate prediction id '{pid}'.")
-            seen.add(pid)
-
-
-def study_hash(study: dict) -> str:
-    """sha256 hex of the canonical JSON (sorted keys, no spaces) of the study."""
-    return hashlib.sha256(json.dumps(study, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def study_id(study: dict) -> str:
-    return f"{study['name']}-{study_hash(study)[:12]}"
-
-
-def predictions(study: dict) -> list[dict]:
-    """Flat list of predictions, each with ``id`` and ``hypothesis`` filled in."""
-    out = []
-    for i, h in enumerate(study["hypotheses"]):
-        for j, p in enumerate(h["predictions"]):
-            out.append({**p, "id": p.get("id") or f"H{i + 1}.P{j + 1}", "hypothesis": h.get("id", f"H{i + 1}")})
-    return out
+from .study_doc import COMPARATORS, REDUCTIONS, load_study, predictions, study_hash, study_id
 
 
 def _open(store_url, storage_options=None):
@@ -250,7 +180,7 @@ def check_run(run, store_url: str, *, storage_options=None) -> dict | None:
             raise StoreError(f"{bad}; the study cannot register runs. Fix: freeze the study file again in a "
                              "fresh store, or remove the damaged record.")
         pinned = (match[0].get("pins") or {}).get("observable_spec_hash")
-        from .scorecard import observable_hash
+        from ..run.identity import observable_hash
         if pinned and pinned != observable_hash(run.observable):
             raise SpecError("observable", f"study '{study['name']}' pinned observable content "
                             f"{pinned[:12]}; this run's '{run.observable.name}' is "

@@ -11,6 +11,13 @@ Stage 2 (``"reduce"``): after the last chunk, whoever wrote it runs the steps th
 pairs on the stored arrays, opened lazily (dask), writes their outputs next to the per-pair
 ones, and completes the run (``store.attempts``: the run document names the attempt).
 
+Passes (``planning.passes``): a pair-stage step that reads a reduction (steering along a mean
+difference direction) runs in a later pass: after the reductions it needs, the completing job
+captures each chunk again and writes that pass's regions (markers ``pass<p>.chunk.<k>``), then runs
+the reductions of that pass. Every step of a plan runs in exactly one such stage of one pass.
+
+In memory (``run.execute.compute``) is this same executor into an in-memory store (``memory://``).
+
 A pair-stage step whose rows read every pair's capture (``Operator.needs_all_pairs``: mean or
 resample ablation, steering in units of the residual's RMS over pairs) makes the run one chunk:
 correct, but its memory is then that of the whole dataset.
@@ -33,17 +40,18 @@ from dataclasses import dataclass, replace
 import numpy as np
 import xarray as xr
 
-from .errors import SpecError, StoreError
-from .planning import stages
-from .result import Result
-from .store.attempts import PREFIX, Attempt, list_attempts
-from .store.groups import (VARIABLES, ZARR_KW, open_variable, open_variables, set_group_attrs, variable_dataset,
+from ..errors import SpecError, StoreError
+from ..planning import passes, stages
+from ..result import Result
+from ..store.attempts import PREFIX, Attempt, list_attempts
+from ..store.groups import (VARIABLES, ZARR_KW, open_variable, open_variables, set_group_attrs, variable_dataset,
                            write_labels, write_variables)
-from .store.writer import observable_attrs
+from ..store.writer import observable_attrs
 
 SCRATCH = "_stage"           # not a valid observable name (store.writer.check_name), so no clash
 READOUT_H = "readout_h"
-HEAD_LOGITS = "head_logits"  # the model's own head output per pair (pair × side × output): the identities' reference
+HEAD_LOGITS = "head_logits"
+KEEP_PREFIX_MAX = 64         # patched rows whose prefix KV cache a capture keeps (capture(keep_prefix=))  # the model's own head output per pair (pair × side × output): the identities' reference
 
 
 @dataclass
@@ -52,6 +60,7 @@ class Streamed:
     attempt: str
     chunks: int              # chunks in the run
     computed: int            # chunks this job computed
+    context: object = None   # the last chunk's RunContext (``keep_context``; one chunk: the whole run's)
 
 
 def chunk_slices(n: int, size: int) -> list[slice]:
@@ -66,7 +75,8 @@ def subset(enc, sl: slice):
 
 
 class _Readout:
-    """What a reduce step sees as ``ctx.capture``: the stored readout ``h`` (pair × side × d_model)."""
+    """What a reduce step sees as ``ctx.capture``: the stored readout ``h`` (pair × side × d_model). A step
+    that needs capture sites or model re-runs is a pair-stage step (``planning.stages``), never a reduction."""
 
     def __init__(self, arr):
         self._arr, self._h = arr, None
@@ -101,11 +111,13 @@ def launch_key(store_spec) -> str | None:
         return None
 
 
-def stream(b, run_id, lm, pairs, enc, plan, info, *, capture_kw, frame, store_spec, run_attrs, progress=False):
+def stream(b, run_id, lm, pairs, enc, plan, info, *, capture_kw, frame, store_spec, run_attrs, progress=False,
+           keep_context=False):
     """Compute this job's chunks of ``plan`` into attempt storage; complete the run after the last.
 
     ``run_attrs(counts, chunk_info, stored outputs, head logits) -> dict``: the run's attrs, called
     once by the completing job (head logits: pair × side × output, the model's own, reward units).
+    ``keep_context``: hand back the last chunk's ``RunContext`` (its capture, counts) in ``Streamed.context``.
     Returns ``Streamed``. Raises ``StoreError`` (lease lost, store damaged) and the operators' errors.
     """
     check_sharding(store_spec)
@@ -119,7 +131,7 @@ def stream(b, run_id, lm, pairs, enc, plan, info, *, capture_kw, frame, store_sp
     att, role = _attempt(b, run_id, meta, store_spec.shard, launch_key(store_spec))
     try:
         return _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_kw, frame,
-                    store_spec, run_attrs, progress)
+                    store_spec, run_attrs, progress, keep_context)
     finally:
         att.close()
 
@@ -138,35 +150,23 @@ def _attempt(b, run_id, meta, shard, launch):
 
 
 def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_kw, frame, store_spec,
-         run_attrs, progress):
-    from .context import RunContext
+         run_attrs, progress, keep_context):
+    from ..context import RunContext
 
     out_g, scr_g = f"{att.prefix}/{plan.observable}", f"{att.prefix}/{SCRATCH}"
-    reduce_steps = [s for s in plan.steps if st[s.name] == "reduce"]
-    read_by_reduce = {i for s in reduce_steps for i in s.inputs if st[i] == "pair"}
-    keep = {s.name for s in plan.steps if st[s.name] == "pair" and (s.name in plan.outputs or s.name in read_by_reduce)}
-    need_h = any(s.op.reads_capture for s in reduce_steps)
+    ps = passes(plan, st)
+    last_pass = max(ps.values(), default=0)
+    later = {i for s in plan.steps for i in s.inputs            # pair-stage arrays a later stage reads back
+             if st[i] == "pair" and (st[s.name] == "reduce" or ps[s.name] > ps[i])}
+    keep = {s.name for s in plan.steps if st[s.name] == "pair" and (s.name in plan.outputs or s.name in later)}
+    need_h = any(s.op.reads_capture for s in plan.steps if st[s.name] == "reduce")
     full_coords = RunContext(lm=lm, pairs=pairs, encoded=enc, capture=None, info=info).pair_coords()
+    shared = dict(b=b, lm=lm, pairs=pairs, enc=enc, plan=plan, info=info, st=st, ps=ps, slices=slices,
+                  keep=keep, capture_kw=capture_kw, frame=frame, need_h=need_h, full_coords=full_coords,
+                  groups=(out_g, scr_g), size=store_spec.chunk_pairs, keep_context=keep_context)
     done = att.chunks_done()
     mine = [k for k in range(len(slices)) if k % store_spec.shards == store_spec.shard and k not in done]
-    it = mine
-    if progress and mine:
-        from tqdm.auto import tqdm
-        it = tqdm(mine, desc=f"chunks {run_id[:24]}", unit="chunk")
-    for k in it:
-        sl = slices[k]
-        att.fence(role)
-        lim = None if info.pairs is None else max(0, min(info.pairs - sl.start, sl.stop - sl.start))
-        ds_out, ds_scr, counts = _pair_chunk(lm, pairs, subset(enc, sl), plan, st, replace(info, pairs=lim),
-                                             keep, capture_kw, frame, need_h)
-        _ensure_skeleton(att, role, b, [(out_g, ds_out, full_coords), (scr_g, ds_scr, full_coords)],
-                         len(enc.pair_ids), store_spec.chunk_pairs, set(full_coords))
-        for group, res in ((out_g, ds_out), (scr_g, ds_scr)):
-            if res:
-                att.fence(role)
-                _write_region(b, group, res, sl, set(full_coords))
-        att.mark(f"chunk.{k}", {"writer": att.writer, "counts": counts}, role)
-        del ds_out, ds_scr
+    contexts = _chunk_loop(att, role, 0, mine, {}, shared, progress and f"chunks {run_id[:24]}")
     att.release(role)
     done = att.chunks_done()
     if len(done) < len(slices) or not att.claim("reduce"):
@@ -175,16 +175,20 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
         raise StoreError(f"store {b.url}: run {run_id} attempt {att.aid} lost chunks or its skeleton while it "
                          "was written (a gc with older_than=0?); not completing it. Fix: run again.")
     counts: dict = {}
-    for marker in done.values():
-        for key, v in (marker.get("counts") or {}).items():
-            counts[key] = counts.get(key, 0) + int(v)
     by_writer: dict = {}
     for marker in done.values():
+        _add(counts, marker.get("counts") or {})
         by_writer[marker.get("writer", "?")] = by_writer.get(marker.get("writer", "?"), 0) + 1
-    red_counts = _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, frame, need_h,
-                         full_coords)
-    for key, v in red_counts.items():
-        counts[key] = counts.get(key, 0) + int(v)
+    reduced: dict = {}
+    for p in range(last_pass + 1):
+        if p:                    # a pair stage that reads reductions (e.g. steering along a mean direction)
+            todo = [k for k in range(len(slices)) if att.marker(f"pass{p}.chunk.{k}") is None]
+            contexts = _chunk_loop(att, "reduce", p, todo, reduced, shared, False)
+            for k in range(len(slices)):
+                _add(counts, (att.marker(f"pass{p}.chunk.{k}") or {}).get("counts") or {})
+        _add(counts, _reduce(att, b, lm, pairs, enc, plan, info, st,
+                             [s for s in plan.steps if st[s.name] == "reduce" and ps[s.name] == p],
+                             out_g, scr_g, frame, need_h, full_coords, reduced))
     chunk_info = {"n": len(slices), "chunk_pairs": store_spec.chunk_pairs, "shards": store_spec.shards,
                   "by_writer": by_writer}
     stored = open_variables(b.zarr_store(), out_g, plan.outputs)
@@ -194,28 +198,84 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     _label_group(b, out_g, observable_attrs(attrs, stored), plan.outputs)
     won = att.complete(attrs, "reduce", force=store_spec.force)
     att.release("reduce")
-    return Streamed("complete", att.aid if won else "", len(slices), len(mine))
+    if keep_context and contexts:
+        _add(contexts[-1].counts, {k: v for k, v in counts.items() if k not in contexts[-1].counts})
+    return Streamed("complete", att.aid if won else "", len(slices), len(mine),
+                    contexts[-1] if keep_context and contexts else None)
 
 
-def _pair_chunk(lm, pairs, enc_k, plan, st, info_k, keep, capture_kw, frame, need_h):
-    """Capture pass + pair-stage steps on one chunk; returns (outputs, scratch, counts): two ``Result``s."""
-    from .context import RunContext
-    from .frames.express import express
-    from .models.capture import capture
-    from .run import KEEP_PREFIX_MAX
+def _add(total: dict, counts: dict) -> dict:
+    for key, v in counts.items():
+        total[key] = total.get(key, 0) + int(v)
+    return total
+
+
+def _chunk_loop(att, role, p, ks, reduced, sh, progress) -> list:
+    """Compute chunks ``ks`` of pass ``p``'s pair stage into their regions; marker ``chunk.<k>`` (pass 0) or
+    ``pass<p>.chunk.<k>``. Inputs from earlier passes: reductions (``reduced``) as they are, pair-stage arrays
+    read back for the chunk's rows. Returns the chunks' ``RunContext``s when ``keep_context``."""
+    plan, st, ps, b = sh["plan"], sh["st"], sh["ps"], sh["b"]
+    out_g, scr_g = sh["groups"]
+    steps = [s for s in plan.steps if st[s.name] == "pair" and ps[s.name] == p]
+    it = ks
+    if progress and ks:
+        from tqdm.auto import tqdm
+        it = tqdm(ks, desc=progress, unit="chunk")
+    run_names, n = set(sh["full_coords"]), len(sh["enc"].pair_ids)
+    contexts = []
+    for k in it:
+        sl = sh["slices"][k]
+        att.fence(role)
+        info = sh["info"]
+        lim = None if info.pairs is None else max(0, min(info.pairs - sl.start, sl.stop - sl.start))
+        given = {}
+        for s in steps:
+            for i in s.inputs:
+                if st[i] == "reduce":
+                    given[i] = reduced[i]
+                elif ps[i] < p:
+                    group = out_g if i in plan.outputs else scr_g
+                    v = open_variable(b.zarr_store(), group, i).isel(pair=sl).load()
+                    given[i] = v
+        ds_out, ds_scr, counts, ctx = _pair_chunk(sh["lm"], sh["pairs"], subset(sh["enc"], sl), plan, steps,
+                                                  replace(info, pairs=lim), sh["keep"], sh["capture_kw"],
+                                                  sh["frame"], sh["need_h"] and p == 0, given, first=p == 0)
+        marker = "skeleton" if p == 0 else f"pass{p}.skeleton"
+        _ensure_skeleton(att, role, b, [(out_g, ds_out, sh["full_coords"]), (scr_g, ds_scr, sh["full_coords"])],
+                         n, sh["size"], run_names, marker=marker, labels=p == 0)
+        for group, res in ((out_g, ds_out), (scr_g, ds_scr)):
+            if res:
+                att.fence(role)
+                _write_region(b, group, res, sl, run_names)
+        att.mark(f"chunk.{k}" if p == 0 else f"pass{p}.chunk.{k}", {"writer": att.writer, "counts": counts}, role)
+        if sh["keep_context"]:
+            contexts.append(ctx)
+        del ds_out, ds_scr, ctx
+    return contexts
+
+
+def _pair_chunk(lm, pairs, enc_k, plan, steps, info_k, keep, capture_kw, frame, need_h, given, *, first):
+    """Capture pass + one pass's pair-stage ``steps`` on one chunk; returns (outputs, scratch, counts,
+    context): two ``Result``s. ``given``: inputs computed before this pass. The first pass also keeps the
+    model's own head logits (and the readout ``h`` when a reduction reads it) as scratch."""
+    from ..context import RunContext
+    from ..frames.express import express
+    from ..models.capture import capture
 
     n = len(enc_k.pair_ids)
-    steps = [s for s in plan.steps if st[s.name] == "pair"]
     rows = {2 * p + side for s in steps for p, side in s.op.prefix_rows(info_k, n)}
-    cap = capture(lm, enc_k, plan.sites, keep_prefix=sorted(rows) if len(rows) <= KEEP_PREFIX_MAX else [],
-                  **capture_kw)
+    sites = set().union(*(s.op.sites(info_k) for s in steps)) if steps else set()
+    cap = capture(lm, enc_k, sites if not first else plan.sites,
+                  keep_prefix=sorted(rows) if len(rows) <= KEEP_PREFIX_MAX else [], **capture_kw)
     ctx = RunContext(lm=lm, pairs=pairs, encoded=enc_k, capture=cap, info=info_k)
-    ctx.add_counts("capture", cap.counts)
+    ctx.add_counts("capture" if first else "recapture", cap.counts)
+    coords = ctx.pair_coords()
     last = {}
     for j, s in enumerate(steps):
         for i in s.inputs:
             last[i] = j
-    values, kept = {}, {}
+    values = {k: (v.assign_coords(pair=coords["pair"]) if "pair" in v.dims else v) for k, v in given.items()}
+    kept = {}
     for j, s in enumerate(steps):
         values[s.name] = s.op.run(ctx, *[values[i] for i in s.inputs])
         values[s.name].attrs.setdefault("gauge", s.gauge)
@@ -226,28 +286,31 @@ def _pair_chunk(lm, pairs, enc_k, plan, st, info_k, keep, capture_kw, frame, nee
                 values.pop(name, None)
     ds_out = express(Result({o: kept[o] for o in plan.outputs if o in kept}), frame, info_k.model_name)
     scratch = {k: v for k, v in kept.items() if k not in plan.outputs}
-    scratch[HEAD_LOGITS] = xr.DataArray(np.asarray(cap.logits), dims=("pair", "side", "output"),
-                                        coords={**ctx.pair_coords(), "side": ["chosen", "rejected"]})
+    if first:
+        scratch[HEAD_LOGITS] = xr.DataArray(np.asarray(cap.logits), dims=("pair", "side", "output"),
+                                            coords={**coords, "side": ["chosen", "rejected"]})
     if need_h:
         scratch[READOUT_H] = xr.DataArray(cap.h, dims=("pair", "side", "d_model"),
-                                          coords={**ctx.pair_coords(), "side": ["chosen", "rejected"]})
-    return ds_out, Result(scratch), ctx.counts
+                                          coords={**coords, "side": ["chosen", "rejected"]})
+    return ds_out, Result(scratch), ctx.counts, ctx
 
 
-def _ensure_skeleton(att, role, b, groups, n, size, run_names):
-    """Create every run array once per attempt (full pair length, zarr chunks = run chunks): each group
-    holds the run's pair labels once, each variable its own group (``store.groups``) with its own coords."""
+def _ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skeleton", labels=True):
+    """Create every run array of one pass once per attempt (full pair length, zarr chunks = run chunks):
+    each group holds the run's pair labels once (written with the first pass's skeleton, ``labels``),
+    each variable its own group (``store.groups``) with its own coords; then marker ``marker``."""
     import dask.array as da
 
-    while att.marker("skeleton") is None:
-        if not att.claim("skeleton"):
+    while att.marker(marker) is None:
+        if not att.claim(marker):
             att.fence(role)
             time.sleep(0.2)                        # another job is creating it
             continue
         for group, res, pair_coords in groups:
-            att.fence("skeleton")
-            labels = {k: c for k, c in pair_coords.items() if k != "pair"}
-            write_labels(b.zarr_store(), group, pair_coords["pair"], labels)   # the run's pair labels, once
+            att.fence(marker)
+            if labels:
+                write_labels(b.zarr_store(), group, pair_coords["pair"],      # the run's pair labels, once
+                             {k: c for k, c in pair_coords.items() if k != "pair"})
             for name, v in res.items():
                 shape = tuple(n if d == "pair" else v.sizes[d] for d in v.dims)
                 chunks = tuple(size if d == "pair" else v.sizes[d] for d in v.dims)
@@ -261,11 +324,11 @@ def _ensure_skeleton(att, role, b, groups, n, size, run_names):
                     coords[k] = xr.Variable(c.dims, da.zeros(cshape, chunks=cchunks, dtype=c.dtype), attrs=c.attrs)
                 tmpl = xr.DataArray(da.zeros(shape, chunks=chunks, dtype=v.dtype), dims=v.dims, coords=coords,
                                     attrs=v.attrs)
-                att.fence("skeleton")
+                att.fence(marker)
                 variable_dataset(tmpl, name).to_zarr(b.zarr_store(), group=f"{group}/{name}", mode="w",
                                                      compute=False, **ZARR_KW)
-        att.mark("skeleton", {"writer": att.writer}, "skeleton")
-        att.release("skeleton")
+        att.mark(marker, {"writer": att.writer}, marker)
+        att.release(marker)
 
 
 def _label_group(b, group, attrs: dict, variables) -> None:
@@ -290,15 +353,16 @@ def _write_region(b, group, res, sl, run_names):
         v.to_dataset(name=name).to_zarr(b.zarr_store(), group=f"{group}/{name}", region={"pair": sl}, **ZARR_KW)
 
 
-def _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, frame, need_h, pair_coords) -> dict:
-    """Stage 2 on the stored per-pair arrays (opened lazily); write its outputs into the run's group."""
-    from .context import RunContext
-    from .frames import Frame
-    from .frames.express import express
+def _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, frame, need_h, pair_coords,
+            reduced) -> dict:
+    """One pass's reductions on the stored per-pair arrays (opened lazily) and the earlier passes'
+    reductions (``reduced``, updated in place); write the outputs among them into the run's group."""
+    from ..context import RunContext
+    from ..frames import Frame, save_frame
+    from ..frames.express import express
 
     if not reduce_steps:
         return {}
-
     pair_inputs = {i for s in reduce_steps for i in s.inputs if st[i] == "pair"}
     in_out = [i for i in pair_inputs if i in plan.outputs]
     stored = {**dict(open_variables(b.zarr_store(), scr_g, sorted(pair_inputs - set(in_out)))),
@@ -309,16 +373,16 @@ def _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, 
                      capture=_Readout(stored.get(READOUT_H) if need_h else None))
     values = {name: stored[name].assign_coords(pair_coords)       # pair labels as the chunks had them
               for name in pair_inputs}
+    values.update(reduced)
     for s in reduce_steps:
-        values[s.name] = s.op.run(ctx, *[values[i] for i in s.inputs])
+        reduced[s.name] = values[s.name] = s.op.run(ctx, *[values[i] for i in s.inputs])
         values[s.name].attrs.setdefault("gauge", s.gauge)
-    outs = [o for o in plan.outputs if st[o] == "reduce"]
+    outs = [s.name for s in reduce_steps if s.name in plan.outputs]
     if outs:
         res = express(Result({o: values[o] for o in outs}), frame, info.model_name)
         res = Result({o: v.compute() for o, v in res.items()}, res.attrs)
         att.fence("reduce")
         write_variables(b.zarr_store(), res, out_g, labels=False)
-    from .frames import save_frame
     for made in [v for v in ctx.memo.values() if isinstance(v, Frame)]:   # operators' own frames: stored too
         save_frame(made, b.url, storage_options=b.storage_options)
     return ctx.counts

@@ -1,0 +1,159 @@
+"""Executing a run: spec → plan → inputs → identity → the one streamed executor → store.
+
+``execute`` is the whole main job for one composed config: plan (every spec error before any model
+loads), inputs (``run.inputs``), identity (``run.identity``), then ``run.stream`` into the run's
+attempt. A complete run with the same id is found in the store and not recomputed unless
+``store.force``. ``compute`` runs a plan on pairs in memory — the same executor, streamed into an
+in-memory store (``memory://``) and read back, so the two cannot drift.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from ..identity import git_sha, spec_hash, versions
+from ..planning import frame_dependent, plan_for
+from ..result import Result
+from ..spec import StoreSpec
+from ..store import is_complete, open_store
+from ..store._backend import Backend
+from ..store.writer import check_layout
+from .identity import declared_fields, identity_parts, run_id_of
+from .inputs import encode, load_inputs, ops_view
+from .stream import stream
+
+
+@dataclass
+class Outcome:
+    run_id: str
+    store_url: str
+    reused: bool
+    result: Result | None            # the stored run (None when reused or not complete yet): in memory when it
+                                     # holds at most RESULT_IN_MEMORY bytes, else opened lazily (dask)
+    plan: object
+    status: str = "complete"         # or "shard_done": this job's chunks are in, the last shard completes the run
+
+
+RESULT_IN_MEMORY = 256 * 2**20   # bytes: a larger stored result is handed back lazily, never loaded whole
+
+
+def set_threads(threads) -> None:
+    """Pin torch's intra-op thread count (``model.threads``; ``None`` leaves torch's default).
+
+    Gradient-based outputs (attribution patching) depend on it in their last float32 bits, so jobs
+    that must agree bit for bit (shards of one run and a single-job run) pin the same count.
+    Raises ``SpecError`` (``model.threads``) unless it is null or an integer >= 1.
+    """
+    from ..errors import SpecError
+
+    if threads is None:
+        return
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise SpecError("model.threads", f"must be null or an integer >= 1, got {threads!r}.",
+                        fix="model.threads=1 (or remove it for torch's default).")
+    import torch
+    torch.set_num_threads(threads)
+
+
+def torch_threads() -> int:
+    import torch
+    return torch.get_num_threads()
+
+
+def compute(lm, pairs, plan, info, *, fmt="plain", template="User: {prompt}\nAssistant: {response}",
+            max_length=512, batch_size=16, max_tokens=None, padding_side="left", progress=False, frame=None,
+            chunk_pairs=None):
+    """Run ``plan`` on ``pairs`` in memory: the streamed executor into a ``memory://`` store, read back.
+
+    ``chunk_pairs`` (default: every pair in one chunk, so the returned context holds the whole capture).
+    Frame-dependent outputs are expressed in ``frame`` (``None`` = native). Returns ``(Result of the plan's
+    outputs, the last chunk's RunContext (capture, counts of the whole run), EncodedPairs)``.
+    Raises ``SpecError`` when no pair is left after exclusions, and the operators' errors.
+    """
+    from ..errors import SpecError
+
+    enc = encode(lm, pairs, fmt=fmt, template=template, max_length=max_length)
+    if not enc.pair_ids:
+        raise SpecError("dataset", "no pair is left to score after exclusions.", fix="check dataset.limit and filters.")
+    url = f"memory://reward-lens-spec-compute-{uuid.uuid4().hex}"
+    b = Backend(url)
+    check_layout(b, create=True)
+    try:
+        done = stream(b, "compute", lm, ops_view(pairs, declared_fields(plan)), enc, plan, info, frame=frame,
+                      capture_kw=dict(batch_size=batch_size, max_tokens=max_tokens, padding_side=padding_side,
+                                      progress=progress),
+                      store_spec=StoreSpec(chunk_pairs=chunk_pairs or max(1, len(enc.pair_ids))),
+                      run_attrs=lambda counts, chunks, stored, logits: {"observables": [plan.observable],
+                                                                        "counts": counts, "chunks": chunks},
+                      keep_context=True)
+        result = open_store(url).load("compute", plan.observable, lazy=False)
+    finally:
+        b.fs.rm(b.root, recursive=True)
+    return result, done.context, enc
+
+
+def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress: bool = True) -> Outcome:
+    """Run one composed, validated config (``RunConfig``) end to end; see the module docstring."""
+    from ..data.accounting import accounting, summary_line
+    from ..frames.resolve import resolve_frame
+    from ..models.fingerprint import model_fingerprint
+    from ..trust.gates import seal_run
+    from ..trust.studies import check_run
+
+    t0 = time.perf_counter()
+    plan, info = plan_for(run, base_dir)                      # every spec error before any model loads
+    set_threads(run.model.threads)
+    so = dict(run.store.storage_options)
+    study = check_run(run, store_url, storage_options=so)     # edited study: refused
+    inp = load_inputs(run, base_dir)
+    lm, enc, m = inp.lm, inp.enc, run.model
+    fp = model_fingerprint(lm.model, lm.tokenizer)
+    acc = accounting(inp.pairs, enc)
+    if progress:
+        print(summary_line(acc, len(enc.pair_ids)))
+    # fitted once, stored, reused; skipped when no output is a vector the frame would re-express
+    frame = resolve_frame(run, lm, store_url, base_dir) if frame_dependent(plan) else None
+    parts = identity_parts(run, inp, plan, fp, acc, study_hash=study["study_hash"] if study else None,
+                           frame_id=frame.id if frame is not None else None)
+    run_id = run_id_of(run.observable.name, parts)
+    if not run.store.force and is_complete(store_url, run_id, storage_options=so):
+        return Outcome(run_id, store_url, True, None, plan)
+    b = Backend(store_url, so)
+    check_layout(b, create=True)
+    pairs = inp.pairs
+
+    def run_attrs(counts, chunks, result, logits):     # result: the stored outputs, opened lazily
+        attrs = {
+            "config_yaml": resolved_yaml, "spec_hash": spec_hash(parts), "model": m.name, "model_fingerprint": fp,
+            "model_family": lm.family.name, "dataset": run.dataset.name, "dataset_checksum": pairs.checksum,
+            "dataset_file": pairs.source_file, "model_input_sha256": parts["model_input"],
+            "pair_fields": parts.get("pair_fields"), "pair_flags": acc["pair_flags"],
+            "effective_n": {"n": len(pairs), "n_scored": len(enc.pair_ids), "n_unique": pairs.n_unique,
+                            "n_prompt_clusters": pairs.n_prompt_clusters},
+            "data_flags": {k: len(v) for k, v in pairs.flags.items()},
+            "excluded": acc["excluded"], "observable": run.observable.name, "observables": [run.observable.name],
+            "observable_version": run.observable.version, "versions": versions(), "git_sha": git_sha(),
+            "seed": run.seed, "device": lm.device, "dtype": lm.dtype, "wall_s": round(time.perf_counter() - t0, 3),
+            "torch_threads": torch_threads(), "trust_remote_code": bool(m.trust_remote_code),
+            "counts": counts, "chunks": chunks, "study_hash": parts["study_hash"],
+            "gauge": {v: str(result[v].attrs.get("gauge", "")) for v in result.data_vars},
+            "frame": {"requested": run.frame.name.value, "id": frame.id if frame is not None else None,
+                      "expressed_outputs": [v for v in result.data_vars
+                                            if frame is not None and result[v].attrs.get("gauge") == frame.gauge]},
+            "run_id": run_id, "created": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+        }
+        return seal_run(run_id, attrs, result, run, store_url, logits=logits, pair_ids=enc.pair_ids, lm=lm,
+                        storage_options=so)                   # identities, seal, derived trust cache
+
+    done = stream(b, run_id, lm, ops_view(pairs, declared_fields(plan)), enc, plan, info, frame=frame,
+                  store_spec=run.store, run_attrs=run_attrs, progress=progress,
+                  capture_kw=dict(batch_size=m.batch_size, max_tokens=m.max_tokens, padding_side=m.padding_side.value,
+                                  progress=False))
+    if done.status != "complete":
+        return Outcome(run_id, store_url, False, None, plan, status=done.status)
+    result = open_store(store_url, storage_options=so).load(run_id, run.observable.name)
+    if result.nbytes <= RESULT_IN_MEMORY:
+        result = result.load()
+    return Outcome(run_id, store_url, False, result, plan)

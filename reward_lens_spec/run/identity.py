@@ -1,0 +1,72 @@
+"""A run's identity: the hash of everything its numbers depend on, computed in one place.
+
+``run_id = <observable>-<sha256(parts)[:20]>`` with ``parts`` (``identity_parts``):
+
+- ``model_fingerprint`` (weights, head and tokenizer) and ``model_name``;
+- ``dataset_checksum`` (every pair's exact text and dimension, ``data.checksum``);
+- ``model_input``: the token ids of every side the model sees, with the pair ids in order
+  (``EncodedPairs.digest``), and ``accounting`` (which pairs were excluded or flagged);
+- ``pair_fields``: the value, pair by pair in order, of every per-pair field an operator of the plan
+  declares it reads (``Operator.pair_fields``: ``chosen_position``, ``group``, ``agreement``, ``votes``,
+  RewardBench 2's ``item`` …); operators see no other field (``run.inputs.ops_view``);
+- ``observable``: the expanded steps, outputs, version and restrictions; ``numerics`` (dtype,
+  max_length, format, template, objectives); ``package_version``; the study and frame it ran under.
+
+Paths, time, batch size, chunking, threads and launcher are not part of it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+from .. import __version__
+from ..identity import canonical_observable, spec_hash
+
+
+def observable_hash(obs) -> str:
+    """Canonical content hash of an ``ObservableSpec`` (expanded steps, outputs, version, restrictions): what a
+    scorecard, a study's pins and the gate compare."""
+    return spec_hash(canonical_observable(obs))
+
+
+def numerics(spec) -> dict:
+    """How a ``ModelSpec`` turns pairs into numbers beyond its weights (the one such dict: runs, frames, fit)."""
+    return {"dtype": spec.dtype.value, "max_length": spec.max_length, "format": spec.format.value,
+            "template": spec.template if spec.format.value == "plain" else None, "objectives": list(spec.objectives)}
+
+
+def declared_fields(plan) -> tuple[str, ...]:
+    """The per-pair fields the plan's operators declare they read (sorted, unique)."""
+    return tuple(sorted({f for s in plan.steps for f in type(s.op).pair_fields}))
+
+
+def pair_fields_digest(pairs, ids, fields) -> str | None:
+    """sha256 of ``fields``' values for the pairs ``ids``, in order (``None`` when no field is declared)."""
+    if not fields:
+        return None
+    by_id = {p.id: p for p in pairs}
+    rows = []
+    for i in ids:
+        p, meta = by_id[i], dict(by_id[i].meta)
+        rows.append([i, [meta.get(f, getattr(p, f, None)) for f in fields]])
+    blob = json.dumps([list(fields), rows], sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def identity_parts(run, inputs, plan, fingerprint, accounting, *, study_hash=None, frame_id=None) -> dict:
+    """The dict whose hash is the run id (see the module docstring)."""
+    fields = declared_fields(plan)
+    parts = {"model_fingerprint": fingerprint, "model_name": run.model.name,
+             "dataset_checksum": inputs.pairs.checksum, "model_input": inputs.enc.digest(),
+             "accounting": accounting, "observable": canonical_observable(run.observable),
+             "numerics": numerics(run.model), "package_version": __version__, "study_hash": study_hash}
+    if fields:
+        parts["pair_fields"] = {"fields": list(fields),
+                                "sha256": pair_fields_digest(inputs.pairs, inputs.enc.pair_ids, fields)}
+    if frame_id is not None:
+        parts["frame"] = frame_id
+    return parts
+
+
+def run_id_of(observable: str, parts: dict) -> str:
+    return f"{observable}-{spec_hash(parts)[:20]}"

@@ -1,0 +1,68 @@
+"""A run's inputs, loaded in one place: the pairs a dataset config names, the model (one guarded
+loader, ``models.loading.load_model``) and what the model sees (``EncodedPairs``).
+
+Every command — the main run, ``fit``, ``freeze``/``amend`` (design pins), frames (reference pairs),
+``calibrate`` (organisms) — loads through these functions, so a config key (``dataset.subset``,
+``model.template``, ``model.max_length`` …) means the same on every route. No other module calls
+``load_pairs``, ``encode_pairs`` or a loader (``tests/test_one_path.py`` greps for it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..data import load_pairs
+from ..errors import SpecError
+from ..models.formatting import encode_pairs
+from ..models.loading import load_model
+
+_DATASET_LIMIT = object()
+
+
+def load_dataset(ds, base_dir: str | None = None, *, limit=_DATASET_LIMIT):
+    """The ``PairSet`` a ``DatasetSpec`` names (every key honoured: kind, path, fields, limit, dimensions,
+    subset). ``limit`` replaces ``dataset.limit`` (a frame's ``reference_limit``). Raises ``SpecError``."""
+    return load_pairs(ds.kind.value, path=ds.path, fields=dict(ds.fields) or None,
+                      limit=ds.limit if limit is _DATASET_LIMIT else limit, dimensions=ds.dimensions,
+                      base_dir=base_dir, subset=ds.subset)
+
+
+def load_lm(spec, base_dir: str | None = None):
+    """The ``LoadedModel`` a ``ModelSpec`` names (``models.loading.load_model``: the one guarded loader)."""
+    return load_model(spec, base_dir)
+
+
+def encode(lm, pairs, spec=None, **kw):
+    """``EncodedPairs`` of ``pairs`` as ``lm`` sees them under ``spec``'s ``format``, ``template`` and
+    ``max_length`` (a ``ModelSpec``; ``None``: the defaults, as organisms use); ``kw`` passes
+    ``truncated_responses``. Raises ``SpecError`` for a bad template or format."""
+    if spec is not None:
+        kw = dict(fmt=spec.format.value, template=spec.template, max_length=spec.max_length, **kw)
+    return encode_pairs(lm.tokenizer, list(pairs), model_name=lm.name, **kw)
+
+
+def ops_view(pairs, fields):
+    """``pairs`` as operators see them: ``meta`` cut to the declared per-pair ``fields`` (``Operator.
+    pair_fields``), ``rubric``/``source`` blanked unless declared. What an operator can read is so exactly
+    what the run identity covers (``run.identity``)."""
+    keep = set(fields)
+    cut = tuple(replace(p, meta=tuple((k, v) for k, v in p.meta if k in keep),
+                        rubric=p.rubric if "rubric" in keep else "", source=p.source if "source" in keep else "")
+                for p in pairs)
+    return replace(pairs, pairs=cut) if hasattr(pairs, "checksum") else list(cut)
+
+
+@dataclass
+class Inputs:
+    pairs: object          # PairSet (file order, after filters)
+    lm: object             # LoadedModel
+    enc: object            # EncodedPairs: what the model sees, in order
+
+
+def load_inputs(run, base_dir: str | None = None) -> Inputs:
+    """Pairs, model and encoding of a validated ``RunConfig``; ``SpecError`` when no pair is left."""
+    pairs = load_dataset(run.dataset, base_dir)
+    lm = load_lm(run.model, base_dir)
+    enc = encode(lm, pairs, run.model)
+    if not enc.pair_ids:
+        raise SpecError("dataset", "no pair is left to score after exclusions.", fix="check dataset.limit and filters.")
+    return Inputs(pairs, lm, enc)
