@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
-import subprocess
+import re
 from pathlib import Path
 
 from . import __version__
@@ -39,10 +39,67 @@ def versions() -> dict:
             "numpy": numpy.__version__}
 
 
+_SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+
+
+def _git_dir(start: Path) -> Path | None:
+    """The git directory of the checkout holding ``start``: ``<dir>/.git``, or where a ``.git`` FILE points
+    (``gitdir: <path>``, as in a worktree or submodule), searching up from ``start``."""
+    for d in (start, *start.parents):
+        dot = d / ".git"
+        if dot.is_dir():
+            return dot
+        if dot.is_file():
+            line = dot.read_text(encoding="utf-8").strip()
+            if not line.startswith("gitdir:"):
+                return None
+            target = Path(line[len("gitdir:"):].strip())
+            return (target if target.is_absolute() else d / target).resolve()
+    return None
+
+
+def _read_ref(git_dir: Path, common: Path, ref: str) -> str | None:
+    """The content of ``ref`` (``refs/heads/main``): its loose file in the worktree's or the common git
+    directory, else its line in ``packed-refs``."""
+    parts = ref.split("/")
+    if not ref or ref.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        return None
+    for base in dict.fromkeys((git_dir, common)):
+        loose = base.joinpath(*parts)
+        if loose.is_file():
+            return loose.read_text(encoding="utf-8").strip()
+    for base in dict.fromkeys((common, git_dir)):
+        packed = base / "packed-refs"
+        if packed.is_file():
+            for line in packed.read_text(encoding="utf-8").splitlines():
+                sha, _, name = line.strip().partition(" ")
+                if name.strip() == ref and _SHA.fullmatch(sha):
+                    return sha
+    return None
+
+
 def git_sha() -> str | None:
+    """The commit of the git checkout this package runs from, or ``None`` (not a checkout, unreadable, a
+    ref format we do not read). Read from files only: ``.git/HEAD``, then the ref it names (its loose file
+    or ``packed-refs``), following a ``.git`` file (``gitdir: ...``) and a worktree's ``commondir``. It
+    never runs a program: a ``git`` found on ``PATH`` could be anyone's."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                             text=True, timeout=5)
-        return out.stdout.strip() or None if out.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
+        git_dir = _git_dir(Path(__file__).resolve().parent)
+        if git_dir is None or not git_dir.is_dir():
+            return None
+        common = git_dir
+        if (git_dir / "commondir").is_file():
+            target = Path((git_dir / "commondir").read_text(encoding="utf-8").strip())
+            common = (target if target.is_absolute() else git_dir / target).resolve()
+        head: str | None = (git_dir / "HEAD").read_text(encoding="utf-8").strip()
+        for _ in range(8):                       # HEAD -> ref -> (a symbolic ref) -> sha
+            if head is None:
+                return None
+            if _SHA.fullmatch(head):
+                return head
+            if not head.startswith("ref:"):
+                return None
+            head = _read_ref(git_dir, common, head[len("ref:"):].strip())
+        return None
+    except (OSError, UnicodeDecodeError, ValueError):
         return None

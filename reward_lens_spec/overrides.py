@@ -85,8 +85,8 @@ def _register_file(group: str, value: str) -> str:
                         fix=f"give the path of an existing {group} YAML, or an option name "
                             "(`reward-lens-spec help` lists them).")
     node = OmegaConf.load(path)
-    from .config_safety import check_tree
-    check_tree(OmegaConf.to_container(node, resolve=False), f"file {path}")     # no callbacks / foreign _target_
+    from .config_safety import check_user_tree         # no hydra keys but the allowlist's, no resolver, no ext://
+    check_user_tree(OmegaConf.to_container(node, resolve=False), f"file {path}", (group,), group)
     if group in NAMED and "name" not in node:
         node.name = path.stem
     name, seen = path.stem, _REGISTERED.setdefault(group, {})
