@@ -144,7 +144,7 @@ def clear_quantizer(model) -> bool:
 
 def save_checkpoint(lm, folder: str | Path, *, extra_files: dict | None = None) -> Path:
     """Save model (safetensors, ``config.json``) and tokenizer to ``folder``; loadable by
-    ``AutoModelForSequenceClassification.from_pretrained(folder)`` and ``model.source=<folder>``.
+    transformers' ``AutoModelForSequenceClassification`` (loading the folder) and ``model.source=<folder>``.
 
     ``extra_files``: name → text written alongside (e.g. the fit report as JSON).
     """
