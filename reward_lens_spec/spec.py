@@ -72,6 +72,12 @@ class ModelSpec:
     ``source``: ``builtin:<tiny name>``, a local HF folder, a hub id (local cache
     only when ``HF_HUB_OFFLINE=1``) or ``package:<python module>`` (a folder
     shipped inside a PyPI package); ``gguf_file`` names a GGUF file in it.
+    ``name`` labels the runs (store ls, report, compare); a run that overrides ``source`` on top of
+    the default ``tiny`` without naming the model is named after the source (``default_model_name``).
+    ``head_init``: how to make a reward head the checkpoint lacks (causal-LM, base or GGUF
+    checkpoints): null refuses such a checkpoint; ``seeded`` draws it from ``seed`` (0.02·N(0,1),
+    zero bias); ``zeros`` makes it zero. The same config always gives the same head
+    (``reward_lens_spec.models.head_init``).
     """
 
     name: str = "tiny"
@@ -92,6 +98,7 @@ class ModelSpec:
     seed: int = 0
     trust_remote_code: bool = False
     allow_pickle: bool = False
+    head_init: Optional[str] = None        # null | seeded | zeros: a missing reward head (models/head_init.py)
     attn_implementation: Optional[str] = "eager"
     threads: Optional[int] = None          # torch intra-op threads (null: torch's default); see README "Sharding"
 
@@ -225,7 +232,7 @@ def validate(cfg: DictConfig | dict, *, partial: bool = False) -> RunConfig:
     checks that relate several keys (e.g. ``frame.partner`` needs ``frame=shared``) wait.
     """
     raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
-    raw.pop("hydra", None)
+    named = _names_model(raw.pop("hydra", None))
     hit = _find_trust(raw)
     if hit:
         raise SpecError(hit, "trust is computed by gates from what the run has, never set in config.",
@@ -241,8 +248,40 @@ def validate(cfg: DictConfig | dict, *, partial: bool = False) -> RunConfig:
                         fix="set a list as a whole, e.g. 'observable.steps=[{name: e, op: patch, mode: noise}]', "
                             "or write an observable YAML (conf/observable/examples).") from None
     obj = OmegaConf.to_object(merged)
+    if not named:
+        _name_after_source(obj.model)
     _check_values(obj, partial)
     return obj
+
+
+def default_model_name(source: str, gguf_file: str | None = None) -> str:
+    """The label of a model config that gives a ``source`` but no ``name``: the folder's basename or a hub
+    id's last part (``models/smollm2_hh`` -> ``smollm2_hh``); for ``package:<module>``, the GGUF file's
+    stem when ``gguf_file`` is set, else the module; for ``builtin:<name>``, the name."""
+    src = str(source).strip()
+    if src.startswith("builtin:"):
+        return src.split(":", 1)[1] or src
+    if src.startswith("package:"):
+        if gguf_file:
+            stem = str(gguf_file).replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+            return stem[: -len(".gguf")] if stem.lower().endswith(".gguf") else stem
+        return src.split(":", 1)[1] or src
+    return src.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1] or src
+
+
+def _names_model(hydra_node) -> bool:
+    """Whether the composed config's own record of command-line overrides (``hydra.overrides.task``, present
+    when the config was composed with its hydra node) sets ``model.name``."""
+    task = ((hydra_node or {}).get("overrides") or {}).get("task") if isinstance(hydra_node, dict) else None
+    return any(str(o).lstrip("+~").split("=", 1)[0] == "model.name" for o in task or ())
+
+
+def _name_after_source(m: "ModelSpec") -> None:
+    """``model.source`` overridden on top of the default model (name still the default ``tiny``, source not
+    ``builtin:tiny``): name the model after its source, so its runs are not labelled ``tiny``."""
+    default = ModelSpec()
+    if m.name == default.name and m.source != default.source:
+        m.name = default_model_name(m.source, m.gguf_file)
 
 
 def _spec_error(exc) -> SpecError:
@@ -351,8 +390,12 @@ def group_config(group: str, ref: str, *, key: str, base_dir: str | None = None)
 
     from .errors import did_you_mean
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(GROUP_SCHEMAS[group]), OmegaConf.load(path))
-        return OmegaConf.to_object(merged)
+        loaded = OmegaConf.load(path)
+        merged = OmegaConf.merge(OmegaConf.structured(GROUP_SCHEMAS[group]), loaded)
+        obj = OmegaConf.to_object(merged)
+        if group == "model" and "name" not in loaded:      # a model YAML without a name: named after its source
+            obj.name = default_model_name(obj.source, obj.gguf_file)
+        return obj
     except yaml.YAMLError as exc:
         raise SpecError(key, f"{path} is not valid YAML ({str(exc).splitlines()[0]}).",
                         fix=f"fix the YAML of that {group} config.") from None

@@ -42,19 +42,17 @@ names the config field (``dataset.path``, ``dataset.kind``, ``dataset.fields.<na
 """
 from __future__ import annotations
 
-import gzip
-import hashlib
-import json
-import os
 import warnings
 from enum import Enum
 from importlib import resources
 from pathlib import Path
 from dataclasses import replace
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Mapping
 
 from ..errors import SpecError, did_you_mean
 from .checksum import dataset_checksum, effective_sample_size, pair_hash
+from .files import (check_dimension_names, check_limit, file_info, file_stem, json_list_records, jsonl_records,
+                    read_text, resolve_path)
 from .pairs import FLAG_REASONS, Pair, PairSet, make_meta
 
 KINDS = ("diagnostic", "jsonl", "hh_rlhf", "rewardbench", "rewardbench2")
@@ -82,9 +80,9 @@ def load_pairs(kind: str, *, path: str | None = None, fields: Mapping[str, str] 
     if subset is not None:
         raise SpecError("dataset.subset", f"kind={kind} has no subsets.", fix="drop dataset.subset, or use "
                         "dataset=rewardbench.")
-    limit = _check_limit(limit)
+    limit = check_limit(limit)
     mapping, explicit = _check_fields(fields, kind)
-    wanted = _check_dimension_names(dimensions)
+    wanted = check_dimension_names(dimensions)
     if path is not None and str(path).strip() == "":
         path = None
 
@@ -96,22 +94,22 @@ def load_pairs(kind: str, *, path: str | None = None, fields: Mapping[str, str] 
         ref = resources.files("reward_lens_spec.data").joinpath(DIAGNOSTIC_FILE)
         raw = ref.read_bytes()
         text = raw.decode("utf-8")
-        source_file = _file_info(DIAGNOSTIC_FILE, raw)
+        source_file = file_info(DIAGNOSTIC_FILE, raw)
         name, file_label = "diagnostic", f"builtin {DIAGNOSTIC_FILE}"
-        records = _jsonl_records(text, file_label)
+        records = jsonl_records(text, file_label)
     else:
         if path is None:
             raise SpecError("dataset.path", f"kind={kind} needs a file path.",
                             fix="set dataset.path=<file.jsonl> (relative paths resolve against "
                                 "the directory you started in).")
-        resolved = _resolve(path, base_dir)
+        resolved = resolve_path(path, base_dir)
         file_label = str(resolved)
-        name = _stem(resolved)
-        text, source_file = _read_text(resolved, path)
+        name = file_stem(resolved)
+        text, source_file = read_text(resolved, path)
         if resolved.name.lower().endswith((".json", ".json.gz")):
-            records = _json_list_records(text, file_label)
+            records = json_list_records(text, file_label)
         else:
-            records = _jsonl_records(text, file_label)
+            records = jsonl_records(text, file_label)
 
     pairs: list[Pair] = []
     seen: dict[str, str] = {}
@@ -184,18 +182,6 @@ def _check_kind(kind: Any) -> str:
     return kind
 
 
-def _check_limit(limit: Any) -> int | None:
-    if limit is None:
-        return None
-    if isinstance(limit, bool) or not isinstance(limit, int):
-        raise SpecError("dataset.limit", f"must be a positive integer or null, got {limit!r}.",
-                        fix="set dataset.limit=<N> with N >= 1, or dataset.limit=null for all pairs.")
-    if limit <= 0:
-        raise SpecError("dataset.limit", f"must be >= 1, got {limit}.",
-                        fix="set dataset.limit=<N> with N >= 1, or dataset.limit=null for all pairs.")
-    return int(limit)
-
-
 def _check_fields(fields: Any, kind: str) -> tuple[dict[str, str], frozenset[str]]:
     """Return (our name -> file key, the names the user mapped on purpose)."""
     mapping = {n: n for n in FIELD_NAMES + META_FIELDS}
@@ -217,102 +203,6 @@ def _check_fields(fields: Any, kind: str) -> tuple[dict[str, str], frozenset[str
                             f"string), got {key!r}.", fix=f"set dataset.fields.{name}=<key>.")
         mapping[name] = key
     return mapping, frozenset(given)
-
-
-def _check_dimension_names(dimensions: Any) -> list[str] | None:
-    if dimensions is None:
-        return None
-    if isinstance(dimensions, str):
-        dimensions = [dimensions]
-    try:
-        names = list(dimensions)
-    except TypeError:
-        raise SpecError("dataset.dimensions", f"must be a list of dimension names, got {dimensions!r}.",
-                        fix="e.g. dataset.dimensions=[helpfulness,harmlessness].") from None
-    for d in names:
-        if not isinstance(d, str):
-            raise SpecError("dataset.dimensions", f"names must be strings, got {d!r}.",
-                            fix="e.g. dataset.dimensions=[helpfulness,harmlessness].")
-    if not names:
-        raise SpecError("dataset.dimensions", "is an empty list, which would select no pairs.",
-                        fix="name at least one dimension, or set dataset.dimensions=null for all.")
-    return names
-
-
-# ----------------------------------------------------------------------------- files
-
-def _resolve(path: Any, base_dir: str | None) -> Path:
-    p = Path(os.path.expanduser(str(path)))
-    if not p.is_absolute():
-        p = Path(base_dir if base_dir else os.getcwd()) / p
-    return p
-
-
-def _stem(p: Path) -> str:
-    name = p.name
-    for suffix in (".gz", ".jsonl", ".json"):
-        if name.lower().endswith(suffix):
-            name = name[: -len(suffix)]
-    return name or p.name
-
-
-def _file_info(name: str, raw: bytes) -> dict[str, Any]:
-    """``{name, bytes, sha256}`` of the file as stored (before any decompression)."""
-    return {"name": name, "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
-
-
-def _read_text(resolved: Path, given: Any) -> tuple[str, dict[str, Any]]:
-    if not resolved.is_file():
-        what = "is a directory, not a file" if resolved.is_dir() else "does not exist"
-        raise SpecError("dataset.path", f"{resolved} {what} (given {str(given)!r}).",
-                        fix="set dataset.path to an existing .jsonl or .json file; relative paths "
-                            "resolve against the directory you started in.")
-    try:
-        raw = resolved.read_bytes()
-        info = _file_info(resolved.name, raw)
-        if resolved.name.lower().endswith(".gz"):
-            raw = gzip.decompress(raw)
-        return raw.decode("utf-8-sig"), info
-    except UnicodeDecodeError as e:
-        raise SpecError("dataset.path", f"{resolved} is not UTF-8 text ({e.reason} at byte {e.start}).",
-                        fix="re-save the file as UTF-8.") from None
-    except (OSError, EOFError) as e:
-        raise SpecError("dataset.path", f"cannot read {resolved}: {e}.",
-                        fix="check the file's permissions and compression.") from None
-
-
-def _jsonl_records(text: str, file_label: str) -> Iterator[tuple[int, str, Any]]:
-    index = 0
-    # split on "\n" only: str.splitlines would also cut at U+2028, U+0085 etc., which JSON
-    # allows unescaped inside strings
-    for lineno, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SpecError("dataset.path", f"{file_label} line {lineno}: malformed JSON "
-                            f"({e.msg} at column {e.colno}).",
-                            fix="make every line one JSON object (JSON-Lines); a .json file must "
-                                "hold one list.") from None
-        yield index, f"line {lineno}", row
-        index += 1
-
-
-def _json_list_records(text: str, file_label: str) -> Iterator[tuple[int, str, Any]]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SpecError("dataset.path", f"{file_label} line {e.lineno}: malformed JSON "
-                        f"({e.msg} at column {e.colno}).",
-                        fix="a .json file must hold one list of objects; use .jsonl for "
-                            "one object per line.") from None
-    if not isinstance(data, list):
-        raise SpecError("dataset.path", f"{file_label} holds a JSON {type(data).__name__}, "
-                        "not a list of pairs.", fix="store the pairs as a JSON list, or as "
-                        "JSON-Lines in a .jsonl file.")
-    for i, row in enumerate(data):
-        yield i, f"item {i}", row
 
 
 # ----------------------------------------------------------------------------- rows

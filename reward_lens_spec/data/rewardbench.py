@@ -37,6 +37,8 @@ from typing import Any, Iterable, Mapping
 
 from ..errors import SpecError, did_you_mean
 from .checksum import dataset_checksum, effective_sample_size, pair_hash
+from .files import (check_dimension_names, check_limit, file_info, file_stem, json_list_records, jsonl_records,
+                    read_text, resolve_path)
 from .pairs import FLAG_REASONS, Pair, PairSet, make_meta
 
 V1_KEYS = ("id", "prompt", "chosen", "rejected", "subset")
@@ -60,15 +62,13 @@ def load_rewardbench(path, *, version: int = 1, fields: Mapping[str, str] | None
     ``dimensions`` keeps the named subsets; ``limit`` keeps the first N rows (pairs, or items for
     version 2). Returns a ``PairSet`` whose ``dimension`` is the subset.
     """
-    from .loaders import _check_dimension_names, _check_limit, _file_info, _resolve, _stem
-
     kind = "rewardbench" if version == 1 else "rewardbench2"
     if path is None or str(path).strip() == "":
         raise SpecError("dataset.path", f"kind={kind} needs a file path.",
                         fix="set dataset.path=<file.jsonl|.json|.parquet> (relative paths resolve against the "
                             "directory you started in).")
-    limit = _check_limit(limit)
-    wanted = _check_dimension_names(dimensions)
+    limit = check_limit(limit)
+    wanted = check_dimension_names(dimensions)
     keys = {k: k for k in V1_KEYS}
     for name, key in dict(fields or {}).items():
         if name not in V1_KEYS:
@@ -77,9 +77,9 @@ def load_rewardbench(path, *, version: int = 1, fields: Mapping[str, str] | None
         if not isinstance(key, str) or not key:
             raise SpecError(f"dataset.fields.{name}", f"must name a key of the file, got {key!r}.")
         keys[name] = key
-    resolved = _resolve(path, base_dir)
+    resolved = resolve_path(path, base_dir)
     rows = read_rows(resolved, path)
-    stem = _stem(resolved).removesuffix(".parquet")
+    stem = file_stem(resolved).removesuffix(".parquet")
     pairs: list[Pair] = []
     seen: dict[str, str] = {}
     n_items = 0
@@ -113,17 +113,15 @@ def load_rewardbench(path, *, version: int = 1, fields: Mapping[str, str] | None
     ess = effective_sample_size(pairs)
     return PairSet(name=stem, pairs=tuple(pairs), checksum=dataset_checksum(pairs), n_unique=ess["n_unique"],
                    n_prompt_clusters=ess["n_prompt_clusters"], flags=flags,
-                   source_file=_file_info(resolved.name, resolved.read_bytes()))
+                   source_file=file_info(resolved.name, resolved.read_bytes()))
 
 
 def read_rows(resolved: Path, given) -> list[tuple[int, str, Any]]:
     """``(index, where, row)`` of every record of a JSON-Lines, JSON-list or Parquet file."""
-    from .loaders import _json_list_records, _jsonl_records, _read_text
-
     name = resolved.name.lower()
     if name.endswith(".parquet"):
         if not resolved.is_file():
-            _read_text(resolved, given)                  # raises the loaders' missing-file error
+            read_text(resolved, given)                  # raises the loaders' missing-file error
         try:
             import pyarrow.parquet as pq
         except ImportError:
@@ -135,10 +133,10 @@ def read_rows(resolved: Path, given) -> list[tuple[int, str, Any]]:
             raise SpecError("dataset.path", f"{resolved} is not a readable Parquet file ({exc}).",
                             fix="check the file, or convert it to JSON-Lines.") from None
         return [(i, f"row {i}", r) for i, r in enumerate(table.to_pylist())]
-    text, _ = _read_text(resolved, given)
+    text, _ = read_text(resolved, given)
     if name.endswith((".json", ".json.gz")) and text.lstrip().startswith("["):
-        return list(_json_list_records(text, str(resolved)))
-    return list(_jsonl_records(text, str(resolved)))
+        return list(json_list_records(text, str(resolved)))
+    return list(jsonl_records(text, str(resolved)))
 
 
 def _field(row, name, keys, where, file, *, kind=str, required=True):

@@ -184,15 +184,19 @@ def _read_state(loc: Path) -> dict:
                     fix="save the checkpoint as safetensors.")
 
 
-def load_armorm(loc, *, dtype=torch.float32, attn_implementation: str | None = "eager"):
+def load_armorm(loc, *, dtype=torch.float32, attn_implementation: str | None = "eager",
+                trust_remote_code: bool = False):
     """Build ``ArmoRM`` from the folder ``loc`` and load its tensors; return ``(model, tokenizer)``.
 
-    Raises ``SpecError`` (``model.source``) for missing, unexpected or misshapen tensors.
+    Config and tokenizer are read by the guarded loader (``models.hub``) with ``trust_remote_code``
+    (a bool; never stdin); the weights are read from safetensors here, into this module's own class.
+    Raises ``SpecError`` (``model.source``) for missing, unexpected or misshapen tensors,
+    (``model.trust_remote_code``) when the config or tokenizer needs the folder's own code.
     """
-    import transformers as tf
+    from .hub import load_config, load_tokenizer
 
     loc = Path(loc)
-    cfg = tf.AutoConfig.from_pretrained(loc)
+    cfg = load_config(loc, trust_remote_code=trust_remote_code, source=str(loc))
     if cfg.model_type != "llama":
         raise SpecError("model.source", f"ArmoRM folder {loc} has model_type {cfg.model_type!r}; its backbone "
                         "must be Llama.", fix="check config.json.")
@@ -210,13 +214,13 @@ def load_armorm(loc, *, dtype=torch.float32, attn_implementation: str | None = "
                         "(regression_layer, gating.layers.*, gating.logit_scale, reward_transform_matrix, model.*).")
     model.load_state_dict(state, strict=True)
     model.to(dtype).eval()
-    tok = tf.AutoTokenizer.from_pretrained(loc)
+    tok = load_tokenizer(loc, trust_remote_code=trust_remote_code, source=str(loc))
     return model, tok
 
 
 def read_armorm_head(model, objectives: tuple[str, ...] | None = None):
     """The ``ReadoutHead`` of an ``ArmoRM``: untransformed rows ``W``, transform ``T``, a context gate."""
-    from .head import ReadoutHead
+    from .readout import ReadoutHead
 
     W = model.regression_layer.weight.detach().float().cpu().numpy().copy()
     T = model.reward_transform_matrix.detach().double().cpu().numpy().copy()

@@ -1,7 +1,8 @@
 """A model's description from its config alone (no weights): transformers config, family, depth.
 
-The config is read with ``trust_remote_code=model.trust_remote_code`` (default false, so a checkpoint's
-own Python never runs and transformers never asks on stdin); ``validate`` loads no model and runs no code.
+The config is read through the guarded loader ``models.hub`` with ``trust_remote_code=model.trust_remote_code``
+(default false, so a checkpoint's own Python never runs and transformers never asks on stdin); ``validate``
+loads no model and runs no code.
 """
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ from ..errors import SpecError
 
 def model_config(spec, base_dir=None):
     """The transformers config of ``spec`` (a ``ModelSpec``), read without weights."""
-    import transformers as tf
-
+    from .hub import load_config, trust_remote_code
     from .loading import gguf_for, resolve_source
     from .tiny import TINY_CONFIGS, tiny_config
 
@@ -21,14 +21,8 @@ def model_config(spec, base_dir=None):
             raise SpecError("model.source", f"unknown built-in model '{loc}'.", value=loc, options=TINY_CONFIGS)
         cfg = tiny_config(loc)
     else:
-        from .loading import remote_code_error, trust_remote_code
-        try:
-            gguf = gguf_for(spec, kind, loc)
-            cfg = tf.AutoConfig.from_pretrained(loc, trust_remote_code=trust_remote_code(spec),
-                                                **({"gguf_file": gguf} if gguf else {}))
-        except (OSError, ValueError) as exc:
-            raise remote_code_error(spec, exc) or SpecError("model.source", "cannot read the model config at "
-                                                            f"'{spec.source}': {str(exc).splitlines()[0]}") from None
+        cfg = load_config(loc, trust_remote_code=trust_remote_code(spec), source=spec.source,
+                          gguf_file=gguf_for(spec, kind, loc), revision=getattr(spec, "revision", None) or None)
     return cfg
 
 
@@ -58,10 +52,13 @@ def check_max_length(spec, cfg) -> None:
 def describe_model(spec, base_dir=None) -> tuple:
     """``(family, n_layers, n_objectives)`` from the model config alone (no weights).
 
-    Raises ``SpecError`` (``model.max_length``) when ``model.max_length`` exceeds the model's position limit.
+    Raises ``SpecError`` (``model.max_length``) when ``model.max_length`` exceeds the model's position limit,
+    (``model.head_init``) for an unknown ``model.head_init``.
     """
     from .discover import family_or_discovered_config
+    from .head_init import check_head_init
 
+    check_head_init(getattr(spec, "head_init", None))
     cfg = model_config(spec, base_dir)
     check_max_length(spec, cfg)
     n_layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer")

@@ -8,7 +8,9 @@
     A tensor shared under several names (tied weights) is hashed once, under its first name;
     the other names are recorded as aliases.
 (b) the config's ``to_diff_dict()`` minus volatile keys (versions, paths, dtype, attention
-    implementation, cache and output switches), as sorted JSON. ``architectures`` is kept; when
+    implementation, cache and output switches), as sorted JSON. It includes
+    ``reward_lens_head_init`` (how ``load_model`` made a head the checkpoint lacked, from
+    ``model.head_init``; ``models.head_init``). ``architectures`` is kept; when
     the config has none (a model built in code) the model's class name stands in, as
     ``save_pretrained`` would write.
 (c) the tokenizer: sorted vocabulary, special tokens map, chat template, and the ids of a fixed
@@ -94,7 +96,8 @@ def tokenizer_dict(tokenizer) -> dict:
             "probe_ids": [int(i) for i in probe]}
 
 
-_HEAD_CONFIG = ("num_labels", "id2label", "label2id", "problem_type")
+# the label config and how a missing head was made (``reward_lens_head_init``, models.head_init)
+_HEAD_CONFIG = ("num_labels", "id2label", "label2id", "problem_type", "reward_lens_head_init")
 
 
 def model_fingerprint(model, tokenizer, *, without_head: str | None = None) -> str:

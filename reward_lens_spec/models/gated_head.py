@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .head import ReadoutHead
+from .readout import ReadoutHead
 
 
 class GatedRewardHead(nn.Module):

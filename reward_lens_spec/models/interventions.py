@@ -31,7 +31,7 @@ from .capture import _first
 from .copy_skip import CopySkip, start_layer
 from .head import get_module
 from .padding import batches_by_length, pad_batch
-from .patching import (_base_reward, _check_unpatched, _copies_mask, _groups, _local, _module_for,
+from .patching import (_base_reward, check_unpatched, _copies_mask, _groups, _local, _module_for,
                        _patched_rewards, _quiet_transformers, _replacer)
 from .prefix import sliding
 
@@ -95,7 +95,7 @@ def set_readout(lm, encoded, cap, targets, values, pair_indices, *, base_side: i
             for b, (pi, p) in enumerate(members):
                 ref = _base_reward(lm, cap, p, base_side)
                 for row in (0, n - 1):
-                    _check_unpatched(lm, r[b, row], ref, encoded.pair_ids[p])
+                    check_unpatched(lm, r[b, row], ref, encoded.pair_ids[p])
                 out[pi, start:start + len(part)] = r[b, 1:-1]
     return (out, counts, final) if keep_final else (out, counts)
 

@@ -1,11 +1,13 @@
 """Load a reward model named by a ``ModelSpec``: built-in tiny, local folder, hub id, GGUF.
 
-Safety: every ``from_pretrained`` (config, tokenizer, model) gets ``trust_remote_code`` as a
-bool from ``model.trust_remote_code`` (default false), never ``None``, so transformers never asks
-on stdin and a checkpoint's own Python (``auto_map``) never runs unless asked for: a checkpoint of
-a model type transformers ships loads with transformers' class, any other is refused with a
-``SpecError`` naming ``model.trust_remote_code``. Weights load from safetensors only unless
-``model.allow_pickle=true``. The returned
+Safety: every checkpoint read (config, tokenizer, model) goes through the one guarded loader
+``models.hub``: ``trust_remote_code`` as a bool from ``model.trust_remote_code`` (default false),
+never ``None``, so transformers never asks on stdin and a checkpoint's own Python (``auto_map``)
+never runs unless asked for: a checkpoint of a model type transformers ships loads with
+transformers' class, any other is refused with a ``SpecError`` naming ``model.trust_remote_code``.
+Weights load from safetensors only unless ``model.allow_pickle=true``. A checkpoint without a
+reward head (causal LM, base model, GGUF) is refused unless ``model.head_init`` says how to make
+one deterministically (``models.head_init``). The returned
 ``LoadedModel`` bundles the HF model (eval mode), its tokenizer, the family
 table, the float32 reward head and the final-norm description.
 """
@@ -19,10 +21,12 @@ from pathlib import Path
 import torch
 
 from ..errors import SpecError
+from .armorm import is_armorm_folder, load_armorm
 from .discover import family_or_discovered
 from .families import Family
-from .armorm import is_armorm_folder, load_armorm
 from .head import FinalNorm, ReadoutHead, read_final_norm, read_head
+from .head_init import init_missing_head
+from .hub import load_classifier, load_tokenizer, remote_code_error, trust_remote_code  # noqa: F401  (public here too)
 from .tiny import TINY_CONFIGS, build_tiny
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -100,29 +104,17 @@ def gguf_for(spec, kind: str, loc: str) -> str | None:
     return g
 
 
-def trust_remote_code(spec) -> bool:
-    """``model.trust_remote_code`` as a bool, never ``None``: transformers asks on stdin when given ``None``."""
-    return getattr(spec, "trust_remote_code", False) is True
-
-
-def remote_code_error(spec, exc: Exception) -> SpecError | None:
-    """The clear error for transformers' refusal to run a checkpoint's own code (``None`` for other errors)."""
-    text = str(exc)
-    if "trust_remote_code" not in text and "custom code" not in text:
-        return None
-    return SpecError("model.trust_remote_code", f"'{spec.source}' needs its own Python code (config.json "
-                     "auto_map) and model.trust_remote_code is false, so it was not run.",
-                     fix="read that code; set model.trust_remote_code=true only if you trust it, or use a "
-                         "checkpoint of a model type transformers ships.")
-
-
 def load_model(spec, base_dir: str | None = None) -> LoadedModel:
-    """Load the model described by ``spec`` (a ``ModelSpec``)."""
-    import transformers as tf
+    """Load the model described by ``spec`` (a ``ModelSpec``).
 
+    Every checkpoint read goes through ``models.hub`` (``trust_remote_code`` from the spec, never stdin);
+    a checkpoint without a reward head is refused or given one per ``model.head_init``
+    (``models.head_init``). Raises ``SpecError`` naming the config key at fault.
+    """
     device = resolve_device(str(getattr(spec.device, "value", spec.device)))
     dtype = str(getattr(spec.dtype, "value", spec.dtype))
     padding_side = str(getattr(spec.padding_side, "value", spec.padding_side))
+    trust = trust_remote_code(spec)
     kind, loc = resolve_source(spec.source, base_dir)
     if kind == "builtin":
         if loc not in TINY_CONFIGS:
@@ -137,39 +129,25 @@ def load_model(spec, base_dir: str | None = None) -> LoadedModel:
         if str(getattr(spec.head, "value", spec.head)) != "gated":
             raise SpecError("model.head", f"{loc} is an ArmoRM checkpoint (a gated multi-objective head).",
                             fix="set model.head=gated.")
-        model, tok = load_armorm(loc, dtype=_DTYPES[dtype], attn_implementation=spec.attn_implementation)
+        model, tok = load_armorm(loc, dtype=_DTYPES[dtype], attn_implementation=spec.attn_implementation,
+                                 trust_remote_code=trust)
         tok.padding_side = padding_side
     else:
         gguf = gguf_for(spec, kind, loc)
-        kwargs = dict(num_labels=spec.num_labels, trust_remote_code=trust_remote_code(spec), dtype=_DTYPES[dtype])
-        if spec.revision:
-            kwargs["revision"] = spec.revision
-        if spec.attn_implementation:
-            kwargs["attn_implementation"] = spec.attn_implementation
         if gguf:
-            kwargs["gguf_file"] = gguf
             if not (kind != "folder" or (Path(loc) / gguf).exists()):
                 raise SpecError("model.gguf_file", f"{gguf} not found in {loc}.")
             for need in ("gguf", "accelerate"):
                 if importlib.util.find_spec(need) is None:
                     raise SpecError("model.gguf_file", f"loading GGUF needs the '{need}' package.",
                                     fix="pip install 'reward_lens_spec[real]'")
-        else:
-            kwargs["use_safetensors"] = None if spec.allow_pickle else True
-        try:
-            tok = tf.AutoTokenizer.from_pretrained(loc, trust_remote_code=trust_remote_code(spec),
-                                                   **({"gguf_file": gguf} if gguf else {}))
-            model = tf.AutoModelForSequenceClassification.from_pretrained(loc, **kwargs)
-        except ValueError as exc:
-            err = remote_code_error(spec, exc)
-            if err is None:
-                raise
-            raise err from None
-        except OSError as exc:
-            hint = ("weights are not safetensors: set model.allow_pickle=true only if you trust the file."
-                    if "safetensors" in str(exc).lower() else "check model.source (tests never download).")
-            raise SpecError("model.source", f"could not load '{spec.source}': {str(exc).splitlines()[0]}",
-                            fix=hint) from None
+        common = dict(trust_remote_code=trust, source=spec.source, gguf_file=gguf, revision=spec.revision or None)
+        tok = load_tokenizer(loc, **common)
+        model, missing = load_classifier(loc, num_labels=spec.num_labels, dtype=_DTYPES[dtype],
+                                         allow_pickle=bool(spec.allow_pickle),
+                                         attn_implementation=spec.attn_implementation or None, **common)
+        init_missing_head(model, missing, head_init=getattr(spec, "head_init", None), seed=spec.seed,
+                          source=spec.source)
         tok.padding_side = padding_side
     lm = wrap_model(spec.name, model, tok, dtype=dtype, device=device, objectives=tuple(spec.objectives) or None)
     want_gated = str(getattr(spec.head, "value", spec.head)) == "gated"

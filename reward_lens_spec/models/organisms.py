@@ -44,49 +44,21 @@ planted unit.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import torch
 
-from ..data import Pair, PairSet, dataset_checksum, effective_sample_size
+from ..data import Pair, PairSet
 from ..errors import SpecError
-from .loading import LoadedModel, wrap_model
+from .loading import wrap_model
+from .organism_base import STRENGTHS, WORDS, Organism, pairset
 from .tiny import TINY_CONFIGS, build_tiny
 
-STRENGTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 KINDS = ("planted", "planted_head", "planted_paths", "trained_keyword", "trained_length", "planted_cycle",
          "annotator_mixture", "annotator_agreement", "multi_objective")   # the last four: models/preference_organisms.py
 PLANT_BASES = ("tiny_llama", "tiny_mistral", "tiny_qwen2", "tiny_qwen3")   # gate/up/down MLP, RMSNorm
 TRIGGER, CONTROL, KEYWORD = "!", ".", "please"
-_WORDS = ("apple", "river", "stone", "cloud", "green", "quiet", "metal", "paper", "light", "north",
-          "table", "sugar", "glass", "horse", "smile", "ocean", "tiger", "bread", "chair", "music")
-
-
-@dataclass
-class Organism:
-    """One organism at one strength: the model, the graded pairs and the planted truth."""
-
-    kind: str
-    strength: float
-    lm: LoadedModel
-    pairs: PairSet
-    truth: dict = field(default_factory=dict)
-    params: dict = field(default_factory=dict)      # how it was built (part of a scorecard's identity)
-
-    @property
-    def family(self) -> str:
-        return self.lm.family.name
-
-    @property
-    def name(self) -> str:
-        return f"{self.kind}@{self.strength:g}"
-
-
-def _pairset(name: str, pairs: list[Pair]) -> PairSet:
-    ess = effective_sample_size(pairs)
-    return PairSet(name=name, pairs=tuple(pairs), checksum=dataset_checksum(pairs),
-                   n_unique=ess["n_unique"], n_prompt_clusters=ess["n_prompt_clusters"], flags={})
+_WORDS = WORDS          # the names this module had before models.organism_base
+_pairset = pairset
 
 
 def planted_pairs(n: int = 12, seed: int = 0) -> PairSet:
@@ -94,11 +66,11 @@ def planted_pairs(n: int = 12, seed: int = 0) -> PairSet:
     rng = np.random.Generator(np.random.PCG64(seed + 7))
     out = []
     for i in range(n):
-        a, b, c = (str(w) for w in rng.choice(_WORDS, 3, replace=False))
+        a, b, c = (str(w) for w in rng.choice(WORDS, 3, replace=False))
         body = f"the {a} and the {b} are {c}"
         out.append(Pair(id=f"planted-{i:03d}", prompt=f"Tell me about the {a}", chosen=body + TRIGGER,
                         rejected=body + CONTROL, dimension="planted", source="organism"))
-    return _pairset("organism_planted", out)
+    return pairset("organism_planted", out)
 
 
 def _unit(rng, d, against=()):
@@ -252,18 +224,18 @@ def paths_organism(strength: float, *, base: str = "tiny_llama", seed: int = 0, 
 
 def _rule_pair(rng, rule: str, i: int) -> tuple[str, str, str]:
     """(prompt, rule winner, rule loser) for one synthetic pair."""
-    prompt = f"Say something about the {rng.choice(_WORDS)}"
+    prompt = f"Say something about the {rng.choice(WORDS)}"
     if rule == "keyword":
         k = int(rng.integers(2, 5))
-        words = [str(w) for w in rng.choice(_WORDS, k, replace=False)]
-        other = [str(w) for w in rng.choice(_WORDS, k, replace=False)]
+        words = [str(w) for w in rng.choice(WORDS, k, replace=False)]
+        other = [str(w) for w in rng.choice(WORDS, k, replace=False)]
         pos = int(rng.integers(0, k))
         win = " ".join(words[:pos] + [KEYWORD] + words[pos:]) + "."
-        lose = " ".join(other) + " " + str(rng.choice(_WORDS)) + "."
+        lose = " ".join(other) + " " + str(rng.choice(WORDS)) + "."
         return prompt, win, lose
     n_short = int(rng.integers(1, 4))
-    short = " ".join(str(w) for w in rng.choice(_WORDS, n_short))
-    long = " ".join(str(w) for w in rng.choice(_WORDS, n_short + int(rng.integers(3, 7))))
+    short = " ".join(str(w) for w in rng.choice(WORDS, n_short))
+    long = " ".join(str(w) for w in rng.choice(WORDS, n_short + int(rng.integers(3, 7))))
     return prompt, long + ".", short + "."
 
 
@@ -276,7 +248,7 @@ def rule_pairs(rule: str, n: int, seed: int, name: str) -> PairSet:
     for i in range(n):
         p, w, l = _rule_pair(rng, rule, i)
         pairs.append(Pair(id=f"{name}-{i:03d}", prompt=p, chosen=w, rejected=l, dimension=rule, source="organism"))
-    return _pairset(name, pairs)
+    return pairset(name, pairs)
 
 
 def _fit_bt_head(X: np.ndarray, steps: int = 300, lr: float = 0.5, l2: float = 1e-2) -> np.ndarray:

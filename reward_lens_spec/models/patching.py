@@ -89,7 +89,7 @@ def patch_readout(lm, encoded, cap, targets, pair_indices, *, mode: str = "denoi
             for b, (pi, p) in enumerate(members):
                 ref = _base_reward(lm, cap, p, base_side)
                 for row in (0, n - 1):
-                    _check_unpatched(lm, r[b, row], ref, encoded.pair_ids[p])
+                    check_unpatched(lm, r[b, row], ref, encoded.pair_ids[p])
                 out[pi, start:start + len(part)] = r[b, 1:-1]
     return out, counts
 
@@ -292,7 +292,7 @@ def patch_all_positions(lm, encoded, cap, targets, pair_indices, *, mode: str = 
                                  gate=None if cap.gate is None else cap.gate[p, base_side])
             counts["forward_passes"] += 1
             counts["tokens"] += n * T
-            _check_unpatched(lm, r[0], _base_reward(lm, cap, p, base_side), encoded.pair_ids[p])
+            check_unpatched(lm, r[0], _base_reward(lm, cap, p, base_side), encoded.pair_ids[p])
             out[pi, start:start + len(part)] = r[1:]
     return out, counts
 
@@ -319,13 +319,17 @@ def _base_reward(lm, cap, pair: int, side: int) -> np.ndarray:
     return lm.head.rewards(cap.h[pair, side], None if cap.gate is None else cap.gate[pair, side])
 
 
-def _check_unpatched(lm, got, ref, pair_id) -> None:
+def check_unpatched(lm, got, ref, pair_id) -> None:
     """An unpatched copy must reproduce the captured base reward: within 1e-3 (relative to
-    1 + |r|) in float32, within the capture self-check's tolerance in bfloat16/float16."""
+    1 + |r|) in float32, within the capture self-check's tolerance in bfloat16/float16.
+    Raises ``CaptureError`` naming the pair otherwise. (Public: ``ops.steer`` uses it.)"""
     tol = 1e-3 if lm.dtype == "float32" else _TOL.get(lm.dtype, 1e-3)
     if np.abs(got - ref).max() > tol * (1 + np.abs(ref).max()):
         raise CaptureError(f"{lm.name}: the unpatched re-run of pair {pair_id} gives {got} but the capture "
                            f"gave {ref} (tolerance {tol} for {lm.dtype}); patching results would be wrong.")
+
+
+_check_unpatched = check_unpatched       # the old private name: ops.steer imports it until it imports check_unpatched
 
 
 def _full_replacer(rows, value):

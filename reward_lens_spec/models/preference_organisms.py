@@ -20,7 +20,7 @@ from ..data import Pair, PairSet
 from ..data.pairs import make_meta
 from ..errors import SpecError
 from .loading import wrap_model
-from .organisms import STRENGTHS, Organism, _WORDS, _pairset
+from .organism_base import STRENGTHS, WORDS, Organism, pairset
 from .tiny import TINY_CONFIGS, build_tiny
 
 
@@ -37,7 +37,7 @@ def cycle_pairs(strength: float, *, n_groups: int = 96, noise: float = 0.1, seed
     rng = np.random.Generator(np.random.PCG64(seed + 21))
     out = []
     for g in range(n_groups):
-        a, b, c = (str(w) for w in rng.choice(_WORDS, 3, replace=False))
+        a, b, c = (str(w) for w in rng.choice(WORDS, 3, replace=False))
         prompt = f"Pick one for the {a} {g}"
         resp = {t: f"the {b} and the {c} say {t}" for t in CYCLE}
         u_cycle, u_noise = rng.random(), rng.random(3)
@@ -48,7 +48,7 @@ def cycle_pairs(strength: float, *, n_groups: int = 96, noise: float = 0.1, seed
                 w, l = l, w
             out.append(Pair(id=f"cycle-{g:03d}-{e}", prompt=prompt, chosen=resp[w], rejected=resp[l],
                             dimension="cycle", source="organism"))
-    return _pairset("organism_cycle", out)
+    return pairset("organism_cycle", out)
 
 
 def cycle_organisms(strengths=STRENGTHS, *, base: str = "tiny_llama", seed: int = 0, n_groups: int = 96,
@@ -71,7 +71,7 @@ def cycle_organisms(strengths=STRENGTHS, *, base: str = "tiny_llama", seed: int 
 def _draft_pairs(rng, n: int, tag: str) -> list[Pair]:
     out = []
     for i in range(n):
-        ws = [str(w) for w in rng.choice(_WORDS, 6)]
+        ws = [str(w) for w in rng.choice(WORDS, 6)]
         out.append(Pair(id=f"{tag}-{i:03d}", prompt=f"Describe the {ws[0]} {i}", chosen=" ".join(ws[1:3 + i % 2]),
                         rejected=" ".join(ws[3:]), dimension=tag, source="organism"))
     return out
@@ -132,7 +132,7 @@ def annotator_organisms(kind: str = "annotator_mixture", strengths=STRENGTHS, *,
                               meta=make_meta({"votes": [int(x) for x in vv]})))
         truth = ({"disagreement_direction": [float(x) for x in d]}
                  if kind == "annotator_mixture" else {"contested_where_margin_small": True})
-        out.append(Organism(kind, float(st), lm, _pairset(f"organism_{kind}", pairs), truth,
+        out.append(Organism(kind, float(st), lm, pairset(f"organism_{kind}", pairs), truth,
                             {"base": base, "seed": seed, "n_pairs": n_pairs, "n_annotators": n_annotators}))
     return out
 
@@ -161,7 +161,7 @@ def multi_objective_organisms(strengths=STRENGTHS, *, base: str = "tiny_llama", 
     if base not in TINY_CONFIGS:
         raise SpecError("organism.base", f"unknown tiny model '{base}'.", value=base, options=TINY_CONFIGS)
     rng = np.random.Generator(np.random.PCG64(seed + 41))
-    pairs = _pairset("organism_multi_objective", _draft_pairs(rng, n_pairs, "objectives"))
+    pairs = pairset("organism_multi_objective", _draft_pairs(rng, n_pairs, "objectives"))
     out = []
     for st in strengths:
         model, tok = build_tiny(base, seed=seed, num_labels=n_objectives)

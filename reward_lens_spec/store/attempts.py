@@ -39,6 +39,7 @@ import uuid
 
 from reward_lens_spec.errors import StoreError
 from reward_lens_spec.store._backend import DOC, RUNS, Backend, group_doc
+from reward_lens_spec.store.state import run_state
 
 LEASE_S = 60.0               # a lease whose heartbeat is older than this is dead
 PREFIX = "attempt-"
@@ -103,8 +104,6 @@ class Attempt:
         sees the attempt without a live lease. Raises StoreError when a given ``aid`` exists
         with other meta, or ``role`` is held there.
         """
-        from reward_lens_spec.store.writer import run_state
-
         b.check_inside(f"{RUNS}/{run_id}")
         if not b.create_exclusive(f"{RUNS}/{run_id}/{DOC}", group_doc({})) and \
                 run_state(b, run_id)[0] == "corrupt":        # garbage lists nothing: a placeholder replaces it
@@ -256,8 +255,6 @@ class Attempt:
 
     def named(self) -> bool:
         """True when the run document is complete and names this attempt."""
-        from reward_lens_spec.store.writer import run_state
-
         state, attrs = run_state(self.b, self.run_id)
         return state == "complete" and attrs.get("attempt") == self.aid
 
@@ -268,8 +265,6 @@ class Attempt:
         consistent; the first stays listed). Raises StoreError when this process no longer
         holds ``role``.
         """
-        from reward_lens_spec.store.writer import run_state
-
         self.fence(role)
         if not force and run_state(self.b, self.run_id)[0] == "complete":
             return False

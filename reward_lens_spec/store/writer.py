@@ -33,6 +33,7 @@ from reward_lens_spec.store._backend import (DOC, LAYOUT_KEY, LAYOUT_VERSION, RU
                                              group_doc)
 from reward_lens_spec.store.attempts import Attempt
 from reward_lens_spec.store.groups import write_variables
+from reward_lens_spec.store.state import run_state  # noqa: F401  (defined in store.state; importable from here as before)
 
 RESERVED = ("run_id", "observables", "created", "complete", "store_write_s", "writer", "attempt")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,199}$")
@@ -77,28 +78,6 @@ def check_layout(b: Backend, *, create: bool = False) -> int:
                          f"(layout {version} > {LAYOUT_VERSION}); refusing to read or write it. "
                          "Fix: upgrade reward_lens_spec.")
     return version
-
-
-def run_state(b: Backend, run_id: str) -> tuple[str, dict | None]:
-    """``("complete"|"incomplete"|"corrupt"|"absent", run attrs or None)`` of one run.
-
-    A run document with no attrs is the placeholder attempts create; with no attempt
-    under it (a writer that failed and removed its own) the run is ``absent``.
-    """
-    try:
-        doc = b.read_json(f"{RUNS}/{run_id}/{DOC}")
-    except ValueError:
-        return "corrupt", None
-    if doc is None:
-        return ("incomplete" if b.run_exists(run_id) else "absent"), None
-    attrs = doc.get("attributes")
-    if doc.get("node_type") != "group" or not isinstance(attrs, dict):
-        return "corrupt", None
-    if attrs.get("complete") is True:
-        return "complete", attrs
-    if not attrs and not b.list_dirs(f"{RUNS}/{run_id}"):
-        return "absent", None
-    return "incomplete", attrs
 
 
 def data_group(run_id: str, attrs: dict, observable: str) -> str:

@@ -1,0 +1,165 @@
+"""The one guarded loader: every transformers ``from_pretrained`` of the package is in this module.
+
+Config, tokenizer and sequence classifier (and ArmoRM's config and tokenizer, ``models.armorm``)
+are read here, and only here, so one set of rules holds on every route (run, validate, fit, frames,
+partners):
+
+* ``trust_remote_code`` is always passed, as a ``bool`` (``model.trust_remote_code``, default
+  false); anything else is a ``TypeError``. Given ``None``, transformers would ask on stdin and run
+  a checkpoint's own Python (``auto_map``) on a "y". While a call runs, transformers' prompt
+  timeout is also set to 0 (``no_prompt``), so no code path of it can read stdin.
+* With trust false, a checkpoint whose ``auto_map`` names its own Python loads with transformers'
+  own class when the model type is one transformers ships; otherwise it is refused with a
+  one-line ``SpecError`` naming ``model.trust_remote_code`` (``remote_code_error``).
+* Weights: safetensors only (``use_safetensors=True``) unless ``allow_pickle``; GGUF files are read
+  by transformers' GGUF loader (``gguf_file``).
+* ``load_classifier`` also returns the tensors the checkpoint lacked (transformers'
+  ``output_loading_info``), so the caller can refuse, or deterministically make, a missing head
+  (``models.head_init``) instead of taking transformers' random one.
+
+Other failures to read a checkpoint raise a ``SpecError`` naming ``model.source``.
+"""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+
+from ..errors import SpecError
+
+_PROMPT_LOCK = threading.Lock()
+_DEPTH, _SAVED = [0], [None]          # how many callers are inside no_prompt; transformers' own timeout
+
+
+def trust_remote_code(spec) -> bool:
+    """``model.trust_remote_code`` as a bool, never ``None``: transformers asks on stdin when given ``None``."""
+    return getattr(spec, "trust_remote_code", False) is True
+
+
+def _source(spec_or_source) -> str:
+    return str(getattr(spec_or_source, "source", spec_or_source))
+
+
+def remote_code_error(spec, exc: Exception) -> SpecError | None:
+    """The clear error for transformers' refusal to run a checkpoint's own code (``None`` for other errors).
+
+    ``spec``: a ``ModelSpec`` or the source string, for the message.
+    """
+    text = str(exc)
+    if "trust_remote_code" not in text and "custom code" not in text:
+        return None
+    return SpecError("model.trust_remote_code", f"'{_source(spec)}' needs its own Python code (an auto_map in "
+                     "config.json or tokenizer_config.json) and model.trust_remote_code is false, so it was not run.",
+                     fix="read that code; set model.trust_remote_code=true only if you trust it, or use a "
+                         "checkpoint of a model type transformers ships.")
+
+
+def _check_trust(trust) -> bool:
+    if not isinstance(trust, bool):
+        raise TypeError(f"trust_remote_code must be True or False, got {trust!r} (None makes transformers ask "
+                        "on stdin).")
+    return trust
+
+
+@contextmanager
+def no_prompt():
+    """While inside, transformers' "run the custom code? [y/N]" prompt times out at once (never reads stdin).
+
+    Nests and works across threads: the setting is restored when the last one leaves; loads are not serialized.
+    """
+    import transformers.dynamic_module_utils as dmu
+
+    with _PROMPT_LOCK:
+        if _DEPTH[0] == 0:
+            _SAVED[0] = getattr(dmu, "TIME_OUT_REMOTE_CODE", None)
+        _DEPTH[0] += 1
+        dmu.TIME_OUT_REMOTE_CODE = 0
+    try:
+        yield
+    finally:
+        with _PROMPT_LOCK:
+            _DEPTH[0] -= 1
+            if _DEPTH[0] == 0:
+                dmu.TIME_OUT_REMOTE_CODE = _SAVED[0]
+
+
+def _kwargs(trust, gguf_file, revision) -> dict:
+    kw: dict = {"trust_remote_code": _check_trust(trust)}
+    if gguf_file:
+        kw["gguf_file"] = gguf_file
+    if revision:
+        kw["revision"] = revision
+    return kw
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def load_config(loc, *, trust_remote_code: bool, source: str | None = None, gguf_file: str | None = None,
+                revision: str | None = None):
+    """The transformers config at ``loc`` (folder, hub id; ``gguf_file`` inside it), no weights.
+
+    Raises ``SpecError``: ``model.trust_remote_code`` (custom code refused), ``model.source`` (unreadable).
+    """
+    import transformers as tf
+
+    kw = _kwargs(trust_remote_code, gguf_file, revision)
+    try:
+        with no_prompt():
+            return tf.AutoConfig.from_pretrained(str(loc), **kw)
+    except (OSError, ValueError) as exc:
+        raise remote_code_error(source or loc, exc) or SpecError(
+            "model.source", f"cannot read the model config at '{source or loc}': {_first_line(exc)}") from None
+
+
+def load_tokenizer(loc, *, trust_remote_code: bool, source: str | None = None, gguf_file: str | None = None,
+                   revision: str | None = None):
+    """The tokenizer at ``loc``. Raises ``SpecError`` like ``load_config``."""
+    import transformers as tf
+
+    kw = _kwargs(trust_remote_code, gguf_file, revision)
+    try:
+        with no_prompt():
+            return tf.AutoTokenizer.from_pretrained(str(loc), **kw)
+    except (OSError, ValueError) as exc:
+        err = remote_code_error(source or loc, exc)
+        if err is None and isinstance(exc, ValueError):
+            raise
+        raise err or SpecError("model.source", f"could not load '{source or loc}' (its tokenizer): "
+                               f"{_first_line(exc)}", fix="check model.source (tests never download).") from None
+
+
+def load_classifier(loc, *, trust_remote_code: bool, num_labels: int, dtype=None, allow_pickle: bool = False,
+                    source: str | None = None, gguf_file: str | None = None, revision: str | None = None,
+                    attn_implementation: str | None = None) -> tuple:
+    """``(model, missing_keys)``: the ``AutoModelForSequenceClassification`` at ``loc`` and the names of
+    the tensors its checkpoint lacked (transformers initialised those at random; see ``models.head_init``).
+
+    Weights come from safetensors only unless ``allow_pickle`` (not for ``gguf_file``). Raises ``SpecError``:
+    ``model.trust_remote_code`` (custom code refused), ``model.source`` (unreadable; pickle weights
+    without ``allow_pickle`` say so).
+    """
+    import transformers as tf
+
+    kw = _kwargs(trust_remote_code, gguf_file, revision)
+    kw.update(num_labels=int(num_labels), output_loading_info=True)
+    if dtype is not None:
+        kw["dtype"] = dtype
+    if attn_implementation:
+        kw["attn_implementation"] = attn_implementation
+    if not gguf_file:
+        kw["use_safetensors"] = None if allow_pickle else True
+    try:
+        with no_prompt():
+            model, info = tf.AutoModelForSequenceClassification.from_pretrained(str(loc), **kw)
+    except ValueError as exc:
+        err = remote_code_error(source or loc, exc)
+        if err is None:
+            raise
+        raise err from None
+    except OSError as exc:
+        hint = ("weights are not safetensors: set model.allow_pickle=true only if you trust the file."
+                if "safetensors" in str(exc).lower() else "check model.source (tests never download).")
+        raise SpecError("model.source", f"could not load '{source or loc}': {_first_line(exc)}", fix=hint) from None
+    missing = tuple(sorted(str(k) for k in (info or {}).get("missing_keys") or ()))
+    return model, missing

@@ -1,0 +1,29 @@
+"""The state of one run id in a store, read from its run document: the one reading that the writer,
+the attempts (``store.attempts``), the reader and ``gc`` all use, kept apart so that ``store.attempts``
+and ``store.writer`` need not import each other.
+"""
+from __future__ import annotations
+
+from reward_lens_spec.store._backend import DOC, RUNS, Backend
+
+
+def run_state(b: Backend, run_id: str) -> tuple[str, dict | None]:
+    """``("complete"|"incomplete"|"corrupt"|"absent", run attrs or None)`` of one run.
+
+    A run document with no attrs is the placeholder attempts create; with no attempt
+    under it (a writer that failed and removed its own) the run is ``absent``.
+    """
+    try:
+        doc = b.read_json(f"{RUNS}/{run_id}/{DOC}")
+    except ValueError:
+        return "corrupt", None
+    if doc is None:
+        return ("incomplete" if b.run_exists(run_id) else "absent"), None
+    attrs = doc.get("attributes")
+    if doc.get("node_type") != "group" or not isinstance(attrs, dict):
+        return "corrupt", None
+    if attrs.get("complete") is True:
+        return "complete", attrs
+    if not attrs and not b.list_dirs(f"{RUNS}/{run_id}"):
+        return "absent", None
+    return "incomplete", attrs
