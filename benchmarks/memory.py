@@ -62,7 +62,7 @@ def short_pairs(n: int):
 def child(args) -> dict:
     import torch
     torch.set_num_threads(args.threads)
-    from reward_lens_spec.models.formatting import encode_pairs
+    from reward_lens_spec.run.inputs import encode
     from reward_lens_spec.observables import load_observable
     from reward_lens_spec.ops.base import PlanInfo
     from reward_lens_spec.registry import build_plan
@@ -97,7 +97,7 @@ def child(args) -> dict:
         url = tempfile.mkdtemp(prefix="rl_mem_") + "/s.zarr"
         b = Backend(url)
         check_layout(b, create=True)
-        enc = encode_pairs(lm.tokenizer, pairs, fmt="plain", template=template, max_length=args.max_length)
+        enc = encode(lm, pairs, fmt="plain", template=template, max_length=args.max_length)
         stream(b, "r", lm, pairs, enc, plan, info, capture_kw=dict(batch_size=args.batch_size), frame=None,
                store_spec=StoreSpec(chunk_pairs=args.chunk_pairs),
                run_attrs=lambda c, ch, r, logits: {"observables": [plan.observable], "chunks": ch})

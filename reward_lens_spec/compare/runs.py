@@ -102,7 +102,7 @@ def _directions(a, b, p: CompareParams) -> xr.Dataset:
     return _per_cell(a, b, ("d_model",), fn)
 
 
-def _check_frame(name, a, b, prov_a, prov_b, url, so) -> str:
+def check_frame(name, a, b, prov_a, prov_b, url, so) -> str:
     """Pass the gauge gate for a frame-dependent variable; return the shared gauge."""
     from ..frames.io import load_frame
 
@@ -184,7 +184,7 @@ def compare_runs(url: str, run_a: str, run_b: str, variables=None, params: Compa
             else:
                 skipped[n] = "invariant but has no pair dim: nothing to correlate"
             continue
-        gauge = _check_frame(n, a, b, prov_a, prov_b, url, so)
+        gauge = check_frame(n, a, b, prov_a, prov_b, url, so)
         if a.attrs.get("units") == "direction" and "d_model" in a.dims:
             results[n], gauges[n] = _directions(a, b, params), gauge
         else:

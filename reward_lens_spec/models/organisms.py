@@ -144,7 +144,7 @@ def planted_head_organism(strength: float, *, layer: int = 1, head: int = 2, bas
     """
     from .attn_heads import n_heads
     from .capture import capture
-    from .formatting import encode_pairs
+    from ..run.inputs import encode
 
     if base not in PLANT_BASES:
         raise SpecError("organism.base", f"cannot plant a head in '{base}' (needs a Llama-style attention).",
@@ -175,7 +175,7 @@ def planted_head_organism(strength: float, *, layer: int = 1, head: int = 2, bas
     attn.o_proj.weight[:, head * hd:(head + 1) * hd] = 0.0
     pairs = planted_pairs(n_pairs, seed)
     lm = wrap_model(f"organism_planted_head_L{layer}H{head}_s{strength:g}", model, tok)
-    zc = capture(lm, encode_pairs(tok, list(pairs)), sites=("attn_z",), batch_size=32).sites["attn_z"]
+    zc = capture(lm, encode(lm, pairs), sites=("attn_z",), batch_size=32).sites["attn_z"]
     dz_ref = float((zc[:, 0, layer, head * hd] - zc[:, 1, layer, head * hd]).astype(np.float64).mean())
     attn.o_proj.weight[:, head * hd] = t(strength * alpha * u / dz_ref)
     truth = {"unit": f"head_L{layer}H{head}", "layer": layer, "head": head, "component": "attn",
@@ -265,7 +265,7 @@ def trained_organisms(rule: str = "keyword", strengths=STRENGTHS, *, base: str =
                       n_train: int = 192, n_test: int = 32, steps: int = 300) -> list[Organism]:
     """One organism per strength: the same frozen tiny model, a BT head fitted on noisy rule labels."""
     from .capture import capture
-    from .formatting import encode_pairs
+    from ..run.inputs import encode
 
     if base not in TINY_CONFIGS:
         raise SpecError("organism.base", f"unknown tiny model '{base}'.", value=base, options=TINY_CONFIGS)
@@ -273,7 +273,7 @@ def trained_organisms(rule: str = "keyword", strengths=STRENGTHS, *, base: str =
     test = rule_pairs(rule, n_test, seed + 12, f"organism_{rule}_test")
     model, tok = build_tiny(base, seed=seed)
     lm = wrap_model(f"organism_{rule}_base", model, tok)
-    h = capture(lm, encode_pairs(tok, list(train)), sites=(), batch_size=64).h.astype(np.float64)
+    h = capture(lm, encode(lm, train), sites=(), batch_size=64).h.astype(np.float64)
     X = h[:, 0] - h[:, 1]                                   # rule winner − rule loser
     rng = np.random.Generator(np.random.PCG64(seed + 13))
     follow_u, coin = rng.random(len(X)), rng.random(len(X)) < 0.5

@@ -329,7 +329,6 @@ def check_unpatched(lm, got, ref, pair_id) -> None:
                            f"gave {ref} (tolerance {tol} for {lm.dtype}); patching results would be wrong.")
 
 
-_check_unpatched = check_unpatched       # the old private name: ops.steer imports it until it imports check_unpatched
 
 
 def _full_replacer(rows, value):

@@ -98,7 +98,7 @@ def annotator_organisms(kind: str = "annotator_mixture", strengths=STRENGTHS, *,
     """
     from ..frames.fit import fit_whitened
     from .capture import capture
-    from .formatting import encode_pairs
+    from ..run.inputs import encode
 
     if kind not in ANNOTATOR_KINDS:
         raise SpecError("organism", f"unknown annotator organism '{kind}'.", value=kind, options=ANNOTATOR_KINDS)
@@ -108,7 +108,7 @@ def annotator_organisms(kind: str = "annotator_mixture", strengths=STRENGTHS, *,
     draft = _draft_pairs(rng, n_pairs, "annotators")
     model, tok = build_tiny(base, seed=seed)
     lm = wrap_model(f"organism_annotators_{base}", model, tok)
-    h = capture(lm, encode_pairs(tok, draft), sites=(), batch_size=64).h.astype(np.float64)
+    h = capture(lm, encode(lm, draft), sites=(), batch_size=64).h.astype(np.float64)
     frame = fit_whitened(h.reshape(-1, h.shape[-1]), lm.name, shrinkage="ledoit_wolf")
     wt = frame.direction_to_frame(lm.head.W[0].astype(np.float64), lm.name)
     dz = frame.to_frame(h[:, 0] - h[:, 1], lm.name, center=False)
@@ -156,7 +156,7 @@ def multi_objective_organisms(strengths=STRENGTHS, *, base: str = "tiny_llama", 
     """
     from ..frames.fit import fit_whitened
     from .capture import capture
-    from .formatting import encode_pairs
+    from ..run.inputs import encode
 
     if base not in TINY_CONFIGS:
         raise SpecError("organism.base", f"unknown tiny model '{base}'.", value=base, options=TINY_CONFIGS)
@@ -167,7 +167,7 @@ def multi_objective_organisms(strengths=STRENGTHS, *, base: str = "tiny_llama", 
         model, tok = build_tiny(base, seed=seed, num_labels=n_objectives)
         lm = wrap_model(f"organism_multi_objective_s{st:g}", model, tok)
         if not out:
-            h = capture(lm, encode_pairs(tok, list(pairs)), sites=(), batch_size=64).h.astype(np.float64)
+            h = capture(lm, encode(lm, pairs), sites=(), batch_size=64).h.astype(np.float64)
             frame = fit_whitened(h.reshape(-1, h.shape[-1]), "m", shrinkage="ledoit_wolf")
             q = np.linalg.svd(frame.to_frame(h[:, 0] - h[:, 1], "m", center=False), full_matrices=False)[2]
         U = np.sqrt(1.0 - st) * q[0][None, :] + np.sqrt(st) * q[1:n_objectives + 1]

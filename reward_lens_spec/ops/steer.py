@@ -153,7 +153,7 @@ class Steer(Operator):
 
     def _response(self, ctx, r, base, pidx, sides, alphas, u, rho):
         """Steer every response token: full forwards, with an α = 0 control checked against the capture."""
-        from ..models.patching import _check_unpatched
+        from ..models.patching import check_unpatched
         from ..models.per_token import response_starts
         from ..models.steering import steer_response
         starts = response_starts(ctx.lm.tokenizer, ctx.pairs, ctx.encoded)
@@ -164,7 +164,7 @@ class Steer(Operator):
                              padding_side=getattr(ctx.lm.tokenizer, "padding_side", "left"))
         where = {p: i for i, p in enumerate(pidx)}
         for k, (p, s) in enumerate(rows):
-            _check_unpatched(ctx.lm, got[k, 0], base[where[p], s], ctx.encoded.pair_ids[p])
+            check_unpatched(ctx.lm, got[k, 0], base[where[p], s], ctx.encoded.pair_ids[p])
             r[where[p], s] = got[k, 1:]
         ctx.add_counts(self.name, counts)
         return r

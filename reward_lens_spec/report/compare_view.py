@@ -5,7 +5,7 @@ For each compared invariant variable (a ``statistic`` Dataset): the two runs' va
 stored Pearson r and Spearman ρ, their bootstrap CIs and the permutation p against shuffled
 pairings (the null). For each compared direction: the cosine beside its random-direction null
 quantiles. For each frame-dependent variable both runs hold but the comparison does not: the
-refusal the gauge gate gives (``compare.runs._check_frame``), which names the fix.
+refusal the gauge gate gives (``compare.runs.check_frame``), which names the fix.
 """
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def direction_figure(name: str, res: xr.Dataset) -> Figure:
 
 def refusals(store, prov: dict, compared: set[str], va: dict, vb: dict) -> list[Refusal]:
     """The gate's refusal for every frame-dependent variable both runs hold and the comparison lacks."""
-    from ..compare.runs import _check_frame
+    from ..compare.runs import check_frame
 
     pa, pb = (store.provenance(r) for r in prov["runs"])
     out = []
@@ -99,7 +99,7 @@ def refusals(store, prov: dict, compared: set[str], va: dict, vb: dict) -> list[
         if not (is_frame_dependent(gauge_of(a)) or is_frame_dependent(gauge_of(b))):
             continue
         try:
-            gauge = _check_frame(name, a, b, pa, pb, store.url, None)
+            gauge = check_frame(name, a, b, pa, pb, store.url, None)
         except RewardLensError as exc:
             out.append(Refusal(name, str(exc)))
         else:

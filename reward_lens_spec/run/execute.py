@@ -17,8 +17,7 @@ from ..identity import git_sha, spec_hash, versions
 from ..planning import frame_dependent, plan_for
 from ..result import Result
 from ..spec import StoreSpec
-from ..store import is_complete, open_store
-from ..store._backend import Backend
+from ..store import Backend, is_complete, open_store
 from ..store.writer import check_layout
 from .identity import declared_fields, identity_parts, run_id_of
 from .inputs import encode, load_inputs, ops_view

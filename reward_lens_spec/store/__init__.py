@@ -14,9 +14,9 @@ Writers go skeleton -> data -> completion document (see ``writer``); readers
 list only complete runs (see ``reader``). Nothing here imports torch.
 """
 from reward_lens_spec.store._attrs import decode_json_attrs
-from reward_lens_spec.store._backend import LAYOUT_KEY, LAYOUT_VERSION
+from reward_lens_spec.store._backend import LAYOUT_KEY, LAYOUT_VERSION, Backend
 from reward_lens_spec.store.reader import COLUMNS, Store, open_store
 from reward_lens_spec.store.writer import is_complete, migrate, write_run
 
 __all__ = ["write_run", "is_complete", "open_store", "Store", "migrate", "decode_json_attrs",
-           "COLUMNS", "LAYOUT_KEY", "LAYOUT_VERSION"]
+           "COLUMNS", "LAYOUT_KEY", "LAYOUT_VERSION", "Backend"]
