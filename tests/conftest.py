@@ -1,5 +1,13 @@
-"""Shared fixtures: tiny models of every family and a few deterministic pairs."""
+"""Shared fixtures: tiny models of every family and a few deterministic pairs; the two test tiers.
+
+Tiers: ``pytest -m "not slow"`` is the fast tier, run after every change; the slow tier is every test
+that starts another process (subprocess CLI, wheel, browser, launchers, S3 server), found here from the
+test's source and its fixtures' (``pytest_collection_modifyitems``), plus the real-model tests.
+"""
 from __future__ import annotations
+
+import inspect
+import re
 
 import pytest
 import torch
@@ -76,3 +84,48 @@ def dla_card(planted):
     """``observable=dla`` graded on ``planted``."""
     from reward_lens_spec.trust.scorecard import grade
     return grade("dla", organisms=planted)
+
+
+SLOW_MODULES = {"test_wheel", "test_user_configs", "test_store_s3", "test_real_smollm2"}
+_STARTS_PROCESS = re.compile(r"subprocess\.|Popen\(|webdriver|multiprocessing|hydra/launcher=")
+
+
+def _source(fn) -> str:
+    try:
+        return inspect.getsource(fn)
+    except (OSError, TypeError):
+        return ""
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark slow every test that starts a process, directly, through a fixture or through a helper of its
+    module (one level), and every test of ``SLOW_MODULES``."""
+    helpers: dict = {}
+    for item in items:
+        mod = item.module
+        if mod.__name__ not in helpers:
+            helpers[mod.__name__] = {n for n, f in vars(mod).items()
+                                     if inspect.isfunction(f) and f.__module__ == mod.__name__
+                                     and _STARTS_PROCESS.search(_source(f))}
+        if item.get_closest_marker("slow"):
+            continue
+        fns = [item.function] + [d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]
+        text = "\n".join(_source(f) for f in fns)
+        slow_helpers = helpers[mod.__name__]
+        if (mod.__name__.rpartition(".")[2] in SLOW_MODULES or _STARTS_PROCESS.search(text)
+                or any(re.search(rf"\b{h}\(", text) for h in slow_helpers)):
+            item.add_marker(pytest.mark.slow)
+
+
+def needs_plugin(module: str, package: str):
+    """Skip (saying which extra) when a Hydra launcher plugin is not installed."""
+    import importlib.util
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        found = False
+    return pytest.mark.skipif(not found, reason=f"needs {package} (pip install 'reward_lens_spec[full]')")
+
+
+JOBLIB = needs_plugin("hydra_plugins.hydra_joblib_launcher", "hydra-joblib-launcher")
+SUBMITIT = needs_plugin("hydra_plugins.hydra_submitit_launcher", "hydra-submitit-launcher")

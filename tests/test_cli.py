@@ -11,6 +11,7 @@ import pytest
 import xarray as xr
 
 from reward_lens_spec import open_store
+from tests.conftest import JOBLIB, SUBMITIT
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,6 +111,7 @@ def test_late_mlp_patch_example_matches_direct_patching(tmp_path):
                                direct.reset_coords(drop=True).squeeze(drop=True), atol=1e-6)
 
 
+@JOBLIB
 def test_multirun_sweep_with_joblib_writes_one_store(tmp_path):
     res = cli(tmp_path, "-m", "model=tiny_llama,tiny_qwen2", "observable=score", "dataset.limit=3",
               "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "hydra.sweep.dir=sweep")
@@ -118,6 +120,7 @@ def test_multirun_sweep_with_joblib_writes_one_store(tmp_path):
     assert sorted(runs["model"]) == ["tiny_llama", "tiny_qwen2"]
 
 
+@SUBMITIT
 def test_submitit_local_sweep_and_slurm_config_composes(tmp_path):
     res = cli(tmp_path, "-m", "model=tiny_gpt2", "observable=score,lens", "dataset.limit=2",
               "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10", "hydra.sweep.dir=sw",

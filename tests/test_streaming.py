@@ -24,7 +24,7 @@ from reward_lens_spec.spec import StoreSpec
 from reward_lens_spec.store._backend import Backend
 from reward_lens_spec.store.writer import check_layout
 from reward_lens_spec.run.stream import stream
-from tests.conftest import assert_identical_results, make_pairs, tiny_lm
+from tests.conftest import JOBLIB, SUBMITIT, assert_identical_results, make_pairs, tiny_lm
 
 TEMPLATE = "User: {prompt}\nAssistant: {response}"
 
@@ -147,6 +147,7 @@ def test_sigkilled_run_resumes_to_the_identical_result(tmp_path):
     assert_bit_identical(resumed, whole)
 
 
+@JOBLIB
 def test_four_shard_joblib_multirun_equals_one_job(tmp_path):
     # model.threads pins torch's thread count in every job: attribution patching's gradients differ in
     # their last float32 bits across thread counts, and joblib's workers default to cpu_count // n_jobs
@@ -180,6 +181,7 @@ def test_model_threads_is_checked_and_shapes_only_the_last_bits_of_gradients(tmp
     np.testing.assert_allclose(got[1][1], got[2][1], rtol=1e-6, atol=1e-8)
 
 
+@SUBMITIT
 def test_two_shard_submitit_multirun_equals_one_job(tmp_path):
     """The same sharding through Hydra's submitit launcher (its local executor: real job processes,
     as `hydra/launcher=slurm` submits them on a cluster)."""
