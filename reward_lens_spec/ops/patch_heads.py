@@ -64,6 +64,14 @@ class _HeadPatchBase(Operator):
         base, src = rewards[:, base_side][:, None, None], rewards[:, 1 - base_side][:, None, None]
         if not self.approximate:
             data = data - base
+            # patching a head slice with a bitwise-identical one (e.g. a side into itself) is the identity
+            # intervention: its effect is exactly 0, not the rerun's rounding against the capture (as ``patch``)
+            from ..models.interventions import head_dim
+            hd, z = head_dim(ctx.lm), ctx.capture.sites["attn_z"]
+            zl = z[pidx][:, :, list(layers)]                                # pair × side × layer × H·hd
+            zl = zl.reshape(zl.shape[:3] + (H, hd))
+            same = np.all(zl[:, 0] == zl[:, 1], axis=-1)                   # pair × layer × head
+            data = np.where(same[..., None], 0.0, data)
         if self.p.quantity == "restored":
             with np.errstate(divide="ignore", invalid="ignore"):
                 data = np.where(src != base, data / (src - base), np.nan)

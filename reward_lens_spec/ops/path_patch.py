@@ -86,6 +86,11 @@ class PathPatch(Operator):
         r = lambda y: lm.head.rewards(lm.norm.apply(y)).astype(np.float64)   # noqa: E731  (…, output)
         base = lm.head.rewards(cap.h[pidx, b]).astype(np.float64)[:, None]
         data = np.stack([r(xp) - base, r(x + da) - base, r(xp - da) - base], 2)   # pair × target × path × out
+        # a sender patched with a bitwise-identical activation (e.g. a side into itself) is the identity
+        # intervention: every path's effect is exactly 0, not rounding against the capture (as ``patch``)
+        same = np.stack([np.all(cap.sites[s][pidx, 1 - b, l] == cap.sites[s][pidx, b, l], axis=-1)
+                         for s, l, _ in targets], 1)                        # pair × target
+        data = np.where(same[:, :, None, None], 0.0, data)
         data = data.reshape(len(pidx), len(layers), len(comps), len(PATHS), -1)
         out = result(ctx, data, pidx, ("layer", "component", "path"),
                      {"layer": list(layers), "component": list(comps), "path": list(PATHS)}, "reward",
