@@ -152,10 +152,23 @@ def _ops(args: list[str]) -> None:
           "observables compose them in YAML (README: own observables).")
 
 
+def _check_command(word: str) -> None:
+    """Refuse a bare word (no ``=``, not a flag or a Hydra ``~key``/``+key``) that is not a command."""
+    import re
+
+    if word in COMMANDS or word in _HELP_FLAGS or not re.fullmatch(r"[A-Za-z_][\w.-]*", word):
+        return
+    from .errors import SpecError
+    raise SpecError("command", f"unknown command '{word}'.", value=word, options=COMMANDS,
+                    fix="reward-lens-spec help lists the commands; a config choice is group=option.")
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         cmd = argv[0] if argv else None
+        for word in (argv[:1] + (argv[1:2] if cmd in ("help",) + _HELP_FLAGS else [])):
+            _check_command(word)          # a mistyped command: one line, before Hydra or a help page
         if cmd in ("help",) + _HELP_FLAGS or any(a in _HELP_FLAGS for a in argv):
             argv = use_config_dirs(argv)[0]           # help lists the options of the user's folders too
         if cmd == "help" or (cmd in _HELP_FLAGS):

@@ -195,7 +195,14 @@ def precheck_overrides(args: list[str]) -> None:
                 raise SpecError(key, "unknown key.", value=sub, options=names)
             if "," not in value or value.startswith("["):        # a sweep is checked per job
                 try:
-                    validate(OmegaConf.from_dotlist([f"{key}={value}"]), partial=True)
+                    parsed = OmegaConf.from_dotlist([f"{key}={value}"])
+                except Exception as exc:                   # YAML (e.g. an unquoted ": ") or OmegaConf syntax
+                    why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                    raise SpecError(key, f"the value {value!r} is not a plain value ({why}).",
+                                    fix=f"quote the value: \"{key}='{value}'\" (single quotes inside, "
+                                        "double quotes for the shell).") from None
+                try:
+                    validate(parsed, partial=True)
                 except SpecError as exc:
                     if exc.field != "config":
                         raise

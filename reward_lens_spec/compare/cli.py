@@ -53,6 +53,8 @@ def _lines(name: str, ds) -> list[str]:
         where = ", ".join(f"{d}={c[d].item()}" for d in extra)
         label = f"{name}{f' [{where}]' if where else ''}"
         if "estimate" in ds:
+            if "n_pairs" in c and int(c["n_pairs"]) == 0:
+                continue                  # a cell that exists in neither run (listed below as skipped)
             for s in c["statistic"].values:
                 r = c.sel(statistic=s)
                 out.append(f"{label:<32} {str(s):<9} {_fmt(r['estimate']):>8}  CI [{_fmt(r['ci_low'])}, "
@@ -61,6 +63,10 @@ def _lines(name: str, ds) -> list[str]:
             q = c["null_abs_cosine"]
             out.append(f"{label:<32} {'cosine':<9} {_fmt(c['cosine']):>8}  null |cos| q{q['quantile'].values[-1]:.2f} "
                        f"{_fmt(q.values[-1])}  p {_fmt(c['p_value'])}")
+    done, absent = ds.attrs.get("cells_compared"), ds.attrs.get("cells_skipped")
+    if done is not None:
+        out.append(f"{name}: compared {len(done)} cells" + (f"; skipped {len(absent)} that hold no value in either "
+                   f"run (they do not exist): {'; '.join(absent)}" if absent else "; skipped none"))
     return out
 
 

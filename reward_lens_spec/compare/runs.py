@@ -77,13 +77,30 @@ def _per_cell(a: xr.DataArray, b: xr.DataArray, keep: tuple[str, ...], fn) -> xr
     a, b = xr.align(a, b, join="inner", exclude=set(keep))
     if any(a.sizes[d] == 0 for d in rest):
         raise SpecError("vars", f"'{a.name}': the runs share no coordinates along {rest}.")
-    parts = []
+    done, absent = [], []          # (label, result); labels of cells NaN for every entry in both runs
     for (label, ca), (_, cb) in zip(_cells(a, keep), _cells(b, keep)):
-        res = fn(ca, cb)
+        if label and bool(ca.isnull().all()) and bool(cb.isnull().all()):
+            absent.append(label)   # a cell that does not exist by design (e.g. DLA: layer -1 holds only embed)
+            continue
+        done.append((label, fn(ca, cb)))
+    if not done:
+        raise SpecError("vars", f"'{a.name}' is NaN in every cell of both runs: nothing to compare.")
+    parts = []
+    for label, res in done + [(lab, None) for lab in absent]:
+        if res is None:            # keep the grid whole for combine: NaN statistics, n_pairs 0
+            res = done[0][1].copy()
+            for v in res.data_vars:
+                res[v] = xr.zeros_like(res[v]) if v == "n_pairs" else xr.full_like(res[v], float("nan"), dtype=float)
         parts.append(res.expand_dims({d: [v] for d, v in label.items()}) if label else res)
-    if len(parts) == 1:
-        return parts[0]
-    return xr.combine_by_coords(parts, combine_attrs="override")
+    out = parts[0] if len(parts) == 1 else xr.combine_by_coords(parts, combine_attrs="override")
+    if rest:
+        def fmt(label):
+            return ", ".join(f"{d}={v}" for d, v in label.items())
+        out.attrs["cells_compared"] = [fmt(lab) for lab, _ in done]
+        out.attrs["cells_skipped"] = [fmt(lab) for lab in absent]
+        if absent:
+            out.attrs["cells_skipped_reason"] = "NaN for every entry in both runs (the cell does not exist)"
+    return out
 
 
 def _margins(a, b, p: CompareParams) -> xr.Dataset:
@@ -169,7 +186,9 @@ def compare_runs(url: str, run_a: str, run_b: str, variables=None, params: Compa
         {"a": run_a, "b": run_b, "spec": [prov_a.get("spec_hash"), prov_b.get("spec_hash")], "vars": names,
          "params": asdict(params), "version": __version__}, sort_keys=True).encode()).hexdigest()[:20]
     if is_complete(url, rid, storage_options=so):
-        return rid, {n: st.load(rid, n, lazy=False) for n in st.observables(rid)}, False
+        def as_dataset(r):                     # the store hands back a Result; callers stack/select like a Dataset
+            return r.to_dataset() if hasattr(r, "to_dataset") else r
+        return rid, {n: as_dataset(st.load(rid, n, lazy=False)) for n in st.observables(rid)}, False
     results, skipped, gauges = {}, {}, {}
     for n in names:
         a, b = va[n].rename(n), vb[n].rename(n)

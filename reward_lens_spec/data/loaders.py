@@ -236,6 +236,7 @@ def _row_to_pair(row: Any, *, index: int, where: str, kind: str, mapping: dict[s
                             f"{type(value).__name__} ({_short(value)}).",
                             fix=f"give '{key}' a string in every row, or set "
                                 f"dataset.fields.{name}=<key> to a string-valued key.")
+        _check_encodable(value, f"dataset.fields.{name}", f"{file_label} {where}", f"key {key!r}")
         return value
 
     raw_transcript = (kind == "hh_rlhf" and "prompt" not in explicit and mapping["prompt"] not in row)
@@ -261,6 +262,8 @@ def _row_to_pair(row: Any, *, index: int, where: str, kind: str, mapping: dict[s
     source = get("source", False)
 
     extra = {k: v for k, v in row.items() if k not in used}
+    for k, v in extra.items():
+        _check_encodable(v, "dataset.path", f"{file_label} {where}", f"key {k!r}")
     for name in META_FIELDS:          # a mapped meta field is kept under our name
         if name in explicit and mapping[name] in extra:
             extra[name] = extra.pop(mapping[name])
@@ -270,6 +273,25 @@ def _row_to_pair(row: Any, *, index: int, where: str, kind: str, mapping: dict[s
                 dimension=dimension or "", rubric=rubric or "",
                 source=source if source is not None else default_source,
                 prompt_rejected=prompt_rejected, meta=make_meta(extra))
+
+
+def _check_encodable(value: Any, field: str, place: str, what: str) -> None:
+    """Refuse text that is not valid Unicode (a lone surrogate such as ``"\\ud800"`` in a JSON string)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise SpecError(field, f"{place}: {what} holds a lone surrogate {value[exc.start]!r} at character "
+                                   f"{exc.start}, which is not valid Unicode text.",
+                            fix="repair the file's JSON escapes (\\udXXX must come in high+low pairs), or drop "
+                                "the row.") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_encodable(k, field, place, what)
+            _check_encodable(v, field, place, what)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _check_encodable(v, field, place, what)
 
 
 def _split_transcript(text: str, side: str, file_label: str, where: str) -> tuple[str, str]:

@@ -144,6 +144,9 @@ def _field(row, name, keys, where, file, *, kind=str, required=True):
     if key not in row or row[key] is None:
         if not required:
             return None
+        if isinstance(row, dict) and key in row:          # present, but null (JSON null / Parquet None)
+            raise SpecError(f"dataset.fields.{name}", f"{file} {where}: key {key!r} (field '{name}') is null.",
+                            fix=f"give '{key}' a string in every row, or drop the rows where it is null.")
         present = sorted(row) if isinstance(row, dict) else []
         raise SpecError(f"dataset.fields.{name}", f"{file} {where} has no key {key!r} for field '{name}' (keys "
                         f"present: {', '.join(present)}).{did_you_mean(key, present)}",
@@ -162,6 +165,12 @@ def _field(row, name, keys, where, file, *, kind=str, required=True):
                 if isinstance(value, list) and name in ("chosen", "rejected") else "")
         raise SpecError(f"dataset.fields.{name}", f"{file} {where}: key {key!r} must be a string, got "
                         f"{type(value).__name__}{hint}.", fix=f"give '{key}' a string in every row.")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:                        # a lone surrogate ("\ud800") in a JSON string
+        raise SpecError(f"dataset.fields.{name}", f"{file} {where}: key {key!r} holds a lone surrogate "
+                        f"{value[exc.start]!r} at character {exc.start}, which is not valid Unicode text.",
+                        fix="repair the file's JSON escapes, or drop the row.") from None
     return value
 
 
