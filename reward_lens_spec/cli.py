@@ -22,7 +22,7 @@ from .spec import register_configs
 COMMANDS = {   # name: (arguments, one line)
     "run": ("[group=option ...] [group.key=value ...]", "run the composed config (the default command; "
             "-m for a sweep)"),
-    "validate": ("[overrides ...]", "check the config and print the plan; loads no model"),
+    "validate": ("[overrides ...]", "check the config and the data, print the plan; loads no model"),
     "ops": ("[NAME]", "registered operators: params, defaults, dims; NAME: its whole docstring"),
     "store": ("ls|show|diff|export|gc|migrate url=STORE ...", "browse a result store; loads no model"),
     "compare": ("url=STORE a=RUN b=RUN [vars=...]", "two models' runs: margins; directions only in one "
@@ -71,6 +71,10 @@ def _groups_text() -> str:
         if g in GROUP_SCHEMAS:
             keys = ", ".join(f.name for f in fields(GROUP_SCHEMAS[g]))
             lines.append(textwrap.fill(f"keys: {keys}", 100, initial_indent=" " * 14, subsequent_indent=" " * 20))
+    from .data.loaders import FIELD_NAMES, META_FIELDS
+    lines.append(textwrap.fill("dataset.fields.<name>=<the file's key>, name one of: "
+                               + ", ".join(FIELD_NAMES + META_FIELDS), 100, initial_indent=" " * 14,
+                               subsequent_indent=" " * 20))
     lines.append(f"  hydra/launcher=  {', '.join(LAUNCHERS)}")
     lines.append(" " * 14 + "(with -m; joblib and submitit need pip install 'reward_lens_spec[full]')")
     lines.append("  top-level   mode=run|validate, seed=N")
@@ -123,6 +127,10 @@ def _run_task(cfg) -> None:
             from .planning import frame_dependent
             src = f"stored frame {run.frame.id}" if run.frame.id else "fitted at run time or reused from the store"
             print(f"frame={run.frame.name.value} ({src}): outputs expressed in it: {frame_dependent(plan) or 'none'}")
+        from .run.inputs import load_dataset
+        pairs = load_dataset(run.dataset, base_dir)     # the data refusals of a real run, before any model
+        print(f"data OK: {len(pairs)} pairs from dataset={run.dataset.kind.value}"
+              + (f" ({run.dataset.path})" if run.dataset.path else ""))
         print("plan OK (no model was loaded)")
         return
     from .report.summary import print_summary

@@ -97,3 +97,35 @@ def test_rewardbench_null_chosen_says_null_in_row(fmt, monkeypatch, tmp_path):
     msg = str(exc.value)
     assert "is null" in msg and "chosen" in msg and "has no key" not in msg and "Did you mean" not in msg
     assert ("line 3" if fmt == "jsonl" else "row 2") in msg          # the third row (Parquet rows count from 0)
+
+
+@pytest.mark.parametrize("extra, expect", [
+    (["dataset.path=missing.jsonl"], "dataset.path:"),
+    (["dataset.path=q.jsonl", "dataset.fields.promt=question"], "dataset.fields.promt:"),
+])
+def test_validate_checks_the_data(extra, expect, capsys, monkeypatch, tmp_path):
+    from reward_lens_spec.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "q.jsonl").write_text('{"question": "q", "chosen": "c", "rejected": "r"}\n', encoding="utf-8")
+    with pytest.raises(SystemExit) as exc:
+        main(["validate", "dataset=jsonl", *extra])
+    assert exc.value.code == 2
+    out, err = capsys.readouterr()
+    assert "plan OK" not in out and expect in err
+    if "promt" in expect:
+        assert "Did you mean 'prompt'?" in err and "dataset.fields.prompt_rejected" in err
+
+
+def test_validate_passes_good_data_and_help_lists_field_names(capsys, monkeypatch, tmp_path):
+    from reward_lens_spec.cli import help_text, main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "q.jsonl").write_text('{"question": "q", "chosen": "c", "rejected": "r"}\n', encoding="utf-8")
+    main(["validate", "dataset=jsonl", "dataset.path=q.jsonl", "dataset.fields.prompt=question"])
+    out = capsys.readouterr().out
+    assert "data OK: 1 pairs" in out and "plan OK" in out
+    text = help_text()
+    assert "dataset.fields.<name>" in text
+    for name in ("prompt", "chosen", "rejected", "prompt_rejected", "dimension", "votes"):
+        assert name in text.split("dataset.fields.<name>", 1)[1]

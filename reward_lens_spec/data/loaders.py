@@ -197,7 +197,9 @@ def _check_fields(fields: Any, kind: str) -> tuple[dict[str, str], frozenset[str
     for name, key in given.items():
         if name not in FIELD_NAMES + META_FIELDS:
             raise SpecError(f"dataset.fields.{name}", f"unknown field name {name!r}.", value=name,
-                            options=FIELD_NAMES + META_FIELDS, fix="map only our field names to the file's keys.")
+                            options=FIELD_NAMES + META_FIELDS,
+                            fix="map only these names to the file's keys: "
+                                + ", ".join(f"dataset.fields.{n}" for n in FIELD_NAMES + META_FIELDS) + ".")
         if not isinstance(key, str) or not key:
             raise SpecError(f"dataset.fields.{name}", f"must name a key of the file (a non-empty "
                             f"string), got {key!r}.", fix=f"set dataset.fields.{name}=<key>.")
