@@ -9,8 +9,13 @@ as ``Spectrum(mean (d,), basis (d × r, orthonormal columns), eigval (r,), iso, 
 Σ̂ on the complement of the data span. Units: activation² (whatever the activations are).
 
 Shrinkage intensity ρ:
-  auto         (default) ρ = 0 when n > d and S is well conditioned (smallest eigenvalue
-               > ``AUTO_MIN_EIG`` × largest), else Ledoit–Wolf. With ρ = 0, Σ̂ = S transforms as
+  auto         (default) ρ = 0 when n > d and S is non-singular in float64, else Ledoit–Wolf.
+               "Non-singular" is a rank test, not a conditioning threshold (a conditioning threshold
+               itself changes under a change of basis): the centred data X_c have full column rank,
+               σ_min > σ_max · max(n, d) · eps_float64 for X_c's singular values (numpy's
+               ``matrix_rank`` tolerance). When the Gram eigenvalues are too spread to resolve σ_min
+               (σ_min² < 1e-10 σ_max²) the singular values come from an SVD of X_c itself instead of
+               X_cᵀ X_c, which would square the condition number. With ρ = 0, Σ̂ = S transforms as
                Aᵀ S A under any invertible re-parameterisation x → xA of the residual basis, so
                whitened and shared-frame cosines are exactly invariant under GL(d); shrinkage towards
                μI is only orthogonally equivariant, so where an inverse forces it (n ≤ d or a
@@ -44,7 +49,7 @@ import scipy.linalg
 from ..errors import SpecError
 
 SHRINKAGE = ("auto", "ledoit_wolf", "oas", "none")
-AUTO_MIN_EIG = 1e-8
+GRAM_SVD_BELOW = 1e-10      # Gram eigenvalue ratio below which the spectrum is recomputed by SVD of X_c
 
 
 @dataclass(frozen=True)
@@ -120,8 +125,16 @@ def shrunk_spectrum(acts, shrinkage="auto", where: str = "frame") -> Spectrum:
     t1 = time.perf_counter()
     g, vecs = scipy.linalg.eigh(M, overwrite_a=True, check_finite=False, driver="evd")   # divide and conquer
     g, vecs = g[::-1], vecs[:, ::-1]
-    if method == "auto" and n > d and g[-1] > AUTO_MIN_EIG * max(float(g[0]), 1e-300):
-        rho = 0.0                                   # S invertible: no shrinkage, exact GL(d) invariance
+    full_rank = False
+    if n > d and (method == "auto" or rho == 0.0):
+        if g[-1] < GRAM_SVD_BELOW * max(float(g[0]), 1e-300):      # X_cᵀX_c squares cond: use X_c's SVD
+            _, sv, vt = np.linalg.svd(Xc, full_matrices=False)
+            g, vecs = sv * sv, vt.T
+        else:
+            sv = np.sqrt(np.clip(g, 0.0, None))
+        full_rank = bool(sv[-1] > sv[0] * max(n, d) * np.finfo(np.float64).eps)
+        if method == "auto" and full_rank:
+            rho = 0.0                               # S non-singular: no shrinkage, exact GL(d) invariance
     t2 = time.perf_counter()
     if n <= d:
         keep = g > max(float(g[0]), 0.0) * max(n, d) * np.finfo(np.float64).eps
@@ -132,8 +145,11 @@ def shrunk_spectrum(acts, shrinkage="auto", where: str = "frame") -> Spectrum:
         g = np.clip(g, 0.0, None)
     eigval = (1.0 - rho) * g / n + rho * mu
     iso = rho * mu
-    singular = eigval.size == 0 or eigval.min() <= 1e-12 * max(float(eigval.max()), 1e-300) or \
-        (basis.shape[1] < d and iso <= 1e-12 * max(float(eigval.max()), 1e-300))
+    if rho == 0.0 and n > d:                        # unshrunk: invertible iff X_c has full column rank
+        singular = not full_rank
+    else:
+        singular = eigval.size == 0 or eigval.min() <= 1e-12 * max(float(eigval.max()), 1e-300) or \
+            (basis.shape[1] < d and iso <= 1e-12 * max(float(eigval.max()), 1e-300))
     if singular:
         raise SpecError(f"{where}.shrinkage", f"the covariance of {n} activations in d={d} is singular "
                         f"with shrinkage={shrinkage!r}; a whitened frame needs an invertible covariance.",
