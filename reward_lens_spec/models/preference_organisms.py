@@ -168,7 +168,7 @@ def multi_objective_organisms(strengths=STRENGTHS, *, base: str = "tiny_llama", 
         lm = wrap_model(f"organism_multi_objective_s{st:g}", model, tok)
         if not out:
             h = capture(lm, encode(lm, pairs), sites=(), batch_size=64).h.astype(np.float64)
-            frame = fit_whitened(h.reshape(-1, h.shape[-1]), "m", shrinkage="ledoit_wolf")
+            frame = fit_whitened(h.reshape(-1, h.shape[-1]), "m")      # the default: exact where it can be
             q = np.linalg.svd(frame.to_frame(h[:, 0] - h[:, 1], "m", center=False), full_matrices=False)[2]
         U = np.sqrt(1.0 - st) * q[0][None, :] + np.sqrt(st) * q[1:n_objectives + 1]
         model.score.weight.copy_(torch.as_tensor(frame.direction_from_frame(U, "m"), dtype=torch.float32))
