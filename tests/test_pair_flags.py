@@ -75,10 +75,9 @@ def test_every_result_carries_the_flags_as_pair_coords(scored):
 def test_one_console_line_with_the_counts_and_where_the_ids_are(scored):
     _, text, _, _ = scored
     lines = [ln for ln in text.splitlines() if ln.startswith("pairs: ")]
-    assert lines == ["pairs: 4 scored, 2 excluded (prompt_mismatch 1, identical_after_truncation 0, "
-                     "response_truncated 1); flagged among scored: empty_response 1, identical_sides 1, "
-                     "prompt_truncated 1, response_truncated 0; ids: run attrs 'excluded' and 'pair_flags', "
-                     "and each result's per-pair coords"]
+    assert lines == ["pairs: 4 of 6 scored; excluded 2 (prompt_mismatch 1, response_truncated 1); "
+                     "flagged 3 (empty_response 1, identical_sides 1, prompt_truncated 1); ids: run attrs "
+                     "'excluded' and 'pair_flags', and each result's per-pair coords"]
 
 
 def test_provenance_names_the_dataset_file_and_its_size(scored):

@@ -44,10 +44,81 @@ def accounting(pairs: Any, encoded: Any) -> dict[str, dict[str, list[str]]]:
             "pair_flags": {name: [i for i, on in zip(kept, arrays[name]) if on] for name in PAIR_FLAGS}}
 
 
+def _n(v) -> int:
+    return len(v) if isinstance(v, (list, tuple, set)) else int(v or 0)
+
+
+def _by_kind(d: dict | None) -> str:
+    """``{kind: ids or n}`` -> ``" (kind n, ...)"`` over the non-zero kinds, or ``""``."""
+    hit = sorted((k, _n(v)) for k, v in (d or {}).items() if _n(v))
+    return f" ({', '.join(f'{k} {v}' for k, v in hit)})" if hit else ""
+
+
+def n_flagged(pair_flags: dict | None) -> int:
+    """Scored pairs carrying at least one flag: a pair with two flags counts once."""
+    ids: set = set()
+    for v in (pair_flags or {}).values():
+        ids.update(v if isinstance(v, (list, tuple, set)) else ())
+    return len(ids)
+
+
+def pairs_phrase(excluded: dict | None, pair_flags: dict | None, n_scored: int | None,
+                 restricted: tuple[int, list[str]] | None = None) -> str:
+    """The one vocabulary of every console line, the store and the report, each count that of the ids stored:
+
+    - **excluded**: not scored, by reason (run attr ``excluded``: reason -> ids);
+    - **flagged**: scored but carrying a pair flag, by flag (run attr ``pair_flags``: flag -> ids of scored
+      pairs); a pair with two flags counts once in the total;
+    - **restricted**: scored but outside ``observable.pairs`` for the restricted outputs
+      (``restricted = (n_covered, [outputs])``), so those outputs cover ``n_covered`` of the scored pairs.
+
+    ``"20 of 20 scored; excluded 0; flagged 8 (prompt_truncated 8)"``.
+    """
+    n_ex = sum(_n(v) for v in (excluded or {}).values())
+    scored = "?" if n_scored is None else n_scored
+    total = "?" if n_scored is None else n_scored + n_ex
+    flagged = ("not recorded" if pair_flags is None else f"{n_flagged(pair_flags)}{_by_kind(pair_flags)}")
+    out = f"{scored} of {total} scored; excluded {n_ex}{_by_kind(excluded)}; flagged {flagged}"
+    if restricted is not None and n_scored is not None and restricted[0] < n_scored:
+        out += (f"; restricted outputs cover {restricted[0]} of {n_scored} pairs "
+                f"(observable.pairs: {', '.join(restricted[1])})")
+    return out
+
+
+def pairs_limit(prov: dict) -> int | None:
+    """``observable.pairs`` of a stored run (from its resolved config), or None when unset or unknown."""
+    import yaml
+
+    try:
+        n = ((yaml.safe_load(prov.get("config_yaml") or "") or {}).get("observable") or {}).get("pairs")
+    except (yaml.YAMLError, AttributeError):
+        return None
+    return int(n) if isinstance(n, int) else None
+
+
+def pairs_covered(var) -> int:
+    """Pairs (along ``pair``) with at least one finite value of ``var``."""
+    other = [d for d in var.dims if d != "pair"]
+    v = np.asarray(var.transpose("pair", *other).values, dtype=float).reshape(var.sizes["pair"], -1)
+    return int(np.isfinite(v).any(axis=1).sum())
+
+
+def restricted_outputs(ds, limit: int | None) -> tuple[int, list[str]] | None:
+    """``(n_covered, [variables])``: the outputs ``observable.pairs=limit`` restricts (a ``pair`` dim and no
+    finite value past the first ``limit`` pairs); None when nothing is restricted."""
+    if limit is None:
+        return None
+    names = []
+    for name in sorted(map(str, ds.data_vars)):
+        var = ds[name]
+        if "pair" not in var.dims or not np.issubdtype(var.dtype, np.number) or var.sizes["pair"] <= limit:
+            continue
+        if pairs_covered(var.isel(pair=slice(limit, None))) == 0:
+            names.append(name)
+    return (min(limit, max(ds.sizes.get("pair", 0), 0)), names) if names else None
+
+
 def summary_line(acc: dict, n_scored: int) -> str:
-    """One line: pairs scored, exclusions and flags by reason, and where the ids are."""
-    ex = ", ".join(f"{k} {len(v)}" for k, v in acc["excluded"].items())
-    fl = ", ".join(f"{k} {len(v)}" for k, v in acc["pair_flags"].items())
-    n_ex = sum(len(v) for v in acc["excluded"].values())
-    return (f"pairs: {n_scored} scored, {n_ex} excluded ({ex}); flagged among scored: {fl}; "
+    """One line: pairs scored, excluded and flagged by reason (``pairs_phrase``), and where the ids are."""
+    return (f"pairs: {pairs_phrase(acc['excluded'], acc['pair_flags'], n_scored)}; "
             "ids: run attrs 'excluded' and 'pair_flags', and each result's per-pair coords")

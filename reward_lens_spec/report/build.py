@@ -29,7 +29,10 @@ HASHES = ("spec_hash", "model_fingerprint", "dataset_checksum", "study_hash", "g
 
 
 def summary_table(ds) -> str:
-    """Every variable: dims with sizes, units, gauge, trust attr, and its mean over finite cells."""
+    """Every variable: dims with sizes, units, gauge, trust attr, its mean over finite cells and that mean's n
+    (pairs with a finite value; fewer than the run's where ``observable.pairs`` restricts the variable)."""
+    from ..data.accounting import pairs_covered
+
     rows = []
     for name in sorted(map(str, ds.data_vars)):       # zarr lists a group's arrays in no fixed order
         var = ds[name]
@@ -38,23 +41,30 @@ def summary_table(ds) -> str:
             v = np.asarray(var.values, float)
             fin = v[np.isfinite(v)]
             mean = fmt(fin.mean()) if fin.size else "no finite value"
+            n = f"{pairs_covered(var)} of {var.sizes['pair']}" if "pair" in var.dims else f"{fin.size} cells"
         else:
             mean = f"not read ({var.size} cells)" if np.issubdtype(var.dtype, np.number) else "—"
+            n = ""
         rows.append([e(name), e(dims), e(var.attrs.get("units", "")), e(var.attrs.get("gauge", "")),
-                     e(var.attrs.get("trust", "")), e(mean)])
-    return table(["variable", "dims", "units", "gauge", "trust", "mean (finite cells)"], rows)
+                     e(var.attrs.get("trust", "")), e(mean), e(n)])
+    return table(["variable", "dims", "units", "gauge", "trust", "mean (finite cells)", "n pairs"], rows)
 
 
 def pair_table(ds, prov: dict) -> str:
-    """Per-pair flags (margin ≤ 0, non-finite values, crystallization outside [0, 1]) and exclusions."""
-    flags = prov.get("data_flags") or {}
+    """The pairs in the one vocabulary (``data.accounting.pairs_phrase``: scored, excluded by reason with ids,
+    flagged by flag, restricted outputs), then per pair its stored flags and its checks (margin ≤ 0, non-finite
+    values, crystallization outside [0, 1]); ``margin ≤ 0`` is counted under its own name, not as flagged."""
+    from ..data.accounting import PAIR_FLAGS, pairs_limit, pairs_phrase, restricted_outputs
+
     excluded = prov.get("excluded") or {}
-    if not flags and not excluded and "margin" not in ds:
+    eff = prov.get("effective_n") if isinstance(prov.get("effective_n"), dict) else {}
+    if not excluded and not prov.get("pair_flags") and "margin" not in ds:
         return ""
-    flag_text = ", ".join(f"{k} {v}" for k, v in flags.items()) or "none recorded"
     excl_text = "; ".join(f"{k}: {len(v)} ({', '.join(map(str, v[:20]))}{' ...' if len(v) > 20 else ''})"
-                          for k, v in excluded.items() if isinstance(v, list)) or "none"
-    parts = [f"<p>Data flags (pairs): {e(flag_text)}. Excluded: {e(excl_text)}.</p>"]
+                          for k, v in excluded.items() if isinstance(v, list) and v) or "none"
+    phrase = pairs_phrase(excluded, prov.get("pair_flags"), eff.get("n_scored"),
+                          restricted_outputs(ds, pairs_limit(prov)))
+    parts = [f"<p>Pairs: {e(phrase)}. Excluded ids: {e(excl_text)}.</p>"]
     if "margin" not in ds or "pair" not in ds["margin"].dims:
         return "".join(parts)
     margin = first_objective(ds["margin"])[0].transpose("pair", ...)
@@ -63,22 +73,27 @@ def pair_table(ds, prov: dict) -> str:
     dim = strs(ds["dimension"].values) if "dimension" in ds.coords else np.array([""] * len(ids))
     cf = (np.asarray(first_objective(ds["crystallization_fraction"])[0].values, float).ravel()
           if "crystallization_fraction" in ds else np.full(len(ids), np.nan))
-    rows, n_flagged = [], 0
+    flag_cols = {f: np.asarray(ds[f].values, bool) for f in PAIR_FLAGS
+                 if f in ds.coords and ds[f].dims == ("pair",)}
+    rows, n_le0, n_nonfinite = [], 0, 0
     for i in range(len(ids)):
         f = []
         if not np.isfinite(m[i]):
             f.append("margin not finite")
+            n_nonfinite += 1
         elif m[i] <= 0:
             f.append("margin ≤ 0 (rejected preferred)")
+            n_le0 += 1
         if "crystallization_fraction" in ds and np.isfinite(cf[i]) and not 0 <= cf[i] <= 1:
             f.append("crystallization fraction outside [0, 1]")
-        n_flagged += bool(f)
         if len(rows) < MAX_PAIR_ROWS:
             rows.append([f'<span class="mono">{e(ids[i])}</span>', e(dim[i]), e(fmt(m[i])),
-                         e(fmt(cf[i])) if "crystallization_fraction" in ds else "", e("; ".join(f))])
+                         e(fmt(cf[i])) if "crystallization_fraction" in ds else "",
+                         e(", ".join(k for k, col in flag_cols.items() if col[i])), e("; ".join(f))])
     more = f" (first {MAX_PAIR_ROWS} of {len(ids)} shown)" if len(ids) > MAX_PAIR_ROWS else ""
-    parts.append(details(f"Per-pair values and flags: {n_flagged} of {len(ids)} pair(s) flagged{more}",
-                         table(["pair", "dimension", "margin", "crystallization", "flags"], rows)))
+    nf = f"; margin not finite {n_nonfinite}" if n_nonfinite else ""
+    parts.append(details(f"Per-pair values: margin ≤ 0 in {n_le0} of {len(ids)} pair(s){nf}{more}",
+                         table(["pair", "dimension", "margin", "crystallization", "flagged", "checks"], rows)))
     return "".join(parts)
 
 

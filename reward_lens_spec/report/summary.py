@@ -10,22 +10,34 @@ def _short(gauge: str) -> str:
     return f"{head}:{tail[:12]}" if head and len(tail) == 64 else gauge
 
 
-def _counts(d: dict) -> str:
-    """``{kind: n or [ids]}`` → ``"3 (identical_sides 2, empty_response 1)"``; zero kinds left out."""
-    n = {k: (len(v) if isinstance(v, (list, tuple)) else int(v or 0)) for k, v in (d or {}).items()}
-    hit = {k: v for k, v in n.items() if v}
-    return f"{sum(hit.values())}" + (f" ({', '.join(f'{k} {v}' for k, v in sorted(hit.items()))})" if hit else "")
+def run_line(run_id: str, prov: dict, reused: bool, restricted: tuple[int, list[str]] | None = None) -> str:
+    """One line from a stored run's provenance: computed or reused, trust, then the pairs in the one vocabulary
+    (``data.accounting.pairs_phrase``: scored, excluded by reason, flagged by flag, restricted outputs)."""
+    from ..data.accounting import pairs_phrase
 
-
-def run_line(run_id: str, prov: dict, reused: bool) -> str:
-    """One line from a stored run's provenance: computed or reused, trust, pairs scored, flagged, excluded."""
     trust = prov.get("trust")
     if isinstance(trust, dict):
         trust = trust.get("level", trust.get("name", trust))
     eff = prov.get("effective_n") or {}
     how = "reused, not recomputed (store.force=true recomputes)" if reused else f"computed in {prov.get('wall_s')} s"
-    return (f"run {run_id}: {how}; trust {trust}; pairs scored {eff.get('n_scored', '?')} of {eff.get('n', '?')}; "
-            f"flagged {_counts(prov.get('data_flags'))}; excluded {_counts(prov.get('excluded'))}")
+    return (f"run {run_id}: {how}; trust {trust}; pairs "
+            f"{pairs_phrase(prov.get('excluded'), prov.get('pair_flags'), eff.get('n_scored'), restricted)}")
+
+
+def _restricted(outcome, prov: dict):
+    """The outputs ``observable.pairs`` restricts, read from the result (or the store, when reused)."""
+    from ..data.accounting import pairs_limit, restricted_outputs
+    from ..store import open_store
+
+    limit = pairs_limit(prov)
+    if limit is None:
+        return None
+    ds = outcome.result
+    if ds is None:
+        ds = open_store(outcome.store_url).load(outcome.run_id, prov.get("observable"))
+    if hasattr(ds, "to_dataset"):
+        ds = ds.to_dataset()
+    return restricted_outputs(ds, limit)
 
 
 def print_summary(outcome) -> None:
@@ -42,17 +54,22 @@ def print_summary(outcome) -> None:
         _print_table(outcome.result)
     prov = open_store(outcome.store_url).provenance(outcome.run_id)
     print(f"store: {outcome.store_url}")
-    print(run_line(outcome.run_id, prov, outcome.reused))
+    print(run_line(outcome.run_id, prov, outcome.reused, _restricted(outcome, prov)))
     print(f"run id: {outcome.run_id}")
 
 
 def _print_table(ds) -> None:
-    print(f"{'variable':<28} {'dims':<34} {'units':<12} {'mean':>10}  gauge")
+    """One row per variable; its mean over finite cells is labelled with its n: the pairs it covers
+    (``n pairs``, fewer than the run's where ``observable.pairs`` restricts it), or ``-`` without a pair dim."""
+    from ..data.accounting import pairs_covered
+
+    print(f"{'variable':<28} {'dims':<34} {'units':<12} {'mean':>10} {'n pairs':>8}  gauge")
     for name, var in ds.data_vars.items():
         vals = np.asarray(var.values, dtype=float)
         fin = vals[np.isfinite(vals)]
         mean = f"{fin.mean():10.4f}" if fin.size else f"{'(no finite)':>10}"
-        print(f"{name:<28} {' × '.join(var.dims):<34} {str(var.attrs.get('units', '')):<12} {mean}  "
+        n = f"{pairs_covered(var)}" if "pair" in var.dims else "-"
+        print(f"{name:<28} {' × '.join(var.dims):<34} {str(var.attrs.get('units', '')):<12} {mean} {n:>8}  "
               f"{_short(str(var.attrs.get('gauge', '')))}")
     if "margin" in ds and "pair" in ds["margin"].dims:
         margin = ds["margin"].transpose("pair", ...)

@@ -1,0 +1,99 @@
+"""Issue 30 (new user, part 2): one vocabulary for excluded / flagged / restricted pairs on every console line,
+the store and the report; restricted runs say so; ``outputs:`` decides what is stored; ``store ls`` with a long
+run id; the labels from plain xarray; the report's catalog shows each run's key numbers."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+from reward_lens_spec.data.accounting import n_flagged, pairs_phrase
+from reward_lens_spec.store import open_store
+
+ROWS = [
+    {"id": "long_prompt", "prompt": "why? " * 60, "chosen": "Because.", "rejected": "No idea."},
+    {"id": "long_response", "prompt": "Explain.", "chosen": "a" * 200, "rejected": "b" * 200},
+    {"id": "empty", "prompt": "Say something.", "chosen": "", "rejected": "Hello."},
+    {"id": "same", "prompt": "Pick one.", "chosen": "This one.", "rejected": "This one."},
+    {"id": "ok", "prompt": "2+2?", "chosen": "4", "rejected": "5"},
+    {"id": "mismatch", "prompt": "A?", "prompt_rejected": "B?", "chosen": "x", "rejected": "y"},
+]
+
+
+def _run(overrides, base_dir):
+    """Compose, execute and print the closing summary as the main job does; (stdout, outcome)."""
+    from reward_lens_spec.report.summary import print_summary
+    from reward_lens_spec.run.execute import execute
+    from reward_lens_spec.run.compose import compose_run
+
+    run, text = compose_run(overrides)
+    buf = io.StringIO()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(buf):
+        warnings.simplefilter("ignore")
+        out = execute(run, resolved_yaml=text, base_dir=str(base_dir), store_url=run.store.url, progress=True)
+        print_summary(out)
+    return buf.getvalue(), out
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    d = tmp_path_factory.mktemp("vocab")
+    path = d / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS), encoding="utf-8")
+    text, out = _run(["model=tiny", "dataset=jsonl", f"dataset.path={path}", "model.max_length=64",
+                      f"store.url={d / 's.zarr'}"], d)
+    return text, out, open_store(out.store_url).provenance(out.run_id)
+
+
+WANT = "excluded 2 (prompt_mismatch 1, response_truncated 1); flagged 3 (empty_response 1, identical_sides 1, prompt_truncated 1)"
+
+
+def test_pairs_line_and_run_line_use_one_vocabulary_matching_the_stored_ids(mixed):
+    text, out, prov = mixed
+    pairs_line = next(ln for ln in text.splitlines() if ln.startswith("pairs: "))
+    run_line = next(ln for ln in text.splitlines() if ln.startswith(f"run {out.run_id}:"))
+    assert f"pairs: 4 of 6 scored; {WANT}; ids:" in pairs_line
+    assert run_line.endswith(f"pairs 4 of 6 scored; {WANT}")        # excluded pairs are not counted as flagged
+    assert sum(map(len, prov["excluded"].values())) == 2
+    assert n_flagged(prov["pair_flags"]) == 3
+
+
+def test_a_pair_with_two_flags_counts_once_in_the_total():
+    phrase = pairs_phrase({"identical_after_truncation": ["x"]},
+                          {"empty_response": ["a"], "prompt_truncated": ["a", "b"]}, 5)
+    assert phrase == ("5 of 6 scored; excluded 1 (identical_after_truncation 1); "
+                      "flagged 2 (empty_response 1, prompt_truncated 2)")
+
+
+def test_report_counts_margin_le_0_under_its_own_name_not_as_flagged(mixed):
+    from reward_lens_spec.report.build import pair_table
+
+    _, out, prov = mixed
+    ds = open_store(out.store_url).load(out.run_id, "score", lazy=False).to_dataset()
+    html = pair_table(ds, prov)
+    n_le0 = int((ds["margin"].values <= 0).sum())
+    assert f"margin ≤ 0 in {n_le0} of 4 pair(s)" in html
+    assert "pair(s) flagged" not in html
+    assert WANT in html
+
+
+@pytest.fixture(scope="module")
+def restricted(tmp_path_factory):
+    d = tmp_path_factory.mktemp("restricted")
+    return _run(["model=tiny", "observable=patch", "dataset.limit=10", "observable.pairs=4",
+                 f"store.url={d / 's.zarr'}"], d)
+
+
+def test_restricted_run_says_which_outputs_cover_how_many_pairs_and_labels_means_with_n(restricted):
+    text, out = restricted
+    run_line = next(ln for ln in text.splitlines() if ln.startswith(f"run {out.run_id}:"))
+    assert "10 of 10 scored" in run_line
+    assert "restricted outputs cover 4 of 10 pairs (observable.pairs: patch_effect, patch_restored)" in run_line
+    header = next(ln for ln in text.splitlines() if ln.startswith("variable "))
+    assert "n pairs" in header
+    row = next(ln for ln in text.splitlines() if ln.startswith("patch_effect "))
+    assert row.split()[-2] == "4"              # the mean is over 4 pairs, and says so
