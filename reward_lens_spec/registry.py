@@ -131,7 +131,10 @@ def _make_params(cls, raw: dict, where: str):
 
 
 def expand_steps(obs, resolve_include) -> tuple[list[dict], list[str]]:
-    """Inline ``include``d observables (depth-first, de-duplicated by step name)."""
+    """Inline ``include``d observables (depth-first, de-duplicated by step name). ``outputs:`` decides what is
+    stored: an observable that lists its own ``outputs`` stores exactly those (an included observable's
+    outputs only where listed, in their included order); one that lists none (``battery``) stores the outputs
+    of everything it includes."""
     steps: list[dict] = []
     outputs: list[str] = []
     for inc in obs.include:
@@ -146,6 +149,8 @@ def expand_steps(obs, resolve_include) -> tuple[list[dict], list[str]]:
         if st.get("name") in {s["name"] for s in steps}:
             continue
         steps.append(st)
+    if obs.outputs:                              # its own list decides: included outputs only where listed
+        outputs = [o for o in outputs if o in obs.outputs]
     outputs += [o for o in obs.outputs if o not in outputs]
     return steps, outputs
 

@@ -27,7 +27,7 @@ ROWS = [
 def _run(overrides, base_dir):
     """Compose, execute and print the closing summary as the main job does; (stdout, outcome)."""
     from reward_lens_spec.report.summary import print_summary
-    from reward_lens_spec.run.execute import execute
+    from reward_lens_spec.run.executor import execute
     from reward_lens_spec.run.compose import compose_run
 
     run, text = compose_run(overrides)
@@ -97,3 +97,41 @@ def test_restricted_run_says_which_outputs_cover_how_many_pairs_and_labels_means
     assert "n pairs" in header
     row = next(ln for ln in text.splitlines() if ln.startswith("patch_effect "))
     assert row.split()[-2] == "4"              # the mean is over 4 pairs, and says so
+
+
+OWN = """name: own_score
+include: [score]
+steps:
+  - {name: margin_x2, op: scale, input: margin, by: 0.5}
+outputs: [margin, margin_x2]
+"""
+
+
+def test_own_outputs_decide_what_is_stored_included_outputs_only_where_listed(tmp_path):
+    from reward_lens_spec.observables import load_observable
+    from reward_lens_spec.registry import expand_steps
+
+    path = tmp_path / "own_score.yaml"
+    path.write_text(OWN, encoding="utf-8")
+    steps, outputs = expand_steps(load_observable(str(path)), load_observable)
+    assert outputs == ["margin", "margin_x2"]                    # not reward, p_chosen, bt_loss, bt_grad
+    assert {"reward", "margin", "margin_x2"} <= {s["name"] for s in steps}   # still computed
+    text, out = _run(["model=tiny", f"observable={path}", "dataset.limit=4", f"store.url={tmp_path / 's.zarr'}"],
+                     tmp_path)
+    stored = open_store(out.store_url).load(out.run_id, "own_score", lazy=False)
+    assert sorted(stored.to_dataset().data_vars) == ["margin", "margin_x2"]
+
+
+def test_builtins_that_list_nothing_or_everything_store_as_before():
+    from reward_lens_spec.observables import load_observable
+    from reward_lens_spec.registry import expand_steps
+
+    def outs(name):
+        return expand_steps(load_observable(name), load_observable)[1]
+
+    assert outs("battery") == [*outs("score"), *outs("lens"), "crystallization_layer", "crystallization_fraction",
+                               *outs("dla"), *outs("patch"), *outs("attribution_patch"),
+                               "faithfulness", "faithfulness_pooled"]
+    assert outs("faithfulness")[:4] == ["dla", "dla_heads", "patch_effect", "patch_restored"]
+    assert outs("crystallization") == ["lens_raw", "lens", "crystallization_layer", "crystallization_fraction"]
+    assert outs("rewardbench")[:2] == ["reward", "margin"]
