@@ -135,3 +135,23 @@ def test_builtins_that_list_nothing_or_everything_store_as_before():
     assert outs("faithfulness")[:4] == ["dla", "dla_heads", "patch_effect", "patch_restored"]
     assert outs("crystallization") == ["lens_raw", "lens", "crystallization_layer", "crystallization_fraction"]
     assert outs("rewardbench")[:2] == ["reward", "margin"]
+
+
+def test_store_ls_keeps_its_columns_when_one_run_id_is_long():
+    import pandas as pd
+
+    from reward_lens_spec.store.catalog_cli import WIDTH, ls_table
+
+    long_id = "compare-score-3f2a9c1d7e5b4a60-vs-score-8d1e2f3a4b5c6d7e-frame-whitened-0123456789abcdef"
+    df = pd.DataFrame({"run_id": ["score-a64709ae1887f51cfd7e", long_id], "observables": [["score"], ["compare"]],
+                       "model": ["tiny", "tiny"], "dataset": ["diagnostic", "diagnostic"],
+                       "trust": ["exploratory", "exploratory"],
+                       "created": pd.to_datetime(["2026-01-01T10:00:00Z", "2026-01-01T11:00:00Z"]),
+                       "model_fingerprint": ["ab" * 32] * 2, "dataset_checksum": ["cd" * 32] * 2,
+                       "spec_hash": ["ef" * 32] * 2})
+    text = ls_table(df)
+    header = text.splitlines()[0].split()
+    assert header == ["run_id", "observables", "model", "dataset", "trust", "created", "fingerprint"]
+    assert max(map(len, text.splitlines())) <= WIDTH
+    assert "compare-score-3f2a9c1d7…abcdef" in text               # start and hash tail of the long id
+    assert long_id in ls_table(df, wide=True)

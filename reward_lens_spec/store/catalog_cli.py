@@ -67,14 +67,26 @@ def _parse(argv: list[str]) -> tuple[str, dict]:
     return cmd, kv
 
 
+LS_CELL_MAX = {"run_id": 30, "observables": 16, "model": 16, "dataset": 16}   # longer cells are shortened
+
+
+def _shorten(x, n: int):
+    """``x`` as at most ``n`` characters: its start, ``…`` and its last 6 (the hash tail of a run id)."""
+    s = str(x)
+    return s if len(s) <= n else f"{s[:n - 7]}…{s[-6:]}"
+
+
 def ls_table(df, wide: bool = False) -> str:
     """The ``ls`` table: every column with full hashes (``wide``), else ``LS_COLUMNS`` with 8-digit
-    hashes and minute times, dropping trailing columns until it fits ``WIDTH`` characters."""
+    hashes, minute times and long cells (a ``compare-…`` run id) shortened to ``LS_CELL_MAX``, so one long
+    id does not push the other columns out; trailing columns are dropped only if it still exceeds ``WIDTH``."""
     df = df.assign(observables=df["observables"].map(",".join))
     if wide:
         return df.to_string(index=False)
     df = df.assign(created=df["created"].dt.strftime("%Y-%m-%d %H:%M"),
-                   **{h: df[h].map(lambda x: str(x)[:8] if x else x) for h in HASHES})
+                   **{h: df[h].map(lambda x: str(x)[:8] if x else x) for h in HASHES},
+                   **{c: df[c].map(lambda x, n=n: _shorten(x, n) if x is not None else x)
+                      for c, n in LS_CELL_MAX.items() if c in df})
     df = df.rename(columns={"model_fingerprint": "fingerprint"})
     cols = [c.replace("model_fingerprint", "fingerprint") for c in LS_COLUMNS]
     text = df[cols].to_string(index=False)
@@ -107,7 +119,7 @@ def _run(cmd: str, kv: dict) -> None:
         else:
             print(ls_table(df, kv.get("wide", False)))
             if not kv.get("wide"):
-                print("(--wide: every column, full hashes)")
+                print("(--wide: every column, full hashes and run ids)")
         n_unverified = int((~df["trust_verified"].astype(bool)).sum()) if not df.empty else 0
         if n_unverified:
             print(f"({n_unverified} run(s) with trust_verified=False: the stored label or a document fails to "
