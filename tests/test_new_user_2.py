@@ -155,3 +155,21 @@ def test_store_ls_keeps_its_columns_when_one_run_id_is_long():
     assert max(map(len, text.splitlines())) <= WIDTH
     assert "compare-score-3f2a9c1d7…abcdef" in text               # start and hash tail of the long id
     assert long_id in ls_table(df, wide=True)
+
+
+def test_the_readme_plain_xarray_lines_give_the_per_pair_labels_and_trust(mixed):
+    """The README's reading block, run as written on a store (path swapped): the variable opened with plain
+    xarray carries dimension, prompt_id and the pair flags, and trust is on the observable group."""
+    import re
+    from pathlib import Path
+
+    _, out, _ = mixed
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "assign_coords(labels.coords)" in b)
+    ns: dict = {}
+    exec(block.replace("outputs/store.zarr", out.store_url), ns)     # noqa: S102 - the documented lines
+    margin = ns["margin"]
+    for label in ("dimension", "prompt_id", "empty_response", "identical_sides", "prompt_truncated"):
+        assert margin[label].dims == ("pair",), label
+    assert bool(margin["prompt_truncated"].sel(pair="long_prompt")) and bool(margin["empty_response"].sel(pair="empty"))
+    assert ns["labels"].attrs["trust"] == ns["res"].attrs["trust"]
