@@ -1,6 +1,6 @@
 """Run identity and provenance: the content hash of what determines the numbers, and versions.
 
-The run id is ``<observable>-<spec_hash(parts)[:20]>``; ``parts`` are built by ``run.execute``.
+The run id is ``<observable>-<spec_hash(parts)[:20]>``; ``parts`` are built by ``run.executor``.
 Nothing here reads time or paths, so identical content always hashes identically.
 """
 from __future__ import annotations

@@ -20,6 +20,12 @@ from reward_lens_spec.models.tiny import TINY_CONFIGS, build_tiny
 FAMILIES = [n for n in TINY_CONFIGS if n != "tiny"]
 
 
+@pytest.fixture(autouse=True)
+def _fresh_fingerprint_cache(tmp_path_factory, monkeypatch):
+    """Each test remembers model fingerprints in a cache of its own (``models.fingerprint_cache``)."""
+    monkeypatch.setenv("REWARD_LENS_SPEC_CACHE", str(tmp_path_factory.mktemp("rls_cache")))
+
+
 def make_pairs(n: int = 5) -> list[Pair]:
     out = []
     for i in range(n):

@@ -233,6 +233,39 @@ def test_hole_c_and_d_no_refreezing_after_results(store, tmp_path, dla_card):
     assert again["reused"] and again["run_id"] == first["run_id"] and again["outcome"] == first["outcome"]
 
 
+def test_peeking_under_another_name_or_through_an_include_blocks_freezing(store, tmp_path):
+    peek = load_observable("dla")
+    peek.name = "dla_peek"                                    # same instrument, another name
+    execute_run(store, tmp_path, make_run(observable=peek, limit=6))
+    with pytest.raises(SpecError, match="would not be a preregistration"):
+        studies.freeze(STUDY, store)
+    other = str(tmp_path / "other.zarr")
+    share = load_observable("examples/mlp_attn_share")          # includes dla, and stores it
+    share.outputs = ["margin_share", "dla"]
+    execute_run(other, tmp_path, make_run(observable=share, limit=2))
+    with pytest.raises(SpecError, match="would not be a preregistration"):
+        studies.freeze(STUDY, other)
+    clean = str(tmp_path / "clean.zarr")
+    execute_run(clean, tmp_path, make_run(model="tiny_qwen2", observable=peek))  # another model: no peek
+    assert not studies.freeze(STUDY, clean)["reused"]
+
+
+def test_an_amendment_carries_the_refutation_it_follows(store, tmp_path, dla_card):
+    write_card(dla_card, store)
+    doomed = copy.deepcopy(STUDY)
+    doomed["hypotheses"][0]["predictions"][0]["threshold"] = 1e6           # cannot hold
+    studies.freeze(doomed, store)
+    execute_run(store, tmp_path, make_run(experiment=doomed))
+    assert studies.adjudicate("t_study", store)["outcome"] == {"P1": "refuted"}
+    moved = copy.deepcopy(doomed)
+    moved["design"]["model"] = {"name": "tiny_qwen2"}                     # a new design, not yet run
+    rec = studies.freeze(moved, store, amend=True)
+    assert [r["refuted"] for r in rec["amended_after_refutation"]] == [["P1"]]
+    execute_run(store, tmp_path, make_run(model="tiny_qwen2", experiment=moved))
+    later = studies.adjudicate("t_study", store)
+    assert later["amended_after_refutation"] and later["amended_after_refutation"][0]["refuted"] == ["P1"]
+
+
 def test_modified_study_is_refused(store, tmp_path, dla_card):
     write_card(dla_card, store)
     studies.freeze(STUDY, store)

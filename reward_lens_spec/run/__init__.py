@@ -2,11 +2,18 @@
 (``identity``), planned (``planning``) and executed (``execute`` → ``stream``) here, for every command.
 
 ``fit``, ``calibrate``, ``freeze``/``amend``, ``adjudicate``, frames, ``compare``, the report and the
-benchmarks call these functions; none rebuilds a call by hand.
+benchmarks call these functions; none rebuilds a call by hand. Names are imported on first use, so
+composing a command line (``run.compose``) does not import torch.
 """
-from .compose import compose_run
-from .execute import Outcome, compute, execute
-from .inputs import Inputs, encode, load_dataset, load_inputs, load_lm
+from importlib import import_module
 
-__all__ = ["compose_run", "compute", "execute", "Outcome", "Inputs", "encode", "load_dataset", "load_inputs",
-           "load_lm"]
+_WHERE = {"compose_run": "compose", "compute": "executor", "execute": "executor", "Outcome": "executor",
+          "Inputs": "inputs", "encode": "inputs", "load_dataset": "inputs", "load_inputs": "inputs",
+          "load_lm": "inputs"}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'reward_lens_spec.run' has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)

@@ -82,6 +82,8 @@ def freeze_main(argv: list[str]) -> int:
         rec = freeze(a["experiment"], a["store.url"], amend=_bool(a.get("amend", "false"), "amend"))
         state = "already frozen" if rec["reused"] else "frozen"
         print(f"study {rec['study_id']} {state} at {rec['frozen_at']} in {a['store.url']}")
+        for r in rec.get("amended_after_refutation") or []:
+            print(f"  amended after refutation: version {r['study_hash'][:12]} refuted {', '.join(r['refuted'])}")
         for p in predictions(rec["study"]):
             m = p["metric"]
             print(f"  {p['id']}: {m.get('reduce', 'mean')}({m['variable']} {m.get('select') or ''}) "
@@ -101,6 +103,9 @@ def adjudicate_main(argv: list[str]) -> int:
         for p in rec["predictions"]:
             vals = ", ".join("nan" if v is None else f"{v:.4g}" for v in rec["values"][p["id"]])
             print(f"  {p['id']}: [{vals}] {p['comparator']} {p['threshold']} -> {rec['outcome'][p['id']]}")
+        for r in rec.get("amended_after_refutation") or []:
+            print(f"amended after refutation: version {r['study_hash'][:12]} refuted {', '.join(r['refuted'])} "
+                  f"({r['adjudication']})")
         print(f"trust: {rec['trust']}; record {rec['run_id']}" + (" (already adjudicated, kept)"
                                                                    if rec.get("reused") else ""))
         return 0

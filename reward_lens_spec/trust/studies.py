@@ -91,6 +91,40 @@ def runs_of_study(store_url: str, shash: str, *, storage_options=None) -> list[d
     return out
 
 
+def peeked_runs(store_url: str, design, fingerprint: str, study: dict, base_dir=None, *, storage_options=None) -> list[str]:
+    """Complete result runs on the same model fingerprint that already hold a value of a predicted variable
+    on a pair of the design's data — whatever their observable is called or includes (a peek)."""
+    from ..run.inputs import load_dataset
+
+    wanted = {p["metric"]["variable"] for p in predictions(study)}
+    docs = [a for a in _documents(store_url, storage_options) if a.get("kind") not in NOT_RESULTS
+            and a.get("model_fingerprint") == fingerprint and wanted & set(a.get("gauge") or {})]
+    if not docs:
+        return []
+    ids = set(load_dataset(design.dataset, base_dir).ids)
+    st = _open(store_url, storage_options)
+    out = []
+    for a in docs:
+        for res in st.load(a["run_id"], lazy=True).values():
+            hit = [v for k, v in res.items() if k in wanted and "pair" in v.dims]
+            if any(ids & {str(p) for p in v["pair"].values} for v in hit) or any(k in wanted and "pair" not in v.dims
+                                                                               for k, v in res.items()):
+                out.append(a["run_id"])
+                break
+    return out
+
+
+def refutations(store_url: str, hashes, *, storage_options=None) -> list[dict]:
+    """Refuted predictions of adjudications of the study versions ``hashes`` (carried into an amendment)."""
+    out = []
+    for a in _documents(store_url, storage_options):
+        if a.get("kind") == "adjudication" and a.get("study_hash") in set(hashes):
+            bad = sorted(k for k, v in (a.get("outcome") or {}).items() if v == "refuted")
+            if bad:
+                out.append({"study_hash": a["study_hash"], "adjudication": a["run_id"], "refuted": bad})
+    return out
+
+
 def freeze(experiment, store_url: str, *, amend: bool = False, base_dir: str | None = None,
            storage_options=None) -> dict:
     """Hash, pin and store a study before any matching result exists; return its frozen record (attrs).
@@ -119,19 +153,24 @@ def freeze(experiment, store_url: str, *, amend: bool = False, base_dir: str | N
     if runs_of_study(store_url, h, storage_options=storage_options):
         raise SpecError("experiment", f"runs of study '{name}' ({h[:12]}) are already in the store: freezing "
                         "now would not be a preregistration.", fix="freeze a study before running it.")
-    pinned = pins(design_run(experiment, study), base_dir or os.getcwd())
+    design = design_run(experiment, study)
+    pinned = pins(design, base_dir or os.getcwd())
     seen = matching_runs(store_url, pinned, storage_options=storage_options)
+    seen += [r for r in peeked_runs(store_url, design, pinned["model_fingerprint"], study, base_dir,
+                                    storage_options=storage_options) if r not in seen]
     if seen:
         raise SpecError("experiment", f"the store already holds run(s) {seen[:3]} with this design's observable, "
                         f"model and dataset: {'amending' if earlier else 'freezing'} study '{name}' now would not "
                         "be a preregistration.", fix="preregister a new design (another dataset or model), "
                         "or report the edit as exploratory.")
+    refuted = refutations(store_url, [a["study_hash"] for a in earlier], storage_options=storage_options)
     preds = predictions(study)
     ds = xr.Dataset({"threshold": ("prediction", [float(p["threshold"]) for p in preds], {"units": "as the metric"})},
                     coords={"prediction": [p["id"] for p in preds],
                             "comparator": ("prediction", [p["comparator"] for p in preds])})
     attrs = {"kind": "study", "study_name": name, "study_hash": h, "spec_hash": h, "study_id": study_id(study),
              "study": study, "amends": [a["study_hash"] for a in earlier], "pins": pinned,
+             "amended_after_refutation": refuted,
              "version_index": len(earlier) + 1,
              "frozen_at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
              "config_yaml": yaml.safe_dump({"experiment": study}, sort_keys=True)}
@@ -276,6 +315,7 @@ def adjudicate(experiment: str, store_url: str, *, run_ids=None, shash: str | No
              "values": {p["id"]: [v if np.isfinite(v) else None for v in values[i].tolist()]
                         for i, p in enumerate(preds)},
              "trust": trust, "run_trust": derived,
+             "amended_after_refutation": rec.get("amended_after_refutation") or [],
              "config_yaml": yaml.safe_dump({"adjudicate": {"study_id": rec["study_id"], "runs": ids}})}
     write_run(store_url, rid, {"adjudication": ds}, seal(attrs), storage_options=storage_options)
     return {**attrs, "run_id": rid, "reused": False}

@@ -20,7 +20,8 @@ from ..spec import StoreSpec
 from ..store import Backend, is_complete, open_store
 from ..store.writer import check_layout
 from .identity import declared_fields, identity_parts, run_id_of
-from .inputs import encode, load_inputs, ops_view
+from ..models.fingerprint_cache import load_tokenizer_only, remember, remembered, weights_key
+from .inputs import Inputs, encode, load_dataset, load_inputs, ops_view
 from .stream import stream
 
 
@@ -93,6 +94,35 @@ def compute(lm, pairs, plan, info, *, fmt="plain", template="User: {prompt}\nAss
     return result, done.context, enc
 
 
+def _reused_without_weights(run, plan, base_dir, store_url, so, study_hash, progress) -> str | None:
+    """The run id when the store already holds this run complete, decided from the config, the pairs, the
+    tokenizer and the fingerprint a previous load of the same checkpoint bytes remembered
+    (``models.fingerprint_cache``) — no weights loaded. ``None``: load and decide (no remembered
+    fingerprint, a frame to resolve, ``store.force``, or not in the store)."""
+    from types import SimpleNamespace
+
+    from ..data.accounting import accounting, summary_line
+
+    if run.store.force or frame_dependent(plan):
+        return None
+    fp = remembered(weights_key(run.model, base_dir))
+    if fp is None:
+        return None
+    pairs = load_dataset(run.dataset, base_dir)
+    tok = load_tokenizer_only(run.model, base_dir)
+    enc = encode(SimpleNamespace(tokenizer=tok, name=run.model.name), pairs, run.model)
+    if not enc.pair_ids:
+        return None
+    acc = accounting(pairs, enc)
+    parts = identity_parts(run, Inputs(pairs, None, enc), plan, fp, acc, study_hash=study_hash)
+    run_id = run_id_of(run.observable.name, parts)
+    if not is_complete(store_url, run_id, storage_options=so):
+        return None
+    if progress:
+        print(summary_line(acc, len(enc.pair_ids)))
+    return run_id
+
+
 def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress: bool = True) -> Outcome:
     """Run one composed, validated config (``RunConfig``) end to end; see the module docstring."""
     from ..data.accounting import accounting, summary_line
@@ -106,15 +136,20 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     set_threads(run.model.threads)
     so = dict(run.store.storage_options)
     study = check_run(run, store_url, storage_options=so)     # edited study: refused
+    shash = study["study_hash"] if study else None
+    found = _reused_without_weights(run, plan, base_dir, store_url, so, shash, progress)
+    if found is not None:
+        return Outcome(found, store_url, True, None, plan)
     inp = load_inputs(run, base_dir)
     lm, enc, m = inp.lm, inp.enc, run.model
     fp = model_fingerprint(lm.model, lm.tokenizer)
+    remember(weights_key(m, base_dir), fp)
     acc = accounting(inp.pairs, enc)
     if progress:
         print(summary_line(acc, len(enc.pair_ids)))
     # fitted once, stored, reused; skipped when no output is a vector the frame would re-express
     frame = resolve_frame(run, lm, store_url, base_dir) if frame_dependent(plan) else None
-    parts = identity_parts(run, inp, plan, fp, acc, study_hash=study["study_hash"] if study else None,
+    parts = identity_parts(run, inp, plan, fp, acc, study_hash=shash,
                            frame_id=frame.id if frame is not None else None)
     run_id = run_id_of(run.observable.name, parts)
     if not run.store.force and is_complete(store_url, run_id, storage_options=so):
