@@ -173,3 +173,52 @@ def test_the_readme_plain_xarray_lines_give_the_per_pair_labels_and_trust(mixed)
         assert margin[label].dims == ("pair",), label
     assert bool(margin["prompt_truncated"].sel(pair="long_prompt")) and bool(margin["empty_response"].sel(pair="empty"))
     assert ns["labels"].attrs["trust"] == ns["res"].attrs["trust"]
+
+
+def _synthetic():
+    import xarray as xr
+
+    rng = np.random.default_rng(0)
+    pairs = [f"p{i}" for i in range(8)]
+    margin = np.array([1.0, 2.0, -1.0, 0.5, 3.0, -0.5, 1.5, 2.5])
+    dla = np.zeros((8, 3, 2))
+    dla[:, 2, 1] = 2.0                            # mlp_L2 dominates, then attn_L0 negative
+    dla[:, 0, 0] = -1.0
+    dla += 0.01 * rng.standard_normal(dla.shape)
+    return xr.Dataset({
+        "margin": ("pair", margin, {"units": "reward", "gauge": "invariant"}),
+        "dla": (("pair", "layer", "component"), dla, {"units": "reward", "gauge": "invariant"}),
+        "my_layer_thing": (("pair", "layer"), rng.standard_normal((8, 3)), {"units": "reward", "gauge": "invariant"}),
+        "my_component_thing": (("pair", "component"), rng.standard_normal((8, 2)), {"units": "fraction",
+                                                                                   "gauge": "invariant"}),
+    }, coords={"pair": pairs, "layer": [0, 1, 2], "component": ["attn", "mlp"]})
+
+
+def test_catalog_key_numbers_margin_ci_accuracy_and_top_dla_components():
+    from reward_lens_spec.report.arrays import mean_ci
+    from reward_lens_spec.report.catalog import key_numbers
+
+    ds = _synthetic()
+    text = key_numbers({"obs": ds})
+    m, lo, hi = mean_ci(ds["margin"].values)
+    assert f"margin {m:.3g} [{lo:.3g}, {hi:.3g}] (n=8)" in text
+    assert "accuracy 0.750 (6/8 margin > 0)" in text
+    top = text.split("top dla ")[1]
+    assert top.startswith("mlp_L2 +2") and top.split(", ")[1].startswith("attn_L0 -1")
+
+
+def test_run_page_plots_user_defined_pair_by_layer_and_pair_by_component_variables():
+    from reward_lens_spec.report.figures import run_figures
+
+    titles = [f.title for f in run_figures(_synthetic(), {})]
+    assert "my_layer_thing" in titles and "my_component_thing" in titles
+    assert "Direct linear attribution" in titles
+
+
+def test_report_catalog_row_shows_the_key_numbers(mixed, tmp_path):
+    from reward_lens_spec.report.build import build_report
+
+    _, out, _ = mixed
+    html = build_report(out.store_url, tmp_path / "r").read_text(encoding="utf-8")
+    row = html[html.index(f'data-run="{out.run_id}"'):].split("</tr>")[0]
+    assert "key numbers" in html and "accuracy " in row and "margin &gt; 0" in row and "(n=4)" in row

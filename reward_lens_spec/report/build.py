@@ -92,7 +92,7 @@ def pair_table(ds, prov: dict) -> str:
                          e(", ".join(k for k, col in flag_cols.items() if col[i])), e("; ".join(f))])
     more = f" (first {MAX_PAIR_ROWS} of {len(ids)} shown)" if len(ids) > MAX_PAIR_ROWS else ""
     nf = f"; margin not finite {n_nonfinite}" if n_nonfinite else ""
-    parts.append(details(f"Per-pair values: margin ≤ 0 in {n_le0} of {len(ids)} pair(s){nf}{more}",
+    parts.append(details(f"Per-pair values and flags: margin ≤ 0 in {n_le0} of {len(ids)} pair(s){nf}{more}",
                          table(["pair", "dimension", "margin", "crystallization", "flagged", "checks"], rows)))
     return "".join(parts)
 

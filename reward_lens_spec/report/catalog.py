@@ -38,6 +38,7 @@ class Entry:
     pairs: int | None
     trust: Trust
     created: str
+    numbers: str = ""                 # key numbers (``key_numbers``): margin mean [CI], accuracy, top DLA cells
 
     @property
     def anchor(self) -> str:
@@ -109,6 +110,46 @@ def pair_count(prov: dict, datasets: dict) -> int | None:
     return None
 
 
+TOP_DLA = 3
+
+
+def key_numbers(datasets: dict) -> str:
+    """A run's key numbers for the catalog, from its stored variables: ``margin`` mean with its 95% CI
+    (1.96 s.e.) and n; accuracy = share of finite margins > 0 (chosen preferred, by the pairs' labels);
+    the top ``TOP_DLA`` layer × component cells by |mean dla| over pairs. First objective only; "" when
+    none of these variables is stored."""
+    import warnings
+
+    import numpy as np
+
+    from .arrays import first_objective, mean_ci
+
+    parts: list[str] = []
+    for ds in datasets.values():
+        if "margin" in ds and "pair" in ds["margin"].dims and not any(p.startswith("margin") for p in parts):
+            da, tag = first_objective(ds["margin"])
+            v = np.asarray(da.values, float).ravel()
+            v = v[np.isfinite(v)]
+            if v.size:
+                m, lo, hi = (float(x) for x in mean_ci(v))
+                parts.append(f"margin{tag} {m:.3g} [{lo:.3g}, {hi:.3g}] (n={v.size})")
+                parts.append(f"accuracy {(v > 0).mean():.3f} ({int((v > 0).sum())}/{v.size} margin > 0)")
+        if "dla" in ds and {"pair", "layer", "component"} <= set(ds["dla"].dims) and not any(
+                p.startswith("top dla") for p in parts):
+            da = first_objective(ds["dla"])[0].transpose("pair", "layer", "component")
+            vals = np.asarray(da.values, float)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)          # cells undefined in every pair stay NaN
+                mean = np.nanmean(vals, 0)
+            flat = [(abs(mean[i, j]), mean[i, j], i, j) for i in range(mean.shape[0]) for j in range(mean.shape[1])
+                    if np.isfinite(mean[i, j])]
+            top = sorted(flat, key=lambda t: -t[0])[:TOP_DLA]
+            layers, comps = da["layer"].values, da["component"].values
+            if top:
+                parts.append("top dla " + ", ".join(f"{comps[j]}_L{layers[i]} {v:+.3g}" for _, v, i, j in top))
+    return "; ".join(parts)
+
+
 def entry(row: dict, prov: dict, datasets: dict) -> Entry:
     created = _clean(row.get("created"))
     created = created.isoformat(timespec="seconds") if hasattr(created, "isoformat") else str(prov.get("created", ""))
@@ -119,4 +160,5 @@ def entry(row: dict, prov: dict, datasets: dict) -> Entry:
     return Entry(run_id=str(row["run_id"]),
                  model=str(_clean(row.get("model")) or prov.get("model") or prov.get("base") or "?"),
                  dataset=str(_clean(row.get("dataset")) or prov.get("dataset") or organism or "?"), observable=str(obs),
-                 pairs=pair_count(prov, datasets), trust=trust_of(row, prov), created=created)
+                 pairs=pair_count(prov, datasets), trust=trust_of(row, prov), created=created,
+                 numbers=key_numbers(datasets))

@@ -11,7 +11,9 @@
 - confounders: every ``*statistic × bound`` variable as estimates with their 95% CI, and
   margin against ``length_log_ratio`` per pair;
 - ``reliability_*`` (fit reports): calibration curve of σ(Δ) with bin counts and the ECE;
-- ``reading × strength`` (scorecards): each criterion's reading against planted strength.
+- ``reading × strength`` (scorecards): each criterion's reading against planted strength;
+- any other variable, user-defined or not, over ``pair × layer`` (mean ± 95% CI by layer),
+  ``pair × component`` or ``pair × layer × component`` (mean over pairs as a grid): ``generic_figure``.
 
 Variables with an ``objective`` dim are drawn for the first objective (named in the title).
 Only finite values are drawn; every caption counts what was not. Needs no model.
@@ -79,6 +81,8 @@ def lens_figure(ds) -> Figure:
 
 def _grid(ds, var: str, what: str) -> tuple[Figure, np.ndarray, object]:
     da, tag = first_objective(ds[var])
+    if "layer" not in da.dims:                                      # pair × component: one row
+        da = da.expand_dims(layer=["all layers"])
     da = da.transpose("pair", "layer", "component")
     vals = np.asarray(da.values, float)
     keep_c = np.isfinite(vals).any((0, 1))
@@ -228,14 +232,54 @@ def stat_vars(ds) -> list[str]:
     return sorted(out)
 
 
+GENERIC_DIMS = ({"pair", "layer"}, {"pair", "component"}, {"pair", "layer", "component"})
+STANDARD = ("lens", "dla", "patch_effect")
+
+
+def generic_figure(ds, var: str) -> Figure:
+    """A ``pair × layer`` variable as mean ± 95% CI over pairs per layer; a ``pair × component`` or
+    ``pair × layer × component`` one as the grid of its means over pairs."""
+    da, tag = first_objective(ds[var])
+    if "component" in da.dims:
+        fig, m, (rows, cols) = _grid(ds, var, var)
+        return fig
+    da = da.transpose("pair", "layer")
+    vals = np.asarray(da.values, float)
+    layers = np.asarray(da["layer"].values, float)
+    m, lo, hi = mean_ci(vals)
+    n = int(np.isfinite(vals).any(1).sum())
+    c = Chart(span(layers), span(m, lo, hi, include=[0]), "layer", f"{var} ({da.attrs.get('units', '')})",
+              xticks=[(x, str(int(x))) for x in layers[:: max(1, len(layers) // 12)]])
+    c.hline(0, "#999", dash=None)
+    c.band(layers, lo, hi, PALETTE[0])
+    c.line(layers, m, PALETTE[0], label=f"mean (n={n} pairs)")
+    return Figure(f"{var}{tag}", c.render(), f"{var} by layer: mean ± 95% CI (1.96 s.e.) over {n} pair(s) with a "
+                  f"finite value. {_ug(da)}{_nonfinite(vals)}")
+
+
+def plottable(ds) -> list[str]:
+    """Numeric variables over pair × layer, pair × component or pair × layer × component (any ``objective``
+    dim aside) that no standard figure draws."""
+    out = []
+    for name in sorted(map(str, ds.data_vars)):
+        var = ds[name]
+        dims = set(var.dims) - {"objective"}
+        if (name not in STANDARD and dims in GENERIC_DIMS and len(dims) == len(var.dims) - ("objective" in var.dims)
+                and np.issubdtype(var.dtype, np.number) and var.sizes["pair"] > 0):
+            out.append(name)
+    return out
+
+
 def run_figures(ds, prov: dict) -> list[Figure]:
-    """Every standard figure ``ds`` (one observable's Dataset) supports, in a fixed order."""
+    """Every standard figure ``ds`` (one observable's Dataset) supports, in a fixed order; then a generic
+    figure for every other pair × layer / pair × component variable (``plottable``)."""
     figs = []
     for var, fn in (("lens", lens_figure), ("dla", dla_figure), ("patch_effect", patch_figure),
                     ("crystallization_fraction", crystallization_figure),
                     ("reliability_mean_p", calibration_figure)):
         if var in ds:
             figs.append(fn(ds))
+    figs += [generic_figure(ds, n) for n in plottable(ds)]
     figs += [forest_figure(ds, n) for n in stat_vars(ds)]
     if "length_log_ratio" in ds and "margin" in ds and "pair" in ds["length_log_ratio"].dims:
         figs.append(length_scatter_figure(ds))

@@ -26,7 +26,7 @@ pre{background:#f7f7f7;padding:8px;overflow:auto;max-height:420px}
 .filters{display:flex;gap:10px;flex-wrap:wrap;align-items:center;margin:8px 0}
 .trust{display:inline-block;padding:0 6px;border-radius:8px;font-size:12px;background:#eee}
 .trust.calibrated{background:#d8ecd2}.trust.registered{background:#cfe0f5}.trust.adjudicated{background:#e6d8f2}
-.trust.flagged{background:#f7c9c9}.ev{font-size:11px;color:#555;max-width:360px}
+.trust.flagged{background:#f7c9c9}.ev{font-size:11px;color:#555;max-width:360px}.numbers{font-size:12px;max-width:340px}
 section.run{display:none}section.run:target{display:block}body:has(section.run:target) #catalog{display:none}
 figure{margin:10px 14px 10px 0;display:inline-block;vertical-align:top;max-width:560px}
 figure img{border:1px solid #ddd;max-width:100%;height:auto}figcaption{font-size:12px;color:#444}
@@ -80,8 +80,8 @@ JS = """
 })();
 """
 
-COLUMNS = (("model", "str"), ("dataset", "str"), ("observable", "str"), ("pairs", "num"), ("trust", "str"),
-           ("date", "str"), ("run id", "str"))
+COLUMNS = (("model", "str"), ("dataset", "str"), ("observable", "str"), ("pairs", "num"), ("key numbers", "str"),
+           ("trust", "str"), ("date", "str"), ("run id", "str"))
 
 
 def e(x) -> str:
@@ -103,7 +103,8 @@ def catalog_table(entries: list[Entry]) -> str:
         rows.append(
             f'<tr data-run="{e(en.run_id)}" data-trust="{e(en.trust.level)}" data-observable="{e(en.observable)}" '
             f'data-model="{e(en.model)}"><td>{e(en.model)}</td><td>{e(en.dataset)}</td><td>{e(en.observable)}</td>'
-            f'<td class="num" data-sort="{e(pairs)}">{e(pairs or "?")}</td><td data-sort="{e(en.trust.level)}">'
+            f'<td class="num" data-sort="{e(pairs)}">{e(pairs or "?")}</td><td class="numbers">{e(en.numbers)}</td>'
+            f'<td data-sort="{e(en.trust.level)}">'
             f'{trust_badge(en)}</td><td class="mono date">{e(en.created)}</td>'
             f'<td class="mono"><a href="#{e(en.anchor)}">{e(en.run_id)}</a></td></tr>')
     return f'<table id="catalog-table"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
