@@ -222,3 +222,16 @@ def test_report_catalog_row_shows_the_key_numbers(mixed, tmp_path):
     html = build_report(out.store_url, tmp_path / "r").read_text(encoding="utf-8")
     row = html[html.index(f'data-run="{out.run_id}"'):].split("</tr>")[0]
     assert "key numbers" in html and "accuracy " in row and "margin &gt; 0" in row and "(n=4)" in row
+
+
+def test_markdown_summary_and_report_say_the_restricted_outputs(restricted, tmp_path):
+    pytest.importorskip("matplotlib")
+    from reward_lens_spec.report.build import build_report
+    from reward_lens_spec.report.plots import plot_run
+
+    _, out = restricted
+    md = [p for p in plot_run(out.store_url, out.run_id, tmp_path) if p.suffix == ".md"][0].read_text()
+    want = "10 of 10 scored; excluded 0; flagged 0; restricted outputs cover 4 of 10 pairs"
+    assert f"pairs: {want}" in md
+    html = build_report(out.store_url, tmp_path / "r").read_text(encoding="utf-8")
+    assert want in html and "4 of 10" in html       # the summary table's n pairs of patch_effect

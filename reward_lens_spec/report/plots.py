@@ -180,9 +180,18 @@ def plot_run(url: str, run_id: str, out_dir, *, storage_options: dict | None = N
     prov = store.provenance(run_id)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    from ..data.accounting import pairs_limit, pairs_phrase, restricted_outputs
+
+    datasets = store.load(run_id, lazy=False)
+    eff = prov.get("effective_n") if isinstance(prov.get("effective_n"), dict) else {}
+    restricted = next((r for r in (restricted_outputs(d, pairs_limit(prov)) for d in datasets.values()) if r), None)
     written, lines = [], [f"# {run_id}", "", f"model `{prov.get('model')}`, dataset `{prov.get('dataset')}`, "
                           f"trust `{prov.get('trust')}`, effective n `{prov.get('effective_n')}`", ""]
-    for obs, ds in store.load(run_id, lazy=False).items():
+    if prov.get("excluded") is not None or prov.get("pair_flags") is not None:
+        lines += [f"pairs: {pairs_phrase(prov.get('excluded'), prov.get('pair_flags'), eff.get('n_scored'), restricted)}",
+                  ""]
+    n_head = len(lines)
+    for obs, ds in datasets.items():
         for var, stem, fn in PLOTS:
             if var in ds:
                 path = out / f"{run_id}_{obs}_{stem}.png"
@@ -191,5 +200,5 @@ def plot_run(url: str, run_id: str, out_dir, *, storage_options: dict | None = N
                 lines += [f"## {stem} ({obs})", "", f"![{stem}]({path.name})", "", text, ""]
         lines += _stat_tables(ds)
     md = out / f"{run_id}_summary.md"
-    md.write_text("\n".join(lines) + ("" if len(lines) > 4 else "Nothing plottable in this run.\n"), encoding="utf-8")
+    md.write_text("\n".join(lines) + ("" if len(lines) > n_head else "Nothing plottable in this run.\n"), encoding="utf-8")
     return written + [md]
