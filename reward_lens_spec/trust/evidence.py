@@ -9,7 +9,11 @@ the documents the store holds now:
 
 * a **scorecard** is valid when its seal verifies AND its verdict, recomputed
   from its stored readings with this package's thresholds (``card_verdict``),
-  equals its ``passed`` field;
+  equals its ``passed`` field; the verdict passes only when the card's
+  ``code_hash`` equals ``code_hash()`` of the reading code (the operator and
+  capture modules' source and the package version; a function of theirs
+  replaced at run time changes it too), so a card applies only to the code
+  that wrote it;
 * a **frozen study** is valid when its seal verifies AND ``study_hash`` is the
   hash of the stored study (an edited threshold breaks both);
 * a **result run** is ``calibrated`` for each output variable a valid, passing,
@@ -60,6 +64,11 @@ FLOORS = {"dla_share": 0.5, "patch_share": 0.5, "attribution_share": 0.5, "lens_
 # |reading − planted truth| ≤ MAG_RTOL · |planted truth| (reward units, at full strength)
 MAG_RTOL = {"dla_share": 0.1, "patch_share": 0.1, "attribution_share": 0.25, "lens_jump": 0.15,
             "crystallization": 0.15, "score": 0.1}
+# exact instruments (DLA, exact patching, the lens, the margin) are compared with the same cells from a
+# plain HF forward (magnitude "truth_from": "cells"): float error only. Attribution patching (first order)
+# and a truth that is only the planted margin change keep the MAG_RTOL band.
+MAG_RTOL_EXACT = 1e-3
+EXACT_CRITERIA = ("dla_share", "patch_share", "lens_jump", "crystallization", "score")
 # exactness identities: max |err| ≤ IDENTITY_RTOL[dtype] · margin scale (see trust.identities)
 IDENTITY_RTOL = {"float64": 1e-3, "float32": 1e-3, "bfloat16": 5e-2, "float16": 2e-2}
 
@@ -101,11 +110,135 @@ def identities_ok(records) -> tuple[bool, str]:
     return True, ""
 
 
-def card_verdict(card: dict) -> tuple[bool, str]:
-    """``(passes, why not)`` recomputed from a card's stored numbers and this package's thresholds."""
+# -- the code a card applies to ------------------------------------------------------------------------
+# Operator modules (every ops/*.py) and the capture / intervention modules the operators run through.
+CODE_MODULES = ("ops/*.py", "models/capture.py", "models/patching.py", "models/interventions.py",
+                "models/readout.py", "models/head.py", "models/gated_head.py", "models/attn_heads.py",
+                "models/per_token.py", "models/prefix.py", "models/steering.py", "models/padding.py",
+                "models/copy_skip.py", "models/reparam.py", "models/formatting.py", "run/execute*.py")
+_CODE_CACHE: dict = {}
+
+
+def _code_files():
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    files = []
+    for pat in CODE_MODULES:
+        files += sorted(root.glob(pat))
+    return root, files
+
+
+def _defs(path):
+    """Top-level ``def``/``class`` names of a source file: [(name, decorated, [(method, decorated)])]."""
+    import ast
+    tree = ast.parse(path.read_bytes())
+    out = []
+    for n in tree.body:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.append((n.name, bool(n.decorator_list), None))
+        elif isinstance(n, ast.ClassDef):
+            out.append((n.name, bool(n.decorator_list),
+                        [(m.name, bool(m.decorator_list)) for m in n.body
+                         if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]))
+    return out
+
+
+def _code_of(obj, decorated: bool):
+    import inspect
+    if isinstance(obj, (staticmethod, classmethod)):
+        obj = obj.__func__
+    if isinstance(obj, property):
+        obj = obj.fget
+    if decorated:
+        try:
+            obj = inspect.unwrap(obj)
+        except ValueError:
+            return None
+    return getattr(obj, "__code__", None)
+
+
+def _library(filename: str) -> bool:
+    """Generated (``<string>``) or from Python's own or installed libraries (dataclass methods, …)."""
+    import sysconfig
+    if filename.startswith("<"):
+        return True
+    if "libs" not in _CODE_CACHE:
+        p = sysconfig.get_paths()
+        _CODE_CACHE["libs"] = tuple({p[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if p.get(k)})
+    return filename.startswith(_CODE_CACHE["libs"])
+
+
+def code_changes() -> list[str]:
+    """Functions and methods of the ``CODE_MODULES`` loaded in this process that are not the ones their
+    source file defines (monkeypatched or replaced at run time); empty when the code is as written."""
+    import os
+    import sys
+    root, files = _code_files()
+    bad = []
+    for f in files:
+        modname = "reward_lens_spec." + ".".join(f.relative_to(root).with_suffix("").parts)
+        mod = sys.modules.get(modname)
+        if mod is None:
+            continue
+        key = ("defs", str(f))
+        st = f.stat()
+        if _CODE_CACHE.get(key, (None,))[0] != (st.st_mtime_ns, st.st_size):
+            _CODE_CACHE[key] = ((st.st_mtime_ns, st.st_size), _defs(f))
+        want = os.path.realpath(f)
+        same = lambda code: code is not None and os.path.realpath(code.co_filename) == want  # noqa: E731
+        for name, decorated, methods in _CODE_CACHE[key][1]:
+            obj = mod.__dict__.get(name)
+            if methods is None:
+                if not same(_code_of(obj, decorated)):
+                    bad.append(f"{modname}.{name}")
+                continue
+            if not isinstance(obj, type) or obj.__module__ != modname:
+                bad.append(f"{modname}.{name}")
+                continue
+            listed = dict(methods)
+            for m, v in obj.__dict__.items():        # methods as written, and none added from elsewhere
+                code = _code_of(v, listed.get(m, False))
+                if m in listed and not same(code):
+                    bad.append(f"{modname}.{name}.{m}")
+                elif m not in listed and code is not None and not same(code) and not _library(code.co_filename):
+                    bad.append(f"{modname}.{name}.{m}")
+    return bad
+
+
+def code_hash() -> str:
+    """sha256 of the package version and the source of every ``CODE_MODULES`` file; when a function of
+    a loaded one was replaced at run time (``code_changes``), a different hash naming that."""
+    import hashlib as _h
+    from .. import __version__
+    root, files = _code_files()
+    stats = tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files)
+    if _CODE_CACHE.get("files", (None,))[0] != stats:
+        h = _h.sha256(f"reward_lens_spec {__version__}\n".encode())
+        for f in files:
+            h.update(f"{f.relative_to(root).as_posix()}\0".encode() + _h.sha256(f.read_bytes()).digest())
+        _CODE_CACHE["files"] = (stats, h.hexdigest())
+    base = _CODE_CACHE["files"][1]
+    changed = code_changes()
+    if changed:
+        return _h.sha256((base + "|modified:" + ",".join(changed)).encode()).hexdigest()
+    return base
+
+
+def card_verdict(card: dict, *, check_code: bool = True) -> tuple[bool, str]:
+    """``(passes, why not)`` recomputed from a card's stored numbers and this package's thresholds.
+
+    ``check_code``: the card must record the ``code_hash`` of the code reading it (a card applies only
+    to the operator and capture code that wrote it).
+    """
     crits = list(card.get("readings") or {})
     if not crits:
         return False, "grades no criterion"
+    if check_code:
+        here = code_hash()
+        if card.get("code_hash") != here:
+            changed = code_changes()
+            return False, (f"written by other code: card code hash {str(card.get('code_hash'))[:12]}, this code "
+                           f"{here[:12]}" + (f" (replaced at run time: {', '.join(changed[:5])})" if changed else ""))
     planted = "layer" in (card.get("truth") or {})
     for c in crits:
         if c not in FLOORS:
@@ -119,9 +252,10 @@ def card_verdict(card: dict) -> tuple[bool, str]:
         if planted and c in MAG_RTOL:          # criteria with a planted reward-unit magnitude
             m = (card.get("magnitude") or {}).get(c) or {}
             got, want = m.get("reading"), m.get("truth")
-            if got is None or want is None or not abs(got - want) <= MAG_RTOL[c] * abs(want) or want == 0:
+            rtol = MAG_RTOL_EXACT if c in EXACT_CRITERIA and m.get("truth_from") == "cells" else MAG_RTOL[c]
+            if got is None or want is None or not abs(got - want) <= rtol * abs(want) or want == 0:
                 return False, (f"{c}: magnitude {got} reward units vs planted {want} "
-                               f"(needs within {MAG_RTOL[c]:.0%})")
+                               f"(needs within {rtol:.3g} relative, truth from {m.get('truth_from', 'margin')})")
     for per_strength in card.get("identities") or ():
         ok, why = identities_ok(per_strength)
         if not ok:

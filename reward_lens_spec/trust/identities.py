@@ -12,7 +12,18 @@ variable            identity                                           applies w
 ``lens``            normed lens at the last layer = Δ                  last layer present
 ``patch_restored``  restored fraction at (last layer, resid) = 1       (err scaled by |Δ|)
 ``patch_effect``    |effect at (last layer, resid)| = |Δ|              denoise or noise
+reward / margin     = the head's own reward per side / Δ, every cell     always (see ``claims_reward``)
 ==================  =================================================  ==========================
+
+An output *claims* to be a reward or a margin (``claims_reward``) when it is named ``reward``,
+``rewards`` or ``margin`` (the names the ``score`` criterion and readers take as the model's own
+score) and has no dimension besides ``pair``, ``side`` and ``objective`` (an ``objective`` axis
+only where the head has those outputs): a per-side one must equal the head output ``W·h + b`` of that
+side, a per-pair one ``Δ``. This holds on every organism a card grades and on the run itself
+(``seal_run``), so a scaled margin or a lens read at an inner layer under the name ``margin`` breaks
+an identity. Restricted grids (a partial ``dla`` or ``patch`` grid) keep their identities on the
+organisms: ``trust.scorecard.reference_identities`` checks every kept cell against the same cell
+from a plain HF forward pass.
 
 Each record: ``{variable, identity, max_abs_err, scale, dtype, n}`` with ``scale``
 the margin scale ``max(RMS(Δ), eps·RMS(r))`` in reward units (``eps`` the dtype's
@@ -44,6 +55,7 @@ def _margin(logits: np.ndarray, pair_ids, objectives) -> tuple[xr.DataArray, flo
 
 def _record(var, what, err: xr.DataArray, margin: xr.DataArray, reward_rms, dtype) -> dict | None:
     e = np.abs(np.asarray(err.values, np.float64))
+    e = np.where(np.isinf(e), 1e30, e)          # an infinite error (missing or non-finite cell): JSON-safe
     e = e[np.isfinite(e)]
     if e.size == 0:
         return None
@@ -51,6 +63,28 @@ def _record(var, what, err: xr.DataArray, margin: xr.DataArray, reward_rms, dtyp
     scale = max(float(np.sqrt(np.mean(mv ** 2))), _EPS.get(dtype, 1e-6) * reward_rms)
     return {"variable": var, "identity": what, "max_abs_err": float(e.max()), "scale": scale,
             "dtype": dtype, "n": int(e.size)}
+
+
+ROLE_NAMES = ("reward", "rewards", "margin")
+_ROLE_DIMS = {"pair", "side", "objective"}
+
+
+def claims_reward(name: str, da: xr.DataArray) -> str | None:
+    """``"reward"`` (per side) or ``"margin"`` when output ``name`` claims that role, else None."""
+    n = str(name).lower()
+    if n not in ROLE_NAMES:
+        return None
+    if "pair" not in da.dims or not set(da.dims) <= _ROLE_DIMS:
+        return None
+    return "reward" if "side" in da.dims else "margin"
+
+
+def _rewards(logits, pair_ids, objectives) -> xr.DataArray:
+    lg = np.asarray(logits, np.float64)
+    dims, coords = ("pair", "side"), {"pair": list(pair_ids), "side": ["chosen", "rejected"]}
+    if lg.shape[-1] == 1:
+        return xr.DataArray(lg[..., 0], dims=dims, coords=coords)
+    return xr.DataArray(lg, dims=dims + ("objective",), coords={**coords, "objective": list(objectives)})
 
 
 def check_identities(result: xr.Dataset, logits, pair_ids, *, n_layers: int, objectives=(),
@@ -69,6 +103,21 @@ def check_identities(result: xr.Dataset, logits, pair_ids, *, n_layers: int, obj
         if rec:
             out.append(rec)
 
+    for var in result.data_vars:                 # outputs that claim to be the head's reward or margin
+        da = result[var]
+        role = claims_reward(var, da)
+        if role is None:
+            continue
+        ref = margin if role == "margin" else _rewards(logits, pair_ids, objectives)
+        if "objective" in ref.dims and "objective" not in da.dims:
+            ref = ref.isel(objective=0) if ref.sizes["objective"] == 1 else ref
+        if set(ref.dims) != set(da.dims):      # e.g. per-objective rewards of a gated head: no such logits
+            continue
+        d, r = xr.align(da.astype(np.float64), ref, join="left")
+        err = (d - r)
+        if "side" in da.dims:
+            err = err.sel(side=[x for x in ("chosen", "rejected") if x in err.side.values])
+        add(var, f"{role} = the head's own {role}", err.fillna(np.inf))
     if "dla" in result and {"layer", "component"} <= set(result["dla"].dims):
         da = result["dla"]
         if set(range(-1, n_layers)) <= set(int(x) for x in da.layer.values):

@@ -48,13 +48,23 @@ planted one) and ``scalar_cost`` (margin-weighted sign disagreement; floor: plai
 A criterion passes when its readings rise monotonically with strength —
 Spearman ρ(strength, reading) ≥ ``MIN_SPEARMAN`` (0.9; with 5 strengths one
 adjacent swap gives 0.9) — AND its floor holds at full strength AND, on a
-planted organism, its *magnitude* matches the planted truth: the planted unit's
-reading in reward units (DLA, patch effect, attribution effect, lens jump at the
-planted layer, the margin for ``score``), minus the same reading at strength 0,
-is within ``MAG_RTOL`` of the planted effect ``Δ(s) − Δ(0)`` measured by a plain
-HF forward pass per pair (batch of one, float64 difference). Every organism run
-also checks the observable's exactness identities (``trust.identities``); a
-broken identity fails the card. A card passes only when every applicable
+planted organism, its *magnitude* matches the truth: the planted unit's reading
+in reward units (DLA, patch effect, attribution effect, lens jump at the planted
+layer, the margin for ``score``), minus the same reading at strength 0. For the
+exact instruments (``EXACT_CRITERIA``) the truth is the same cells recomputed by
+``reference_dataset`` — plain HF forwards, batch of one, forward hooks, none of
+the capture or operator code — and the tolerance is float error
+(``MAG_RTOL_EXACT`` = 1e-3 relative); attribution patching (first order) keeps
+its band (``MAG_RTOL``, 25%) against the planted margin change ``Δ(s) − Δ(0)``
+(``planted_margins``). Every organism run also checks the observable's
+exactness identities (``trust.identities``: outputs named ``reward``/``margin``
+equal the head's own output, Σ dla = margin, …) and every kept cell of a
+``dla``/``lens``/``lens_raw``/``patch_effect``/``patch_restored`` grid — whole or
+restricted — against the plain-forward cell (``reference_identities``); a
+restricted grid no reference reproduces is refused (``SpecError`` with a Fix).
+A broken identity fails the card. The card records ``code_hash``
+(``trust.evidence.code_hash``: operator and capture modules, package version);
+a reader whose code hashes otherwise does not accept it. A card passes only when every applicable
 criterion passes. Unit criteria need an organism with a planted unit
 (``planted``); ``score`` applies to all. An observable with no applicable
 criterion raises ``SpecError``. Readings that are not finite fail. Output
@@ -76,7 +86,7 @@ import xarray as xr
 from ..errors import SpecError
 from ..models.organisms import STRENGTHS, Organism, organism_family
 from .criteria import CRITERIA
-from .evidence import MIN_SPEARMAN, card_verdict, seal
+from .evidence import EXACT_CRITERIA, MIN_SPEARMAN, card_verdict, code_hash, seal
 from ..run.identity import observable_hash
 from .identities import check_identities
 
@@ -101,7 +111,10 @@ def evaluate(obs, org: Organism) -> xr.Dataset:
     from ..observables import load_observable
     from ..ops.base import PlanInfo
     from ..registry import build_plan
-    from ..run.execute import compute
+    try:
+        from ..run.executor import compute
+    except ImportError:                    # before run/execute.py became run/executor.py
+        from ..run.execute import compute
 
     lm = org.lm
     info = PlanInfo(family=lm.family, n_layers=lm.n_layers, n_objectives=lm.head.n_objectives,
@@ -136,6 +149,260 @@ def planted_margins(org: Organism) -> np.ndarray:
     return np.asarray(out)
 
 
+# -- independent reference: the same cells from a plain HF forward, batch of one -----------------------
+
+REFERENCED = ("dla", "lens", "lens_raw", "patch_effect", "patch_restored")   # cell grids checked cell by cell
+
+
+def _plain_modules(model):
+    """(embed, layers, norm, head) of a Llama-style HF classifier, by attribute name — no family table."""
+    body = getattr(model, "model", None)
+    need = ("embed_tokens", "layers", "norm")
+    if body is None or not all(hasattr(body, a) for a in need) or not hasattr(model, "score"):
+        return None
+    if not all(hasattr(b, "self_attn") and hasattr(b, "mlp") for b in body.layers):
+        return None
+    return body.embed_tokens, list(body.layers), body.norm, model.score
+
+
+def _last(o):
+    return (o[0] if isinstance(o, tuple) else o)
+
+
+def _plain_forward(model, ids, mods, patch=None):
+    """One sequence: (embed, attn, mlp, resid, o_proj input ``z``) at its last token (float64) and the
+    head output. ``patch``: ``(site, layer, vector)`` replaces that site's output at the last token;
+    site ``("z", h, hd)`` replaces head ``h``'s slice of the o_proj input.
+    """
+    import torch
+
+    embed, layers, _, _ = mods
+    got: dict = {"attn": {}, "mlp": {}, "resid": {}, "z": {}}
+    hooks = []
+
+    def keep(kind, l, module):
+        def hook(mod, inp, out):
+            t = _last(out)
+            if patch is not None and patch[0] == kind and patch[1] == l:
+                t[0, -1] = torch.as_tensor(patch[2], dtype=t.dtype, device=t.device)
+            v = t[0, -1].detach().double().cpu().numpy().copy()
+            if kind == "embed":
+                got["embed"] = v
+            else:
+                got[kind][l] = v
+        hooks.append(module.register_forward_hook(hook))
+
+    def keep_z(l, module):
+        def pre(mod, args):
+            t = args[0]
+            if patch is not None and isinstance(patch[0], tuple) and patch[1] == l:
+                _, h, hd = patch[0]
+                t = t.clone()
+                t[0, -1, h * hd:(h + 1) * hd] = torch.as_tensor(patch[2], dtype=t.dtype, device=t.device)
+            got["z"][l] = t[0, -1].detach().double().cpu().numpy().copy()
+            return (t,) + tuple(args[1:])
+        hooks.append(module.register_forward_pre_hook(pre))
+
+    keep("embed", -1, embed)
+    for l, b in enumerate(layers):
+        keep("attn", l, b.self_attn)
+        keep("mlp", l, b.mlp)
+        keep("resid", l, b)
+        if hasattr(b.self_attn, "o_proj"):
+            keep_z(l, b.self_attn.o_proj)
+    try:
+        dev = next(model.parameters()).device
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids], device=dev)).logits[0].double().cpu().numpy()
+    finally:
+        for h in hooks:
+            h.remove()
+    L = len(layers)
+    return {"embed": got["embed"], "attn": np.stack([got["attn"][l] for l in range(L)]),
+            "mlp": np.stack([got["mlp"][l] for l in range(L)]),
+            "resid": np.stack([got["resid"][l] for l in range(L)]),
+            "z": np.stack([got["z"][l] for l in range(L)]) if len(got["z"]) == L else None, "logits": logits}
+
+
+def reference_dataset(org: Organism, like: xr.Dataset) -> xr.Dataset:
+    """The cells of ``like``'s ``REFERENCED`` variables (and ``margin``) recomputed by plain HF forwards.
+
+    Independent of the capture, plan and operator path: per side one forward (batch of one, no
+    padding) with forward hooks reading the embedding, each attention and MLP output and each block
+    output at the last token (the readout token). ``dla`` = w_r · (g ⊙ c / rms(x_L)) per component
+    with the final RMSNorm's scale frozen at the last residual x_L; ``lens`` = w_r · N(x_l) with the
+    model's own norm module; ``lens_raw`` = w_r · x_l; ``patch_effect`` = head output of the base
+    side re-run with the site's last-token output replaced by the source side's, minus the base's
+    (``denoise``: base rejected; ``noise``: base chosen; both computed, each variable compared with
+    the mode it matches best), ``patch_restored`` = that / (r_source − r_base). Only variables of
+    the known grid shapes are built; an organism that is not Llama-shaped (``model.model.layers``,
+    ``self_attn``, ``mlp``, ``norm``, ``score``) gets an empty Dataset.
+    """
+    import torch
+
+    from ..run.inputs import encode
+
+    model = org.lm.model
+    mods = _plain_modules(model)
+    wanted = [v for v in REFERENCED if v in like.data_vars]
+    if mods is None or not wanted:
+        return xr.Dataset()
+    _, layers, norm, head = mods
+    W = head.weight.detach().double().cpu().numpy()                      # objectives × d
+    enc = encode(org.lm, org.pairs)
+    ids = list(enc.pair_ids)
+    L = len(layers)
+    sides = [[_plain_forward(model, seq, mods) for seq in (c, r)] for c, r in zip(enc.chosen, enc.rejected)]
+    first = lambda a: a[..., 0] if a.shape[-1] == 1 else a  # noqa: E731  (one objective: no axis)
+    odims = () if W.shape[0] == 1 else ("objective",)
+    ocoords = {} if not odims else {"objective": list(org.lm.head.objectives)}
+    out = {}
+
+    def proj(x):
+        return x @ W.T
+
+    grid = lambda v: v in wanted and "component" in like[v].dims  # noqa: E731
+    if grid("dla") and "RMSNorm" in type(norm).__name__:
+        g = norm.weight.detach().double().cpu().numpy()
+        eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+        cells = np.full((len(ids), L + 1, 3, W.shape[0]), np.nan)
+        for p, pair in enumerate(sides):
+            for k, sd in enumerate(pair):
+                rms = np.sqrt(np.mean(sd["resid"][-1] ** 2) + eps)
+                sign = 1.0 if k == 0 else -1.0
+                f = lambda x: sign * proj(g * x / rms)  # noqa: E731
+                cells[p, 0, 0] = np.nan_to_num(cells[p, 0, 0]) + f(sd["embed"])
+                for l in range(L):
+                    cells[p, l + 1, 1] = np.nan_to_num(cells[p, l + 1, 1]) + f(sd["attn"][l])
+                    cells[p, l + 1, 2] = np.nan_to_num(cells[p, l + 1, 2]) + f(sd["mlp"][l])
+        out["dla"] = xr.DataArray(first(cells), dims=("pair", "layer", "component") + odims,
+                                  coords={"pair": ids, "layer": np.arange(-1, L),
+                                          "component": ["embed", "attn", "mlp"], **ocoords})
+    if "lens" in wanted or "lens_raw" in wanted:
+        normed = np.zeros((len(ids), L + 1, W.shape[0]))
+        raw = np.zeros_like(normed)
+        for p, pair in enumerate(sides):
+            for k, sd in enumerate(pair):
+                sign = 1.0 if k == 0 else -1.0
+                xs = np.concatenate([sd["embed"][None], sd["resid"]])
+                with torch.no_grad():
+                    t = torch.as_tensor(xs[:, None, :], dtype=norm.weight.dtype, device=norm.weight.device)
+                    nx = norm(t)[:, 0].double().cpu().numpy()
+                normed[p] += sign * proj(nx)
+                raw[p] += sign * proj(xs)
+        for name, arr in (("lens", normed), ("lens_raw", raw)):
+            out[name] = xr.DataArray(first(arr), dims=("pair", "layer") + odims,
+                                     coords={"pair": ids, "layer": np.arange(-1, L), **ocoords})
+    if grid("patch_effect") or grid("patch_restored"):
+        comps = ("resid", "attn", "mlp")
+        for mode, (base, src) in (("denoise", (1, 0)), ("noise", (0, 1))):
+            eff = np.zeros((len(ids), L, 3, W.shape[0]))
+            rest = np.zeros_like(eff)
+            for p, pair in enumerate(sides):
+                seqs = (enc.chosen[p], enc.rejected[p])
+                r_base, r_src = pair[base]["logits"], pair[src]["logits"]
+                for l in range(L):
+                    for ci, comp in enumerate(comps):
+                        vec = pair[src][comp][l]
+                        r = _plain_forward(model, seqs[base], mods, patch=(comp, l, vec))["logits"]
+                        eff[p, l, ci] = r - r_base
+                        with np.errstate(divide="ignore", invalid="ignore"):
+                            rest[p, l, ci] = (r - r_base) / (r_src - r_base)
+            for name, arr in (("patch_effect", eff), ("patch_restored", rest)):
+                out[f"{name}@{mode}"] = xr.DataArray(first(arr), dims=("pair", "layer", "component") + odims,
+                                                     coords={"pair": ids, "layer": np.arange(L),
+                                                             "component": list(comps), **ocoords})
+    heads = [v for v in wanted if "head" in like[v].dims]
+    if heads and sides[0][0]["z"] is not None:
+        cfg = model.config
+        H = int(cfg.num_attention_heads)
+        hd = sides[0][0]["z"].shape[-1] // H
+        hl = [int(x) for x in like[heads[0]].layer.values if 0 <= int(x) < L]
+        hcoords = {"pair": ids, "layer": hl, "head": np.arange(H), **ocoords}
+        if "dla" in heads and "RMSNorm" in type(norm).__name__:
+            g = norm.weight.detach().double().cpu().numpy()
+            eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+            cells = np.zeros((len(ids), len(hl), H, W.shape[0]))
+            for p, pair in enumerate(sides):
+                for k, sd in enumerate(pair):
+                    rms = np.sqrt(np.mean(sd["resid"][-1] ** 2) + eps)
+                    for i, l in enumerate(hl):
+                        Wo = layers[l].self_attn.o_proj.weight.detach().double().cpu().numpy()
+                        for h in range(H):
+                            c = Wo[:, h * hd:(h + 1) * hd] @ sd["z"][l][h * hd:(h + 1) * hd]
+                            cells[p, i, h] += (1.0 if k == 0 else -1.0) * proj(g * c / rms)
+            out["dla@heads"] = xr.DataArray(first(cells), dims=("pair", "layer", "head") + odims, coords=hcoords)
+        if "patch_effect" in heads or "patch_restored" in heads:
+            for mode, (base, src) in (("denoise", (1, 0)), ("noise", (0, 1))):
+                eff = np.zeros((len(ids), len(hl), H, W.shape[0]))
+                rest = np.zeros_like(eff)
+                for p, pair in enumerate(sides):
+                    seqs = (enc.chosen[p], enc.rejected[p])
+                    r_base, r_src = pair[base]["logits"], pair[src]["logits"]
+                    for i, l in enumerate(hl):
+                        for h in range(H):
+                            vec = pair[src]["z"][l][h * hd:(h + 1) * hd]
+                            r = _plain_forward(model, seqs[base], mods, patch=(("z", h, hd), l, vec))["logits"]
+                            eff[p, i, h] = r - r_base
+                            with np.errstate(divide="ignore", invalid="ignore"):
+                                rest[p, i, h] = (r - r_base) / (r_src - r_base)
+                for name, arr in (("patch_effect", eff), ("patch_restored", rest)):
+                    out[f"{name}@{mode}_heads"] = xr.DataArray(first(arr), dims=("pair", "layer", "head") + odims,
+                                                               coords=hcoords)
+    margins = np.array([pr[0]["logits"] - pr[1]["logits"] for pr in sides])
+    out["margin"] = xr.DataArray(first(margins), dims=("pair",) + odims, coords={"pair": ids, **ocoords})
+    return xr.Dataset(out)
+
+
+def _cell_error(da: xr.DataArray, ref: xr.DataArray) -> xr.DataArray | None:
+    """``da − ref`` on every finite cell of ``da`` (a cell ``ref`` lacks: infinite error); None if the
+    shapes cannot be matched (another grid)."""
+    if set(da.dims) != set(ref.dims):
+        return None
+    for d in da.dims:
+        if d == "pair":
+            continue
+        missing = [x for x in da[d].values if x not in set(ref[d].values.tolist())]
+        if missing:
+            return xr.DataArray([np.inf])
+    r = ref.reindex({d: da[d].values for d in da.dims})
+    err = (da.astype(np.float64) - r).where(np.isfinite(da))
+    return err.where(~(np.isfinite(da) & ~np.isfinite(r)), np.inf)
+
+
+def reference_identities(ds: xr.Dataset, ref: xr.Dataset, org: Organism) -> tuple[list[dict], xr.Dataset]:
+    """Identity records "kept cells = plain forward" for each referenced variable of ``ds``, and the
+    reference Dataset with the patch mode each patch variable matched (for the magnitude truth)."""
+    from .identities import _record
+
+    recs, chosen = [], {}
+    margin = ref["margin"] if "margin" in ref else None
+    if margin is None:
+        return recs, xr.Dataset()
+    lg = np.asarray(margin.values, np.float64)
+    rms = float(np.sqrt(np.mean(lg ** 2))) if lg.size else 0.0
+    for v in REFERENCED:
+        if v not in ds.data_vars:
+            continue
+        cands = [k for k in ref.data_vars if str(k).split("@")[0] == v]
+        best = None
+        for k in cands:
+            err = _cell_error(ds[v], ref[k])
+            if err is None:
+                continue
+            rec = _record(v, "kept cells = the same cells from a plain HF forward", err.fillna(0.0)
+                          if v != "patch_restored" else err, margin, rms, str(org.lm.dtype))
+            if rec is None:
+                continue
+            if best is None or rec["max_abs_err"] < best[0]["max_abs_err"]:
+                best = (rec, k)
+        if best is not None:
+            recs.append(best[0])
+            chosen[v] = ref[best[1]]
+    chosen["margin"] = margin
+    return recs, xr.Dataset(chosen)
+
+
 def _finite(x):                 # store attrs must be JSON: NaN -> None
     return float(x) if np.isfinite(x) else None
 
@@ -165,6 +432,7 @@ class Scorecard:
     identities: list = field(default_factory=list)   # per strength: the run's identity records
     graded: list = field(default_factory=list)       # output variables some criterion read
     scope: dict = field(default_factory=dict)        # family, organism, base, strengths, n_pairs
+    code_hash: str = ""                              # evidence.code_hash() of the code that graded it
     wall_s: float = 0.0
 
     def describe(self) -> str:
@@ -222,6 +490,23 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
         kw = {"n_pairs": n_pairs} if organism in UNIT_KINDS else {}
         organisms = organism_family(organism, tuple(strengths), base=base, seed=seed, **kw)
     results = [evaluate(obs, o) for o in organisms]
+    refs = []                          # per organism: the plain-forward cells each referenced variable matched
+    for ds, o in zip(results, organisms):
+        ref = reference_dataset(o, ds)
+        recs, sel = reference_identities(ds, ref, o) if len(ref.data_vars) else ([], xr.Dataset())
+        ds.attrs["identities"] = list(ds.attrs["identities"]) + recs
+        refs.append(sel)
+    n_layers = organisms[0].lm.n_layers
+    for c in crits:                    # a restricted grid no plain forward reproduces: its identities are off
+        for v in c.needs:
+            da = results[0][v]
+            if (c.name in EXACT_CRITERIA and v != "margin" and v not in refs[0].data_vars and "layer" in da.dims
+                    and not set(range(n_layers)) <= {int(x) for x in da.layer.values}):
+                raise SpecError("observable", f"'{obs.name}' output '{v}' covers layers "
+                                f"{[int(x) for x in da.layer.values]} of {n_layers} and no independent forward "
+                                f"reproduces its cells, so its exactness identities cannot be checked.",
+                                fix=f"calibrate the full grid (drop the layer restriction or the select on '{v}'), "
+                                    "or output the grid in its usual shape (pair × layer × component).")
     s = [o.strength for o in organisms]
     zero = int(np.argmin(s)) if min(s) == 0 else None      # the unplanted twin: reference for magnitudes
     planted = "layer" in organisms[0].truth
@@ -247,15 +532,25 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
         if planted and c.magnitude is not None:
             got = None if zero is None else float(np.mean(c.magnitude(results[top], organisms[top].truth)
                                                           - c.magnitude(results[zero], organisms[zero].truth)))
+            want, source = truth_effect, "cells" if c.name == "score" else "margin"   # Δ: the margin's own cells
+            if c.name in EXACT_CRITERIA and zero is not None:    # exact instrument: the same cells, plain forward
+                try:
+                    want = float(np.mean(c.magnitude(refs[top], organisms[top].truth)
+                                         - c.magnitude(refs[zero], organisms[zero].truth)))
+                    source = "cells"
+                except (KeyError, ValueError, IndexError):
+                    pass
             card.magnitude[c.name] = {"reading": _finite(got) if got is not None else None,
-                                      "truth": _finite(truth_effect) if truth_effect is not None else None}
+                                      "truth": _finite(want) if want is not None else None, "truth_from": source}
         fv = float(c.floor_value(results[top], organisms[top].truth))
         card.readings[c.name] = [_finite(v) for v in vals]
         card.spearman[c.name] = _finite(rho)
         card.floors[c.name] = {"value": _finite(fv), "floor": c.floor, "what": c.floor_what,
                                "at_strength": s[top]}
         one = {k: getattr(card, k) for k in ("truth", "spearman", "floors", "magnitude")}
-        card.criteria_passed[c.name] = card_verdict({**one, "readings": {c.name: card.readings[c.name]}})[0]
+        card.criteria_passed[c.name] = card_verdict({**one, "readings": {c.name: card.readings[c.name]}},
+                                                    check_code=False)[0]
+    card.code_hash = code_hash()
     card.passed = card_verdict(asdict(card))[0]
     card.wall_s = round(time.perf_counter() - t0, 3)
     return card
