@@ -16,14 +16,16 @@ difference direction) runs in a later pass: after the reductions it needs, the c
 captures each chunk again and writes that pass's regions (markers ``pass<p>.chunk.<k>``), then runs
 the reductions of that pass. Every step of a plan runs in exactly one such stage of one pass.
 
-In memory (``run.execute.compute``) is this same executor into an in-memory store (``memory://``).
+In memory (``run.executor.compute``) is this same executor into an in-memory store (``memory://``).
 
 A pair-stage step whose rows read every pair's capture (``Operator.needs_all_pairs``: mean or
 resample ablation, steering in units of the residual's RMS over pairs) makes the run one chunk:
 correct, but its memory is then that of the whole dataset.
 
 Resume and shards: a job computes the chunks ``k`` with ``k % store.shards == store.shard``
-that have no marker yet, in the attempt it shares with its launch (``store.launch``, or Hydra's
+that have no marker yet (or whose data no longer match the digests their marker records: each
+marker holds the digest of every region the chunk wrote, and a job re-reads every chunk it adopts
+before trusting it — the completing job every chunk of the run), in the attempt it shares with its launch (``store.launch``, or Hydra's
 sweep dir) or adopts from a dead writer (``store.attempts``). Chunks are the same pairs
 whoever computes them, so a resumed or sharded run is bit-identical to one uninterrupted job.
 A killed writer on this host is seen dead at once (its process is gone); one on another host only
@@ -44,9 +46,10 @@ from ..errors import SpecError, StoreError
 from ..planning import passes, stages
 from ..result import Result
 from ..store.attempts import PREFIX, Attempt, list_attempts
-from ..store.groups import (VARIABLES, ZARR_KW, open_variable, open_variables, set_group_attrs, variable_dataset,
+from ..store.groups import (VARIABLES, WRITE_KW, open_variable, open_variables, set_group_attrs, variable_dataset,
                            write_labels, write_variables)
-from ..store.writer import observable_attrs
+from ..store.digest import KEY as DIGESTS, values_digest
+from ..store.writer import observable_attrs, stored_digests, with_digests
 
 SCRATCH = "_stage"           # not a valid observable name (store.writer.check_name), so no clash
 READOUT_H = "readout_h"
@@ -165,7 +168,9 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
                   keep=keep, capture_kw=capture_kw, frame=frame, need_h=need_h, full_coords=full_coords,
                   groups=(out_g, scr_g), size=store_spec.chunk_pairs, keep_context=keep_context)
     done = att.chunks_done()
-    mine = [k for k in range(len(slices)) if k % store_spec.shards == store_spec.shard and k not in done]
+    ours = [k for k in range(len(slices)) if k % store_spec.shards == store_spec.shard]
+    bad = _unverified(att, shared, 0, {k: done[k] for k in ours if k in done})   # adopted chunks: re-read
+    mine = [k for k in ours if k not in done or k in bad]
     contexts = _chunk_loop(att, role, 0, mine, {}, shared, progress and f"chunks {run_id[:24]}")
     att.release(role)
     done = att.chunks_done()
@@ -174,6 +179,11 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     if att.marker("skeleton") is None or set(done) != set(range(len(slices))):
         raise StoreError(f"store {b.url}: run {run_id} attempt {att.aid} lost chunks or its skeleton while it "
                          "was written (a gc with older_than=0?); not completing it. Fix: run again.")
+    checked = set(ours)                        # this job wrote or re-read its own; the others' are re-read now
+    redo = _unverified(att, shared, 0, {k: m for k, m in done.items() if k not in checked})
+    if redo:
+        contexts = _chunk_loop(att, "reduce", 0, sorted(redo), {}, shared, False) or contexts
+        done = att.chunks_done()
     counts: dict = {}
     by_writer: dict = {}
     for marker in done.values():
@@ -182,7 +192,9 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     reduced: dict = {}
     for p in range(last_pass + 1):
         if p:                    # a pair stage that reads reductions (e.g. steering along a mean direction)
-            todo = [k for k in range(len(slices)) if att.marker(f"pass{p}.chunk.{k}") is None]
+            marks = {k: att.marker(f"pass{p}.chunk.{k}") for k in range(len(slices))}
+            bad = _unverified(att, shared, p, {k: m for k, m in marks.items() if m is not None})
+            todo = [k for k in range(len(slices)) if marks[k] is None or k in bad]
             contexts = _chunk_loop(att, "reduce", p, todo, reduced, shared, False)
             for k in range(len(slices)):
                 _add(counts, (att.marker(f"pass{p}.chunk.{k}") or {}).get("counts") or {})
@@ -194,8 +206,10 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     stored = open_variables(b.zarr_store(), out_g, plan.outputs)
     logits = np.asarray(open_variable(b.zarr_store(), scr_g, HEAD_LOGITS, lazy=False).values)
     attrs = run_attrs(counts, chunk_info, stored, logits)
+    if DIGESTS not in attrs:                    # seal_run puts them under the seal; other callers: here
+        attrs = with_digests(attrs, {plan.observable: stored_digests(b.zarr_store(), out_g, plan.outputs)})
     att.fence("reduce")
-    _label_group(b, out_g, observable_attrs(attrs, stored), plan.outputs)
+    _label_group(att.zstore("reduce"), out_g, observable_attrs(attrs, stored), plan.outputs)
     won = att.complete(attrs, "reduce", force=store_spec.force)
     att.release("reduce")
     if keep_context and contexts:
@@ -243,15 +257,45 @@ def _chunk_loop(att, role, p, ks, reduced, sh, progress) -> list:
         marker = "skeleton" if p == 0 else f"pass{p}.skeleton"
         _ensure_skeleton(att, role, b, [(out_g, ds_out, sh["full_coords"]), (scr_g, ds_scr, sh["full_coords"])],
                          n, sh["size"], run_names, marker=marker, labels=p == 0)
+        digests = {}
         for group, res in ((out_g, ds_out), (scr_g, ds_scr)):
             if res:
                 att.fence(role)
-                _write_region(b, group, res, sl, run_names)
-        att.mark(f"chunk.{k}" if p == 0 else f"pass{p}.chunk.{k}", {"writer": att.writer, "counts": counts}, role)
+                digests.update(_write_region(att.zstore(role), group, res, sl, run_names))
+        att.mark(f"chunk.{k}" if p == 0 else f"pass{p}.chunk.{k}",
+                 {"writer": att.writer, "counts": counts, "digests": digests}, role)
         if sh["keep_context"]:
             contexts.append(ctx)
         del ds_out, ds_scr, ctx
     return contexts
+
+
+def _unverified(att, sh, p, marks: dict) -> set:
+    """Chunks among ``marks`` (chunk index -> its marker) whose stored regions do not match the digests
+    their marker records (or whose marker records none): recomputed, never adopted."""
+    if not marks:
+        return set()
+    b, cache, bad = sh["b"], {}, set()
+    for k, m in sorted(marks.items()):
+        want = (m or {}).get("digests")
+        if not isinstance(want, dict) or not want:
+            bad.add(k)
+            continue
+        sl = sh["slices"][k]
+        for key, digest in want.items():
+            path, _, coord = key.partition(":")
+            group, _, name = path.rpartition("/")
+            try:
+                if path not in cache:
+                    cache[path] = open_variable(b.zarr_store(), group, name)
+                v = cache[path].isel(pair=sl)
+                got = values_digest((v.coords[coord] if coord else v).values)
+            except Exception:                    # missing array, a chunk failing its checksum, ...
+                got = None
+            if got != digest:
+                bad.add(k)
+                break
+    return bad
 
 
 def _pair_chunk(lm, pairs, enc_k, plan, steps, info_k, keep, capture_kw, frame, need_h, given, *, first):
@@ -306,11 +350,15 @@ def _ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skelet
             att.fence(role)
             time.sleep(0.2)                        # another job is creating it
             continue
+        # the first holder creates every group exclusively; one taking over from a dead or stalled holder
+        # writes into what it left (never deleting: the stalled one may resume, and is fenced out per key)
+        mode = "w-" if att.generation(marker) == 0 else "a"
+        zs = att.zstore(marker)
         for group, res, pair_coords in groups:
             att.fence(marker)
             if labels:
-                write_labels(b.zarr_store(), group, pair_coords["pair"],      # the run's pair labels, once
-                             {k: c for k, c in pair_coords.items() if k != "pair"})
+                write_labels(zs, group, pair_coords["pair"],      # the run's pair labels, once
+                             {k: c for k, c in pair_coords.items() if k != "pair"}, mode=mode)
             for name, v in res.items():
                 shape = tuple(n if d == "pair" else v.sizes[d] for d in v.dims)
                 chunks = tuple(size if d == "pair" else v.sizes[d] for d in v.dims)
@@ -325,16 +373,16 @@ def _ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skelet
                 tmpl = xr.DataArray(da.zeros(shape, chunks=chunks, dtype=v.dtype), dims=v.dims, coords=coords,
                                     attrs=v.attrs)
                 att.fence(marker)
-                variable_dataset(tmpl, name).to_zarr(b.zarr_store(), group=f"{group}/{name}", mode="w",
-                                                     compute=False, **ZARR_KW)
+                variable_dataset(tmpl, name).to_zarr(zs, group=f"{group}/{name}", mode=mode,
+                                                     compute=False, **WRITE_KW)
         att.mark(marker, {"writer": att.writer}, marker)
         att.release(marker)
 
 
-def _label_group(b, group, attrs: dict, variables) -> None:
+def _label_group(zstore, group, attrs: dict, variables) -> None:
     """Put what a plain-xarray reader needs (``store.writer.observable_attrs``) and the variable listing
-    on the observable group."""
-    set_group_attrs(b.zarr_store(), group, {**attrs, VARIABLES: list(variables)})
+    on the observable group (``zstore``: the completing writer's fenced store)."""
+    set_group_attrs(zstore, group, {**attrs, VARIABLES: list(variables)})
 
 
 def _op_pair_coords(v, run_names) -> list[str]:
@@ -343,14 +391,22 @@ def _op_pair_coords(v, run_names) -> list[str]:
     return [k for k, c in v.coords.items() if "pair" in c.dims and k not in run_names]
 
 
-def _write_region(b, group, res, sl, run_names):
-    """Write one chunk's pair rows ``sl`` of every variable of ``res`` into its group."""
+def _write_region(zstore, group, res, sl, run_names) -> dict:
+    """Write one chunk's pair rows ``sl`` of every variable of ``res`` into its group (``zstore``: the
+    writer's fenced store); return the digest of every region written (``"<group>/<name>"``, and
+    ``"<group>/<name>:<coord>"`` for an operator's own per-pair coords) for the chunk's marker."""
+    digests = {}
     for name, v in res.items():
         if "pair" not in v.dims:
             raise StoreError(f"pair-stage output {name!r} has no pair dim; it cannot be written by chunk.")
         v = v.drop_vars([k for k in v.coords if k not in _op_pair_coords(v, run_names)])
         v.attrs = {}
-        v.to_dataset(name=name).to_zarr(b.zarr_store(), group=f"{group}/{name}", region={"pair": sl}, **ZARR_KW)
+        v.to_dataset(name=name).to_zarr(zstore, group=f"{group}/{name}", region={"pair": sl}, **WRITE_KW)
+        digests[f"{group}/{name}"] = values_digest(v.values)
+        for c in v.coords:
+            if c != "pair":
+                digests[f"{group}/{name}:{c}"] = values_digest(v.coords[c].values)
+    return digests
 
 
 def _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, frame, need_h, pair_coords,
@@ -382,7 +438,7 @@ def _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, 
         res = express(Result({o: values[o] for o in outs}), frame, info.model_name)
         res = Result({o: v.compute() for o, v in res.items()}, res.attrs)
         att.fence("reduce")
-        write_variables(b.zarr_store(), res, out_g, labels=False)
+        write_variables(att.zstore("reduce"), res, out_g, labels=False, mode="a")
     for made in [v for v in ctx.memo.values() if isinstance(v, Frame)]:   # operators' own frames: stored too
         save_frame(made, b.url, storage_options=b.storage_options)
     return ctx.counts

@@ -23,7 +23,13 @@ computes only its missing chunks, and a second live launch gets an attempt of it
 
 Fencing: before every write a holder checks that its own heartbeat succeeded within
 ``lease_s / 2`` and that no later generation of its role exists; a displaced or
-stalled writer stops there. Data of an attempt named by a complete run document is
+stalled writer stops there. Array data go through ``Attempt.zstore(role)``, a zarr store
+that repeats that check before **every key** it writes and refuses every delete, so a
+writer stopped (SIGSTOP, a long GC pause) in the middle of a zarr call and resumed
+after another writer took its role over and completed the attempt stops at its next
+key: at most the one key write in flight when it stopped lands, and nothing is ever
+deleted (groups are created with ``mode="w-"`` or written into with ``"a"``, never
+``"w"``). Data of an attempt named by a complete run document is
 never written again (no role of it can be claimed), so a displaced or killed writer
 can never change what readers list.
 """
@@ -41,7 +47,8 @@ from reward_lens_spec.errors import StoreError
 from reward_lens_spec.store._backend import DOC, RUNS, Backend, group_doc
 from reward_lens_spec.store.state import run_state
 
-LEASE_S = 60.0               # a lease whose heartbeat is older than this is dead
+# a lease whose heartbeat is older than this is dead (env REWARD_LENS_SPEC_LEASE_S: e.g. shorter in tests)
+LEASE_S = float(os.environ.get("REWARD_LENS_SPEC_LEASE_S") or 60.0)
 PREFIX = "attempt-"
 CTL = "_ctl"
 _LEASE = re.compile(r"^lease\.(?P<role>[A-Za-z0-9-]+)\.(?P<gen>\d+)\.json$")
@@ -63,7 +70,7 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-def lease_live(doc: dict | None, *, lease_s: float = LEASE_S, now: float | None = None) -> bool:
+def lease_live(doc: dict | None, *, lease_s: float | None = None, now: float | None = None) -> bool:
     """True when a lease document may belong to a live writer (unreleased, fresh heartbeat,
     and — on this host — its process exists)."""
     if not doc or doc.get("released"):
@@ -71,12 +78,41 @@ def lease_live(doc: dict | None, *, lease_s: float = LEASE_S, now: float | None 
     if doc.get("host") == HOST and isinstance(doc.get("pid"), int) and not _pid_alive(doc["pid"]):
         return False
     beat = doc.get("beat")
-    return isinstance(beat, (int, float)) and (now or time.time()) - beat < lease_s
+    return isinstance(beat, (int, float)) and (now or time.time()) - beat < (lease_s or LEASE_S)
 
 
 def list_attempts(b: Backend, run_id: str) -> list[str]:
     """Attempt ids under ``runs/<run_id>`` (never through a symlink), sorted."""
     return [n for n in b.list_dirs(f"{RUNS}/{run_id}") if n.startswith(PREFIX)]
+
+
+def fenced_store(zstore, guard):
+    """A zarr store over ``zstore`` that calls ``guard()`` (raising StoreError when this writer no longer
+    holds its role) before every write, and refuses every delete."""
+    import asyncio
+
+    from zarr.storage import WrapperStore
+
+    class FencedStore(WrapperStore):
+        async def set(self, key, value):
+            await asyncio.to_thread(guard)
+            await self._store.set(key, value)
+
+        async def set_if_not_exists(self, key, value):
+            await asyncio.to_thread(guard)
+            await self._store.set_if_not_exists(key, value)
+
+        async def _set_many(self, values):
+            for key, value in values:
+                await self.set(key, value)
+
+        async def delete(self, key):
+            raise StoreError(f"refusing to delete {key} from an attempt: stored arrays are write-once")
+
+        async def delete_dir(self, prefix):
+            raise StoreError(f"refusing to delete {prefix} from an attempt: stored arrays are write-once")
+
+    return FencedStore(zstore)
 
 
 class Attempt:
@@ -205,6 +241,15 @@ class Attempt:
         if self.b.exists_key(self._lease_key(role, gen + 1)):
             raise StoreError(f"store {self.b.url}: run {self.run_id} attempt {self.aid}: role {role} was taken "
                              "over by another writer; this one stops without writing.")
+
+    def zstore(self, role: str):
+        """The store's zarr store, fenced: ``fence(role)`` before every key written, no deletes."""
+        return fenced_store(self.b.zarr_store(), lambda: self.fence(role))
+
+    def generation(self, role: str) -> int | None:
+        """The generation of ``role`` this process holds (0: the first holder; more: it took over)."""
+        with self._lock:
+            return self._held.get(role)
 
     def _lease_key(self, role: str, gen: int) -> str:
         return f"{self.prefix}/{CTL}/lease.{role}.{gen}.json"

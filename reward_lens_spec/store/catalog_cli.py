@@ -12,6 +12,8 @@ Commands (all key=value arguments; loads no model, imports no torch):
     gc       url= [older_than=SECONDS] remove what no live writer holds and no reader lists
                                        (default age 3600 s; never a complete run, never via a symlink)
     migrate  url=                      bring an older store's root to this layout
+    verify   url= [run=]               read every complete run (or one) and check its arrays against the
+                                       digests in its sealed document: one line per run; exit 1 on a failure
 
 ``trust`` is derived on read from the store's evidence (``trust.evidence``), never the
 stored label; ``trust_verified=false`` lists the records whose stored label or documents
@@ -30,7 +32,7 @@ import yaml
 
 from reward_lens_spec.errors import StoreError, did_you_mean
 
-COMMANDS = ("ls", "show", "diff", "export", "gc", "migrate")
+COMMANDS = ("ls", "show", "diff", "export", "gc", "migrate", "verify")
 KEYS = {"url", "run", "a", "b", "run_b", "observable", "var", "out", "model_fingerprint", "dataset", "trust",
         "trust_verified", "spec_hash", "model", "older_than", "endpoint_url"}
 FILTERS = ("model_fingerprint", "dataset", "observable", "trust", "trust_verified", "spec_hash", "model")
@@ -102,7 +104,7 @@ def _need(kv: dict, cmd: str, *keys: str) -> None:
         raise StoreError(f"store {cmd}: missing {', '.join(k + '=' for k in missing)}")
 
 
-def _run(cmd: str, kv: dict) -> None:
+def _run(cmd: str, kv: dict) -> int | None:
     from reward_lens_spec.store import migrate, open_store
     from reward_lens_spec.store.gc import GC_AGE_S
 
@@ -112,6 +114,9 @@ def _run(cmd: str, kv: dict) -> None:
         print(f"store {url}: layout {migrate(url, storage_options=so)}")
         return
     store = open_store(url, storage_options=so)
+    if cmd == "verify":                        # logic in store.verify
+        from reward_lens_spec.store.verify import run_verify
+        return run_verify(store, kv)
     if cmd == "ls":
         df = store.runs(**{k: kv[k] for k in FILTERS if k in kv})
         if df.empty:
@@ -160,11 +165,11 @@ def main(argv: list[str]) -> int:
     """Run one store command; return 0 on success, 2 on a usage or store error."""
     try:
         cmd, kv = _parse(argv)
-        _run(cmd, kv)
+        rc = _run(cmd, kv)
     except StoreError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return 0
+    return rc or 0
 
 
 if __name__ == "__main__":  # pragma: no cover

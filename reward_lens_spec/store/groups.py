@@ -26,11 +26,31 @@ from reward_lens_spec.store._attrs import portable
 
 VARIABLES = "output_variables"
 ZARR_KW = dict(consolidated=False, zarr_format=3)
+# writes: every chunk is stored, even one equal to the fill value (zarr would otherwise delete its key, and
+# an attempt's arrays are write-once: the fenced store refuses deletes; a missing chunk is then damage)
+WRITE_KW = dict(ZARR_KW, write_empty_chunks=True)
+
+
+def checksum_codecs() -> tuple:
+    """The bytes-to-bytes codecs of every array this package writes: zstd, then a ``crc32c`` checksum of
+    each encoded chunk (Zarr v3), so a flipped bit fails at decode. Arrays written before it (no checksum)
+    are read as they are: the codecs are recorded in each array's own metadata."""
+    from zarr.codecs import Crc32cCodec, ZstdCodec
+
+    return (ZstdCodec(level=0), Crc32cCodec())
+
+
+def with_checksum(ds: xr.Dataset) -> xr.Dataset:
+    """``ds`` whose every variable (coords included) is encoded with ``checksum_codecs``."""
+    codecs = checksum_codecs()
+    for v in ds.variables.values():
+        v.encoding = {**v.encoding, "compressors": codecs}
+    return ds
 
 
 def variable_dataset(da: xr.DataArray, name: str) -> xr.Dataset:
     """``da`` alone as a Dataset (its own coords only), strings made Zarr-v3 portable."""
-    return portable(da.to_dataset(name=name))
+    return with_checksum(portable(da.to_dataset(name=name)))
 
 
 def shared_pair_labels(res: Result) -> dict[str, xr.DataArray]:
@@ -46,11 +66,18 @@ def shared_pair_labels(res: Result) -> dict[str, xr.DataArray]:
     return out
 
 
-def write_labels(zstore, group: str, pair, labels: dict) -> None:
-    """(Re)create ``group`` holding the ``pair`` index and the shared pair ``labels`` (before its children)."""
+def write_labels(zstore, group: str, pair, labels: dict, *, mode: str = "w-") -> None:
+    """Create ``group`` holding the ``pair`` index and the shared pair ``labels`` (before its children).
+
+    Never ``mode="w"`` (it deletes the group's children: another writer's arrays): ``"w-"`` creates it
+    exclusively (fails when it exists), ``"a"`` (re)writes the label values into an existing group, keeping
+    its children (a writer taking over an unfinished skeleton).
+    """
+    if mode not in ("w-", "a"):
+        raise ValueError(f"write_labels: mode {mode!r}; only 'w-' or 'a' (never one that deletes)")
     coords = {"pair": pair} if pair is not None else {}
     coords.update({k: c.variable if isinstance(c, xr.DataArray) else c for k, c in labels.items()})
-    portable(xr.Dataset(coords=coords)).to_zarr(zstore, group=group, mode="w", **ZARR_KW)
+    with_checksum(portable(xr.Dataset(coords=coords))).to_zarr(zstore, group=group, mode=mode, **WRITE_KW)
 
 
 def set_group_attrs(zstore, group: str, attrs: dict) -> None:
@@ -62,28 +89,32 @@ def set_group_attrs(zstore, group: str, attrs: dict) -> None:
     g.attrs.update(attrs)
 
 
-def write_variables(zstore, res, group: str, attrs: dict | None = None, *, labels: bool = True) -> None:
+def write_variables(zstore, res, group: str, attrs: dict | None = None, *, labels: bool = True,
+                    mode: str = "w-") -> None:
     """Write every variable of ``res`` (Result or Dataset) as ``group/<variable>``, then ``group``'s attrs
     (``attrs`` plus ``output_variables``), so the listing is written last.
 
     ``labels``: (re)create ``group`` first with the shared pair labels (``shared_pair_labels``), left out
     of each variable's group; ``False``: ``group`` exists (a streamed run's reduce stage), so only the
-    labels it already holds are left out.
+    labels it already holds are left out. ``mode``: ``"w-"`` creates every group exclusively, ``"a"``
+    writes into existing ones; never a mode that deletes.
     """
+    if mode not in ("w-", "a"):
+        raise ValueError(f"write_variables: mode {mode!r}; only 'w-' or 'a' (never one that deletes)")
     res = Result.of(res)
     if labels:
         pairs = [v["pair"].variable for v in res.values() if "pair" in v.dims and "pair" in v.coords]
         same = bool(pairs) and all(p.identical(pairs[0]) for p in pairs[1:])
         pair = pairs[0] if same else None             # the group's pair ids only when every variable agrees
         shared = shared_pair_labels(res) if same else {}    # labels go back by pair id
-        write_labels(zstore, group, pair, shared)
+        write_labels(zstore, group, pair, shared, mode=mode)
         drop = set(shared)
     else:
         drop = set(xr.open_zarr(zstore, group=group, chunks=None, **ZARR_KW).variables) - {"pair"}
     for name, da in res.items():
         if "pair" in da.dims:
             da = da.drop_vars([k for k in drop if k in da.coords])
-        variable_dataset(da, name).to_zarr(zstore, group=f"{group}/{name}", mode="w", **ZARR_KW)
+        variable_dataset(da, name).to_zarr(zstore, group=f"{group}/{name}", mode=mode, **WRITE_KW)
     if attrs is not None:
         set_group_attrs(zstore, group, {**attrs, VARIABLES: list(res)})
 
@@ -94,7 +125,8 @@ def group_attrs(zstore, group: str) -> dict:
     return dict(zarr.open_group(store=zstore, path=group, mode="r", zarr_format=3).attrs)
 
 
-def open_variable(zstore, group: str, name: str, *, lazy: bool = True, labels=None) -> xr.DataArray:
+def open_variable(zstore, group: str, name: str, *, lazy: bool = True, labels=None, digest: dict | None = None,
+                  where: str = "") -> xr.DataArray:
     """The variable stored at ``group/name``: its coords read into memory, its data dask-backed (in its
     zarr chunks) when ``lazy`` is True, read when False; an int ``lazy``: read if it holds at most that
     many bytes, else dask-backed. ``labels``: the group's shared pair labels (an
@@ -102,6 +134,9 @@ def open_variable(zstore, group: str, name: str, *, lazy: bool = True, labels=No
     construction of ``write_variables`` and the streamed skeleton; the pair count is checked).
     Opened without dask, so coords are read straight from zarr; a pair-dim variable's own ``pair`` copy
     is not read when the group's labels hold the pair ids.
+    ``digest``: the variable's sealed digest (``store.digest``): its coords are checked now, its data
+    block by block as they are read (now, or when a dask block is computed); a mismatch raises
+    ``store.digest.DigestError`` naming ``where`` (run, observable) and the variable.
     """
     if labels is None:
         labels = _labels(zstore, group)
@@ -114,11 +149,30 @@ def open_variable(zstore, group: str, name: str, *, lazy: bool = True, labels=No
         if labels.sizes["pair"] != v.sizes["pair"]:
             raise KeyError(f"{group}/{name}: {v.sizes['pair']} pairs, the group labels {labels.sizes['pair']}")
         coords.update({k: c.variable for k, c in labels.coords.items()})
+    if digest is not None:
+        from reward_lens_spec.store.digest import check_coords, check_header
+
+        label = f"{where or group}: variable {name}"
+        check_header(v, digest, label)
+        check_coords(xr.DataArray(v.variable, coords=coords, name=name), digest, label)
     if lazy is True or (lazy is not False and v.nbytes > lazy):
         chunks = v.encoding.get("preferred_chunks") or {}
-        var = v.variable.chunk({d: chunks.get(d, n) for d, n in v.sizes.items()})
+        sizes = {d: chunks.get(d, n) for d, n in v.sizes.items()}
+        if digest is not None:                       # dask blocks on the sealed grid, each checked as read
+            from reward_lens_spec.store.digest import verified_dask
+
+            sizes = dict(zip(v.dims, digest["chunks"]))
+            var = v.variable.chunk(sizes)
+            var = xr.Variable(var.dims, verified_dask(var.data, digest, label), attrs=var.attrs,
+                              encoding=var.encoding)
+        else:
+            var = v.variable.chunk(sizes)
     else:
         var = v.variable.load()
+        if digest is not None:
+            from reward_lens_spec.store.digest import check_values
+
+            check_values(var.values, digest, label)
     out = xr.DataArray(var, coords=coords, name=name)
     out.encoding = v.encoding
     return out
@@ -131,13 +185,16 @@ def _labels(zstore, group: str) -> xr.Dataset:
     return ds.assign_coords({c: ds[c].variable.load() for c in ds.coords})
 
 
-def open_variables(zstore, group: str, names=None, *, lazy: bool = True) -> Result:
+def open_variables(zstore, group: str, names=None, *, lazy: bool = True, digests: dict | None = None,
+                   where: str = "") -> Result:
     """The observable stored at ``group`` as a ``Result`` (attrs: the group's, less ``output_variables``).
 
     ``names``: only these variables (default: the group's ``variables`` listing). A group written
     before layout 3 (one Dataset, no listing) is read as that Dataset's variables.
     Raises ``FileNotFoundError`` / ``KeyError`` for a missing group or variable, and ``KeyError`` for a
-    group with neither a listing nor arrays of its own.
+    group with neither a listing nor arrays of its own. ``digests``: ``{variable: sealed digest}``
+    (``store.digest``), checked as each variable is read (``open_variable``); a variable it lacks, or a
+    listed variable missing from it, raises ``DigestError``.
     """
     if names is not None and not list(names):
         return Result({})
@@ -151,4 +208,13 @@ def open_variables(zstore, group: str, names=None, *, lazy: bool = True) -> Resu
         return Result.of(ds if lazy else ds.load())
     labels = _labels(zstore, group)
     want = list(listed if names is None else names)
-    return Result({n: open_variable(zstore, group, n, lazy=lazy, labels=labels) for n in want}, attrs)
+    if digests is not None:
+        from reward_lens_spec.store.digest import DigestError
+
+        missing = [n for n in want if n not in digests]
+        if missing or (names is None and set(digests) - set(want)):
+            raise DigestError(f"{where or group}: variables {sorted(set(want) ^ set(digests))} are not those the "
+                              "run's seal records; the stored data were changed after the run was written.")
+    return Result({n: open_variable(zstore, group, n, lazy=lazy, labels=labels,
+                                    digest=None if digests is None else digests[n], where=where)
+                   for n in want}, attrs)

@@ -70,6 +70,7 @@ class Store:
     def __init__(self, backend: Backend):
         self._b = backend
         self.url = backend.url
+        self._data_bad: dict[str, str] = {}       # run id -> why its stored data fail their sealed digests
 
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
@@ -103,9 +104,9 @@ class Store:
         derived = derive_all(docs)
         for run_id, a in docs.items():
             row = {c: _pick(a, src) for c, src in _SOURCES.items()}
+            d = self._data_verdict(run_id, derived[run_id])
             row.update(run_id=run_id, observables=list(a.get("observables", [])),
-                       created=a.get("created"), trust=derived[run_id]["trust"],
-                       trust_verified=derived[run_id]["trust_verified"])
+                       created=a.get("created"), trust=d["trust"], trust_verified=d["trust_verified"])
             rows.append(row)
         df = pd.DataFrame(rows, columns=list(COLUMNS))
         df["created"] = pd.to_datetime(df["created"], utc=True, errors="coerce")
@@ -186,7 +187,44 @@ class Store:
         trust_stored, trust_scope}`` (see ``trust.evidence``). Reads only. ``evidence``: from
         ``evidence()``, else scanned here."""
         self._attrs(run_id)                        # StoreError for an unknown or incomplete run
-        return (evidence or self.evidence()).derive(run_id)
+        return self._data_verdict(run_id, (evidence or self.evidence()).derive(run_id))
+
+    def _data_verdict(self, run_id: str, verdict: dict) -> dict:
+        """``verdict`` unless this reader found the run's stored data failing their sealed digests: then
+        exploratory, ``trust_verified`` false, ``trust_reason`` saying which array."""
+        why = self._data_bad.get(run_id)
+        if why is None:
+            return verdict
+        return {**verdict, "trust": "exploratory",
+                "trust_by_variable": {v: "exploratory" for v in verdict.get("trust_by_variable") or {}},
+                "trust_verified": False, "trust_reason": f"stored data fail their sealed digests: {why}"}
+
+    def verify(self, run_id: str) -> dict:
+        """Read every array of a complete run and check it against the digests in its sealed document.
+
+        Returns ``{run_id, ok, status, detail}``: status ``verified`` (every array matches its digest, and the
+        document's seal verifies when it has one), ``no-digests`` (written before data digests: only the
+        checksums of its chunks were checked), or ``FAILED`` (``detail`` names the array). A failure also
+        makes this reader's derived trust of the run unverified.
+        """
+        from reward_lens_spec.store.digest import KEY
+        from reward_lens_spec.trust.evidence import seal_error
+
+        attrs = self._attrs(run_id)
+        try:
+            for obs in attrs.get("observables", []):
+                self._open(run_id, obs, False)
+        except StoreError as e:
+            return {"run_id": run_id, "ok": False, "status": "FAILED", "detail": str(e)}
+        if attrs.get("content_hash") and seal_error(attrs):
+            why = seal_error(attrs)
+            self._data_bad.setdefault(run_id, why)
+            return {"run_id": run_id, "ok": False, "status": "FAILED", "detail": why}
+        if not attrs.get(KEY):
+            return {"run_id": run_id, "ok": True, "status": "no-digests",
+                    "detail": "written before data digests; chunks decoded (checksums where stored)"}
+        n = sum(len(v) for v in attrs[KEY].values())
+        return {"run_id": run_id, "ok": True, "status": "verified", "detail": f"{n} arrays match their digests"}
 
     def provenance(self, run_id: str, *, evidence=None) -> dict:
         """The run's attrs (config, hashes, fingerprints, versions, ...) with trust derived on read.
@@ -215,9 +253,9 @@ class Store:
                              f"{did_you_mean(observable, names)} Valid: {', '.join(names)}.")
         # sealed (trust-bearing) runs: each variable's ``trust`` attr is its derived level, not the cache
         sealed = bool(self._attrs(run_id).get("content_hash"))
+        opened = {o: self._open(run_id, o, lazy) for o in names if observable in (None, o)}   # digests checked
         verdict = (verdict if verdict is not None else self.trust(run_id)) if sealed else None
-        out = {o: self._with_trust(self._open(run_id, o, lazy), verdict) for o in names
-               if observable in (None, o)}
+        out = {o: self._with_trust(res, verdict) for o, res in opened.items()}
         return out if observable is None else out[observable]
 
     @staticmethod
@@ -229,9 +267,29 @@ class Store:
         return res
 
     def _open(self, run_id: str, obs: str, lazy: bool) -> Result:
+        """One observable; with the run's sealed ``data_digests`` each array is checked as it is read
+        (coords now, data now or block by block when computed): a mismatch raises StoreError naming run
+        and variable and marks the run's derived trust unverified for this reader."""
+        from reward_lens_spec.store.digest import KEY, DigestError
+
+        attrs = self._attrs(run_id)
+        recorded = attrs.get(KEY)
+        digests = None
+        if isinstance(recorded, dict):
+            digests = recorded.get(obs)
+            if digests is None:
+                self._data_bad[run_id] = f"observable {obs} has no sealed digest"
+                raise StoreError(f"store {self.url}: run {run_id} observable {obs}: the run's sealed data digests "
+                                 "do not list it; the stored data were changed after the run was written.")
         try:
-            return open_variables(self._b.zarr_store(), data_group(run_id, self._attrs(run_id), obs), lazy=lazy)
+            return open_variables(self._b.zarr_store(), data_group(run_id, attrs, obs), lazy=lazy,
+                                  digests=digests, where=f"run {run_id} observable {obs}")
+        except DigestError as e:
+            self._data_bad[run_id] = str(e)
+            raise StoreError(f"store {self.url}: {e}") from e
         except Exception as e:
+            if digests is not None:               # a chunk failing its checksum, deleted metadata, ...
+                self._data_bad[run_id] = f"observable {obs} cannot be read ({type(e).__name__}: {e})"
             raise StoreError(f"store {self.url}: cannot read run {run_id} observable {obs} "
                              f"({type(e).__name__}: {e}).") from e
 

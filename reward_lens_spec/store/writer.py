@@ -8,8 +8,10 @@
    to make room: not a crashed writer's attempt, not a complete run under ``force``.
 3. **data**: each observable goes to ``runs/<run_id>/<attempt>/<observable>``, one subgroup
    per variable with that variable's own coordinates (``store.groups``), via
-   ``Dataset.to_zarr(mode="w", consolidated=False)`` (never consolidated:
-   xarray consolidates at the store root, which would rewrite shared metadata).
+   ``Dataset.to_zarr(mode="w-", consolidated=False)`` (created exclusively, never a mode that deletes;
+   never consolidated: xarray consolidates at the store root, which would rewrite shared metadata),
+   every chunk with a ``crc32c`` checksum codec. The digest of every stored array
+   (``store.digest``) goes into the run document, under its seal when it has one.
    Streaming runs write pair-chunk regions instead (``reward_lens_spec.streaming``).
 4. **complete**: while its lease holds, the writer replaces the run document
    ``runs/<run_id>/zarr.json`` atomically by one with ``complete: true`` and
@@ -35,7 +37,7 @@ from reward_lens_spec.store.attempts import Attempt
 from reward_lens_spec.store.groups import write_variables
 from reward_lens_spec.store.state import run_state  # noqa: F401  (defined in store.state; importable from here as before)
 
-RESERVED = ("run_id", "observables", "created", "complete", "store_write_s", "writer", "attempt")
+RESERVED = ("run_id", "observables", "created", "complete", "store_write_s", "writer", "attempt", "data_digests")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,199}$")
 
 
@@ -89,7 +91,28 @@ def data_group(run_id: str, attrs: dict, observable: str) -> str:
     return f"{RUNS}/{run_id}/{att}/{observable}" if att else f"{RUNS}/{run_id}/{observable}"
 
 
-def _write_observable(b: Backend, res, group: str, attrs: dict) -> None:
+def stored_digests(zstore, group: str, names=None) -> dict:
+    """``{variable: digest}`` (``store.digest``) of the observable stored at ``group``, from the stored
+    arrays as a reader decodes them (block by block, on their zarr chunk grid)."""
+    from reward_lens_spec.store.digest import result_digests
+    from reward_lens_spec.store.groups import open_variables
+
+    return result_digests(open_variables(zstore, group, names, lazy=True))
+
+
+def with_digests(attrs: dict, digests: dict) -> dict:
+    """``attrs`` with ``data_digests`` (``{observable: {variable: digest}}``); a sealed document
+    (``content_hash``) is sealed again, so its seal covers the digests."""
+    out = {k: v for k, v in attrs.items() if k != "content_hash"}
+    out["data_digests"] = digests
+    if "content_hash" in attrs:
+        from reward_lens_spec.trust.evidence import seal
+
+        return seal(out)
+    return out
+
+
+def _write_observable(b: Backend, res, group: str, attrs: dict, zstore=None) -> None:
     """Write one observable (``Result`` or Dataset) as the group ``group``, one subgroup per variable
     (``store.groups``).
 
@@ -99,7 +122,7 @@ def _write_observable(b: Backend, res, group: str, attrs: dict) -> None:
     """
     res = Result.of(res)
     if b.local or any(v.chunks is not None for v in res.values()):
-        write_variables(b.zarr_store(), res, group, attrs)
+        write_variables(zstore or b.zarr_store(), res, group, attrs)
         return
     import zarr.storage
 
@@ -171,14 +194,18 @@ def write_run(url: str, run_id: str, results: dict, attrs: dict, *,
                  "writer": att.writer}
     won = False
     try:
+        digests = {}
         for obs in sorted(results):
             att.fence("write")
             try:
                 res = Result.of(results[obs])
-                _write_observable(b, res, f"{att.prefix}/{obs}", observable_attrs(run_attrs, res))
+                _write_observable(b, res, f"{att.prefix}/{obs}", observable_attrs(run_attrs, res),
+                                  att.zstore("write"))
+                digests[obs] = stored_digests(b.zarr_store(), f"{att.prefix}/{obs}")
             except Exception as e:
                 raise StoreError(f"store {url}: writing run {run_id} observable {obs} failed "
                                  f"({type(e).__name__}: {e}).") from e
+        run_attrs = with_digests(run_attrs, digests)
         run_attrs["store_write_s"] = round(time.perf_counter() - t0, 3)
         won = att.complete(run_attrs, "write", force=force)
         att.release("write")

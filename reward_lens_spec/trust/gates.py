@@ -45,11 +45,18 @@ def seal_run(run_id: str, attrs: dict, result, run, store_url: str, *, logits, p
     run's ``identities`` (checked against the model's own head output ``logits``, pair × side ×
     output in reward units, for ``pair_ids`` in order), seals, then caches the derived level as
     ``trust`` and ``trust_by_variable`` — also as each output variable's ``trust`` attr in ``result``.
+
+    ``result`` is the run's stored outputs (opened from the store): the identities are checked on the
+    stored arrays, and the digest of every stored array (``store.digest``: data block by block on its
+    chunk grid, every coordinate incl. the ``pair`` index and pair labels) goes under the seal as
+    ``data_digests``, so editing the data or a digest breaks the run on read.
     """
     from .identities import check_identities
     from ..run.identity import observable_hash
+    from ..store.digest import KEY, result_digests
 
-    attrs = {**attrs, "observable_spec_hash": observable_hash(run.observable),
+    attrs = {**attrs, KEY: {run.observable.name: result_digests(result)},
+             "observable_spec_hash": observable_hash(run.observable),
              "identities": check_identities(result, logits, pair_ids,
                                             n_layers=lm.n_layers, objectives=lm.head.objectives,
                                             dtype=str(lm.dtype))}
