@@ -257,6 +257,7 @@ def reference_dataset(org: Organism, like: xr.Dataset) -> xr.Dataset:
     odims = () if W.shape[0] == 1 else ("objective",)
     ocoords = {} if not odims else {"objective": list(org.lm.head.objectives)}
     out = {}
+    modes = _patch_modes(like, wanted)
 
     def proj(x):
         return x @ W.T
@@ -295,7 +296,7 @@ def reference_dataset(org: Organism, like: xr.Dataset) -> xr.Dataset:
                                      coords={"pair": ids, "layer": np.arange(-1, L), **ocoords})
     if grid("patch_effect") or grid("patch_restored"):
         comps = ("resid", "attn", "mlp")
-        for mode, (base, src) in (("denoise", (1, 0)), ("noise", (0, 1))):
+        for mode, (base, src) in modes:
             eff = np.zeros((len(ids), L, 3, W.shape[0]))
             rest = np.zeros_like(eff)
             for p, pair in enumerate(sides):
@@ -333,7 +334,7 @@ def reference_dataset(org: Organism, like: xr.Dataset) -> xr.Dataset:
                             cells[p, i, h] += (1.0 if k == 0 else -1.0) * proj(g * c / rms)
             out["dla@heads"] = xr.DataArray(first(cells), dims=("pair", "layer", "head") + odims, coords=hcoords)
         if "patch_effect" in heads or "patch_restored" in heads:
-            for mode, (base, src) in (("denoise", (1, 0)), ("noise", (0, 1))):
+            for mode, (base, src) in modes:
                 eff = np.zeros((len(ids), len(hl), H, W.shape[0]))
                 rest = np.zeros_like(eff)
                 for p, pair in enumerate(sides):
@@ -352,6 +353,15 @@ def reference_dataset(org: Organism, like: xr.Dataset) -> xr.Dataset:
     margins = np.array([pr[0]["logits"] - pr[1]["logits"] for pr in sides])
     out["margin"] = xr.DataArray(first(margins), dims=("pair",) + odims, coords={"pair": ids, **ocoords})
     return xr.Dataset(out)
+
+
+def _patch_modes(like: xr.Dataset, wanted) -> list:
+    """``[(mode, (base side, source side))]`` to recompute: the mode the patch variables' description
+    names (``denoise …``/``noise …``), both when it names neither (each variable then matches the
+    closer; a wrong description only makes a mismatch, never a pass)."""
+    both = {"denoise": (1, 0), "noise": (0, 1)}
+    named = {str(like[v].attrs.get("description", "")).split(" ")[0] for v in wanted if v.startswith("patch_")}
+    return [(m, both[m]) for m in both if m in named] if named and named <= set(both) else list(both.items())
 
 
 def _cell_error(da: xr.DataArray, ref: xr.DataArray) -> xr.DataArray | None:
