@@ -115,7 +115,7 @@ def identities_ok(records) -> tuple[bool, str]:
 CODE_MODULES = ("ops/*.py", "models/capture.py", "models/patching.py", "models/interventions.py",
                 "models/readout.py", "models/head.py", "models/gated_head.py", "models/attn_heads.py",
                 "models/per_token.py", "models/prefix.py", "models/steering.py", "models/padding.py",
-                "models/copy_skip.py", "models/reparam.py", "models/formatting.py", "run/execute*.py")
+                "models/copy_skip.py", "models/reparam.py", "models/formatting.py", "run/executor.py", "run/stream.py")
 _CODE_CACHE: dict = {}
 
 

@@ -111,10 +111,7 @@ def evaluate(obs, org: Organism) -> xr.Dataset:
     from ..observables import load_observable
     from ..ops.base import PlanInfo
     from ..registry import build_plan
-    try:
-        from ..run.executor import compute
-    except ImportError:                    # before run/execute.py became run/executor.py
-        from ..run.execute import compute
+    from ..run.executor import compute
 
     lm = org.lm
     info = PlanInfo(family=lm.family, n_layers=lm.n_layers, n_objectives=lm.head.n_objectives,
