@@ -22,7 +22,7 @@ only where the head has those outputs): a per-side one must equal the head outpu
 side, a per-pair one ``Δ``. This holds on every organism a card grades and on the run itself
 (``seal_run``), so a scaled margin or a lens read at an inner layer under the name ``margin`` breaks
 an identity. Restricted grids (a partial ``dla`` or ``patch`` grid) keep their identities on the
-organisms: ``trust.scorecard.reference_identities`` checks every kept cell against the same cell
+organisms: ``trust.reference.reference_identities`` checks every kept cell against the same cell
 from a plain HF forward pass.
 
 Each record: ``{variable, identity, max_abs_err, scale, dtype, n}`` with ``scale``
