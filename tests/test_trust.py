@@ -363,12 +363,18 @@ def test_amending_the_design_keeps_earlier_versions_and_adjudications(store, tmp
     studies.freeze(STUDY, store)
     execute_run(store, tmp_path, make_run(experiment=STUDY))
     first = studies.adjudicate("t_study", store)
-    moved = copy.deepcopy(STUDY)                     # a new design (other data): no matching run exists yet
-    moved["design"]["dataset"]["limit"] = 3
+    peeked = copy.deepcopy(STUDY)                    # 3 of the 4 pairs already seen on this model: a peek
+    peeked["design"]["dataset"]["limit"] = 3
+    with pytest.raises(SpecError, match="would not be a preregistration"):
+        studies.freeze(peeked, store, amend=True)
+    moved = copy.deepcopy(STUDY)                     # a new design (pairs no run has seen): other data
+    moved["design"]["dataset"]["dimensions"] = ["sycophancy"]
     v2 = studies.freeze(moved, store, amend=True)
     v1 = studies.frozen_studies(store, "t_study")[0]
     assert v2["version_index"] == 2 and v2["pins"]["dataset_checksum"] != v1["pins"]["dataset_checksum"]
-    execute_run(store, tmp_path, make_run(experiment=moved, limit=3))
+    new_data = make_run(experiment=moved)
+    new_data.dataset.dimensions = ["sycophancy"]
+    execute_run(store, tmp_path, new_data)
     second = studies.adjudicate("t_study", store)
     assert second["run_id"] != first["run_id"] and second["study_hash"] == studies.study_hash(moved)
     st = open_store(store)
