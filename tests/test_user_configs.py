@@ -73,7 +73,8 @@ def test_own_observable_by_folder_and_by_path_runs_and_matches_direct_dla(study)
         ds = xr.open_datatree(str(url), group=group, engine="zarr", consolidated=False)
         late = xr.open_zarr(str(url), group=f"{group}/dla_late_total", consolidated=False)
     assert ds.attrs["run_id"] == rid["my_obs"] and ds.attrs["trust"] == "exploratory"
-    assert set(ds.attrs["gauge"]) == set(ds.children) == {"dla", "dla_heads", "dla_late_total"}   # include: [dla]
+    # outputs: decides what is stored: the included dla's outputs only where listed (issue 30)
+    assert set(ds.attrs["gauge"]) == set(ds.children) == {"dla_late_total"}
     np.testing.assert_allclose(late["dla_late_total"].transpose(*direct.dims).values, direct.values, atol=1e-7)
     assert ds.attrs["gauge"]["dla_late_total"] == "invariant" and ds.attrs["units"]["dla_late_total"] == "reward"
     assert ds.attrs["model_fingerprint"] == st.provenance(rid["my_obs"])["model_fingerprint"]
