@@ -94,33 +94,34 @@ def compute(lm, pairs, plan, info, *, fmt="plain", template="User: {prompt}\nAss
     return result, done.context, enc
 
 
-def _reused_without_weights(run, plan, base_dir, store_url, so, study_hash, progress) -> str | None:
+def _reused_without_weights(run, plan, base_dir, store_url, so, study_hash, progress):
     """The run id when the store already holds this run complete, decided from the config, the pairs, the
     tokenizer and the fingerprint a previous load of the same checkpoint bytes remembered
     (``models.fingerprint_cache``) — no weights loaded. ``None``: load and decide (no remembered
-    fingerprint, a frame to resolve, ``store.force``, or not in the store)."""
+    fingerprint, a frame to resolve, ``store.force``, or not in the store). Returns ``(run id or None, the
+    PairSet if it was read, else None)``."""
     from types import SimpleNamespace
 
     from ..data.accounting import accounting, summary_line
 
     if run.store.force or frame_dependent(plan):
-        return None
+        return None, None
     fp = remembered(weights_key(run.model, base_dir))
     if fp is None:
-        return None
+        return None, None
     pairs = load_dataset(run.dataset, base_dir)
     tok = load_tokenizer_only(run.model, base_dir)
     enc = encode(SimpleNamespace(tokenizer=tok, name=run.model.name), pairs, run.model)
     if not enc.pair_ids:
-        return None
+        return None, pairs
     acc = accounting(pairs, enc)
     parts = identity_parts(run, Inputs(pairs, None, enc), plan, fp, acc, study_hash=study_hash)
     run_id = run_id_of(run.observable.name, parts)
     if not is_complete(store_url, run_id, storage_options=so):
-        return None
+        return None, pairs
     if progress:
         print(summary_line(acc, len(enc.pair_ids)))
-    return run_id
+    return run_id, pairs
 
 
 def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress: bool = True) -> Outcome:
@@ -137,10 +138,10 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     so = dict(run.store.storage_options)
     study = check_run(run, store_url, storage_options=so)     # edited study: refused
     shash = study["study_hash"] if study else None
-    found = _reused_without_weights(run, plan, base_dir, store_url, so, shash, progress)
+    found, pairs = _reused_without_weights(run, plan, base_dir, store_url, so, shash, progress)
     if found is not None:
         return Outcome(found, store_url, True, None, plan)
-    inp = load_inputs(run, base_dir)
+    inp = load_inputs(run, base_dir, pairs=pairs)               # the pairs already read are not read again
     lm, enc, m = inp.lm, inp.enc, run.model
     fp = model_fingerprint(lm.model, lm.tokenizer)
     remember(weights_key(m, base_dir), fp)

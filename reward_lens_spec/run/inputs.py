@@ -58,9 +58,10 @@ class Inputs:
     enc: object            # EncodedPairs: what the model sees, in order
 
 
-def load_inputs(run, base_dir: str | None = None) -> Inputs:
-    """Pairs, model and encoding of a validated ``RunConfig``; ``SpecError`` when no pair is left."""
-    pairs = load_dataset(run.dataset, base_dir)
+def load_inputs(run, base_dir: str | None = None, *, pairs=None) -> Inputs:
+    """Pairs (``pairs``: already read from ``run.dataset``), model and encoding of a validated ``RunConfig``;
+    ``SpecError`` when no pair is left."""
+    pairs = load_dataset(run.dataset, base_dir) if pairs is None else pairs
     lm = load_lm(run.model, base_dir)
     enc = encode(lm, pairs, run.model)
     if not enc.pair_ids:
