@@ -7,6 +7,7 @@ test's source and its fixtures' (``pytest_collection_modifyitems``), plus the re
 from __future__ import annotations
 
 import inspect
+import os
 import re
 
 import pytest
@@ -24,6 +25,18 @@ FAMILIES = [n for n in TINY_CONFIGS if n != "tiny"]
 def _fresh_fingerprint_cache(tmp_path_factory, monkeypatch):
     """Each test remembers model fingerprints in a cache of its own (``models.fingerprint_cache``)."""
     monkeypatch.setenv("REWARD_LENS_SPEC_CACHE", str(tmp_path_factory.mktemp("rls_cache")))
+
+
+@pytest.fixture(autouse=True)
+def _user_config_folders_do_not_leak():
+    """An in-process ``main([... --config-dir D])`` adds ``D`` to the environment (``paths.add_user_dirs``,
+    for launcher workers); restore it so a later test's help and search order are its own."""
+    old = os.environ.get("REWARD_LENS_SPEC_CONFIG_PATH")
+    yield
+    if old is None:
+        os.environ.pop("REWARD_LENS_SPEC_CONFIG_PATH", None)
+    else:
+        os.environ["REWARD_LENS_SPEC_CONFIG_PATH"] = old
 
 
 def make_pairs(n: int = 5) -> list[Pair]:
