@@ -21,7 +21,21 @@ def plan_for(run, base_dir=None):
     check_frame_configs(run, base_dir)
     plan = build_plan(obs, info, load_observable)
     restricted_steps(obs, plan)
+    refuse_kind_ops(run.model, plan)
     return plan, info
+
+
+def refuse_kind_ops(model, plan) -> None:
+    """``SpecError`` naming the first step whose operator ``model.kind`` (and its mode) does not apply to
+    (``models.kinds.refused_ops``: a one-line reason each)."""
+    from .models.kinds import kind_of, refused_ops
+
+    refused = refused_ops(model)
+    for s in plan.steps:
+        if type(s.op).name in refused:
+            raise SpecError(f"observable.steps.{s.name}", f"op '{type(s.op).name}' does not apply to "
+                            f"model.kind={kind_of(model)}: {refused[type(s.op).name]}",
+                            fix="drop that step, or read the model as another kind.")
 
 
 COMPONENTS = ("resid", "attn", "mlp")        # the patch grid's components (ops.patch)

@@ -66,6 +66,35 @@ class FrameKind(str, Enum):
 
 
 @dataclass
+class JudgeSpec:
+    """``model.kind=judge`` (``models.judge``): the verdict is the logit difference of two tokens.
+
+    ``tokens``: [yes, no] token strings, each one token of the model's tokenizer (pairwise: [first, second],
+    "the response shown first is better" first). ``mode``: ``pointwise`` (one response per prompt; margin =
+    verdict(chosen) − verdict(rejected)) or ``pairwise`` (both responses in one prompt, both orders).
+    """
+
+    mode: str = "pointwise"
+    tokens: list[str] = field(default_factory=lambda: [" Yes", " No"])
+
+
+@dataclass
+class PrmSpec:
+    """``model.kind=prm`` (``models.prm``): the head read at every step boundary.
+
+    ``step_token``: the delimiter that ends a step (found in the formatted token ids); ``step``: which step's
+    boundary is the readout position (−1 = last); ``aggregate``: ``last`` | ``min`` | ``prod`` of the
+    per-step probabilities σ(r); ``tokens``: null (the sequence-classifier head) or [good, bad] verdict tokens
+    (a Math-Shepherd-style PRM read through the unembedding, as ``model.kind=judge``).
+    """
+
+    step_token: str = "\n\n"
+    step: int = -1
+    aggregate: str = "last"
+    tokens: Optional[list[str]] = None
+
+
+@dataclass
 class ModelSpec:
     """How to load and read a reward model.
 
@@ -101,6 +130,9 @@ class ModelSpec:
     head_init: Optional[str] = None        # null | seeded | zeros: a missing reward head (models/head_init.py)
     attn_implementation: Optional[str] = "eager"
     threads: Optional[int] = None          # torch intra-op threads (null: torch's default); see README "Sharding"
+    kind: str = "classifier"                # kind of reward signal (models/kinds.py): classifier | judge | prm | ...
+    judge: JudgeSpec = field(default_factory=JudgeSpec)
+    prm: PrmSpec = field(default_factory=PrmSpec)
 
 
 @dataclass
@@ -315,6 +347,8 @@ def _check_values(run: RunConfig, partial: bool = False) -> None:
         raise SpecError("model.max_tokens", f"must be positive or null, got {m.max_tokens}.")
     if run.dataset.limit is not None and run.dataset.limit <= 0:
         raise SpecError("dataset.limit", f"must be positive or null, got {run.dataset.limit}.")
+    from .models.kinds import check_kind
+    check_kind(m)                               # model.kind and its settings (did you mean)
     _check_restrictions(run.observable)
     _check_frame(run.frame, partial)
     if m.format == Format.plain and "{response}" not in m.template:

@@ -23,7 +23,8 @@ from .. import __version__
 
 _SPEC_FIELDS = ("source", "gguf_file", "revision", "dtype", "num_labels", "head", "head_init", "seed",
                 "attn_implementation", "objectives", "allow_pickle", "trust_remote_code")
-_BUILDERS = ("tiny.py", "tiny_tokenizer.py", "gated_head.py", "loading.py", "head_init.py", "fingerprint.py")
+_BUILDERS = ("tiny.py", "tiny_tokenizer.py", "gated_head.py", "loading.py", "head_init.py", "fingerprint.py",
+             "kinds.py", "judge.py", "prm.py")
 
 
 def cache_dir() -> Path:
@@ -68,6 +69,10 @@ def weights_key(spec, base_dir: str | None = None) -> str | None:
     from .loading import resolve_source
 
     fields = {f: str(getattr(getattr(spec, f, None), "value", getattr(spec, f, None))) for f in _SPEC_FIELDS}
+    from .kinds import kind_settings
+    signal = kind_settings(spec)                  # a judge and a classifier of one checkpoint differ
+    if signal:
+        fields["signal"] = json.dumps(signal, sort_keys=True, default=str)
     kind, loc = resolve_source(spec.source, base_dir)
     if kind == "hub":
         return None

@@ -42,6 +42,7 @@ class LoadedModel:
     norm: FinalNorm
     dtype: str
     device: str
+    signal: object = None      # the kind of reward signal's own record (models.judge / models.prm), else None
 
     @property
     def n_layers(self) -> int:

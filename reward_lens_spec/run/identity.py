@@ -31,8 +31,12 @@ def observable_hash(obs) -> str:
 
 def numerics(spec) -> dict:
     """How a ``ModelSpec`` turns pairs into numbers beyond its weights (the one such dict: runs, frames, fit)."""
-    return {"dtype": spec.dtype.value, "max_length": spec.max_length, "format": spec.format.value,
-            "template": spec.template if spec.format.value == "plain" else None, "objectives": list(spec.objectives)}
+    from ..models.kinds import kind_settings
+
+    out = {"dtype": spec.dtype.value, "max_length": spec.max_length, "format": spec.format.value,
+           "template": spec.template if spec.format.value == "plain" else None, "objectives": list(spec.objectives)}
+    kind = kind_settings(spec)                    # {} for the classifier: its run ids are as before
+    return {**out, "signal": kind} if kind else out
 
 
 def declared_fields(plan) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from ..data import load_pairs
 from ..errors import SpecError
 from ..models.formatting import encode_pairs
-from ..models.loading import load_model
+from ..models.kinds import encode_kind, load_kind
 
 _DATASET_LIMIT = object()
 
@@ -27,8 +27,9 @@ def load_dataset(ds, base_dir: str | None = None, *, limit=_DATASET_LIMIT):
 
 
 def load_lm(spec, base_dir: str | None = None):
-    """The ``LoadedModel`` a ``ModelSpec`` names (``models.loading.load_model``: the one guarded loader)."""
-    return load_model(spec, base_dir)
+    """The ``LoadedModel`` a ``ModelSpec`` names, built by its kind's loader (``models.kinds``: the classifier's
+    is ``models.loading.load_model``, the one guarded loader; judges and PRMs load through it too)."""
+    return load_kind(spec, base_dir)
 
 
 def encode(lm, pairs, spec=None, **kw):
@@ -37,7 +38,8 @@ def encode(lm, pairs, spec=None, **kw):
     ``truncated_responses``. Raises ``SpecError`` for a bad template or format."""
     if spec is not None:
         kw = dict(fmt=spec.format.value, template=spec.template, max_length=spec.max_length, **kw)
-    return encode_pairs(lm.tokenizer, list(pairs), model_name=lm.name, **kw)
+    enc = encode_pairs(lm.tokenizer, list(pairs), model_name=lm.name, **kw)
+    return encode_kind(enc, lm, spec, pairs)           # a kind may move the readout (a PRM: after the chosen step)
 
 
 def ops_view(pairs, fields):
