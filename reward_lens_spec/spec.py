@@ -66,6 +66,25 @@ class FrameKind(str, Enum):
 
 
 @dataclass
+class ImplicitSpec:
+    """``model.kind=implicit`` (DPO): ``r = beta · Σ_t [log π(y_t|x,y_<t) − log π_ref(y_t|x,y_<t)]`` over response
+    tokens; ``reference``: a ``conf/model`` option, a model YAML path or an inline model mapping, null for
+    reference-free; ``length_normalize``: the mean over response tokens instead of the sum (SimPO)."""
+
+    beta: float = 0.1
+    reference: Optional[Any] = None
+    length_normalize: bool = False
+
+
+@dataclass
+class EnsembleSpec:
+    """``model.kind=ensemble``: member rewards reduced per side by ``reduce`` (mean | min | quantile, with ``q``)."""
+
+    reduce: str = "mean"
+    q: float = 0.5
+
+
+@dataclass
 class JudgeSpec:
     """``model.kind=judge`` (``models.judge``): the verdict is the logit difference of two tokens.
 
@@ -133,6 +152,9 @@ class ModelSpec:
     kind: str = "classifier"                # kind of reward signal (models/kinds.py): classifier | judge | prm | ...
     judge: JudgeSpec = field(default_factory=JudgeSpec)
     prm: PrmSpec = field(default_factory=PrmSpec)
+    implicit: ImplicitSpec = field(default_factory=ImplicitSpec)     # kind=implicit (models/implicit.py)
+    members: list[Any] = field(default_factory=list)                 # kind=ensemble: model options / inline specs
+    ensemble: EnsembleSpec = field(default_factory=EnsembleSpec)     # kind=ensemble (models/ensemble.py)
 
 
 @dataclass

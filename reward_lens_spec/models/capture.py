@@ -166,6 +166,9 @@ def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tok
     per kept row, so callers keep this list short).
     Raises ``CaptureError`` on a self-check mismatch or a non-finite score.
     """
+    own = getattr(lm, "capture_pass", None)      # a kind with its own readout (models.implicit, models.ensemble)
+    if own is not None:
+        return own(encoded, sites, batch_size=batch_size, max_tokens=max_tokens, padding_side=padding_side)
     sites = tuple(s for s in LAYER_SITES if s in set(sites))
     seqs = [s for pair in zip(encoded.chosen, encoded.rejected) for s in pair]   # row 2i chosen, 2i+1 rejected
     n_pairs, L, d, K = len(encoded.pair_ids), lm.n_layers, lm.d_model, lm.head.n_outputs

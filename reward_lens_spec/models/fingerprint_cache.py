@@ -69,7 +69,9 @@ def weights_key(spec, base_dir: str | None = None) -> str | None:
     from .loading import resolve_source
 
     fields = {f: str(getattr(getattr(spec, f, None), "value", getattr(spec, f, None))) for f in _SPEC_FIELDS}
-    from .kinds import kind_settings
+    from .kinds import kind_of, kind_settings
+    if kind_of(spec) in ("implicit", "ensemble"):  # other checkpoints (reference, members) than model.source's:
+        return None                                # load to know
     signal = kind_settings(spec)                  # a judge and a classifier of one checkpoint differ
     if signal:
         fields["signal"] = json.dumps(signal, sort_keys=True, default=str)

@@ -57,6 +57,20 @@ def build_tiny(name: str, *, seed: int = 0, num_labels: int = 1, pad_token: str 
     return model, tok
 
 
+def build_tiny_causal(name: str, *, seed: int = 0, pad_token: str | None = "<pad>", padding_side: str = "left"):
+    """``(model, tokenizer)``: the built-in tiny ``name`` as a ``*ForCausalLM`` (an untied unembedding
+    ``lm_head``), weights from PCG64(seed) as ``build_tiny``. Raises ``SpecError`` (``model.source``)."""
+    if name not in TINY_CONFIGS:
+        raise SpecError("model.source", f"unknown built-in model 'builtin:{name}'.", value=name,
+                        options=TINY_CONFIGS)
+    tok = build_tiny_tokenizer(pad_token=pad_token, padding_side=padding_side)
+    model = tf.AutoModelForCausalLM.from_config(tiny_config(name, pad_token_id=tok.pad_token_id),
+                                                attn_implementation="eager")
+    init_weights(model, seed)
+    model.eval()
+    return model, tok
+
+
 def tiny_config(name: str, *, num_labels: int = 1, pad_token_id: int | None = 0):
     """The transformers config of a built-in tiny model (ids: pad 0, BOS 1, EOS 2)."""
     cls_name, kwargs = TINY_CONFIGS[name]

@@ -2,7 +2,8 @@
 
 ``run_id = <observable>-<sha256(parts)[:20]>`` with ``parts`` (``identity_parts``):
 
-- ``model_fingerprint`` (weights, head and tokenizer) and ``model_name``;
+- ``model_fingerprint`` (weights, head and tokenizer) and ``model_name``; an ensemble's
+  ``member_fingerprints`` (``models.ensemble``), one per member, in order;
 - ``dataset_checksum`` (every pair's exact text and dimension, ``data.checksum``);
 - ``model_input``: the token ids of every side the model sees, with the pair ids in order
   (``EncodedPairs.digest``), and ``accounting`` (which pairs were excluded or flagged);
@@ -67,6 +68,9 @@ def identity_parts(run, inputs, plan, fingerprint, accounting, *, study_hash=Non
     if fields:
         parts["pair_fields"] = {"fields": list(fields),
                                 "sha256": pair_fields_digest(inputs.pairs, inputs.enc.pair_ids, fields)}
+    members = getattr(inputs.lm, "member_fingerprints", None)      # an ensemble (models.ensemble): each member
+    if members:
+        parts["member_fingerprints"] = list(members)
     if frame_id is not None:
         parts["frame"] = frame_id
     return parts
