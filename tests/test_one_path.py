@@ -45,6 +45,9 @@ OBSERVABLES = sorted(str(p.relative_to(conf_dir() / "observable").with_suffix(""
 NEEDS = {   # the model / data a YAML's header names, where the default lacks it
     "armorm": ["model=tiny_gated"], "objectives": ["model=tiny_gated"], "scalar_cost": ["model=tiny_gated"],
     "examples/gated_scalar_cost": ["model=tiny_gated"],
+    "implicit": ["model=tiny_implicit"], "implicit_lens": ["model=tiny_implicit"],
+    "implicit_patch": ["model=tiny_implicit", "observable.pairs=2"], "ensemble": ["model=tiny_ensemble"],
+    "implicit_rewardbench": ["model=tiny_implicit"],
 }
 
 
