@@ -97,8 +97,9 @@ def _store_url(cfg, base_dir: str) -> str:
 
     from .run.compose import store_url
 
-    hc = HydraConfig.get()
-    return store_url(cfg.store.url, base_dir, hc.sweep.dir if hc.mode.name == "MULTIRUN" else None)
+    hc = HydraConfig.get()                 # a sweep folder counts only when typed: Hydra's default one is dated
+    chosen = hc.mode.name == "MULTIRUN" and any(o.startswith("hydra.sweep.dir=") for o in hc.overrides.hydra)
+    return store_url(cfg.store.url, base_dir, hc.sweep.dir if chosen else None)
 
 
 def _task(cfg) -> None:
@@ -136,7 +137,8 @@ def _run_task(cfg) -> None:
     from .report.summary import print_summary
     from .run import execute
     url = _store_url(cfg, base_dir)
-    out = execute(run, resolved_yaml=resolved_yaml, base_dir=base_dir, store_url=url)
+    multirun = HydraConfig.get().mode.name == "MULTIRUN"     # jobs share a console: each prints one block
+    out = execute(run, resolved_yaml=resolved_yaml, base_dir=base_dir, store_url=url, defer_lines=multirun)
     print_summary(out)
 
 

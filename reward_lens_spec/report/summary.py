@@ -11,8 +11,9 @@ def _short(gauge: str) -> str:
 
 
 def run_line(run_id: str, prov: dict, reused: bool, restricted: tuple[int, list[str]] | None = None) -> str:
-    """One line from a stored run's provenance: computed or reused, trust, then the pairs in the one vocabulary
-    (``data.accounting.pairs_phrase``: scored, excluded by reason, flagged by flag, restricted outputs)."""
+    """One line from a stored run's provenance: the observable and model, computed or reused, trust, then the
+    pairs in the one vocabulary (``data.accounting.pairs_phrase``: scored, excluded by reason, flagged by flag,
+    restricted outputs)."""
     from ..data.accounting import pairs_phrase
 
     trust = prov.get("trust")
@@ -20,8 +21,8 @@ def run_line(run_id: str, prov: dict, reused: bool, restricted: tuple[int, list[
         trust = trust.get("level", trust.get("name", trust))
     eff = prov.get("effective_n") or {}
     how = "reused, not recomputed (store.force=true recomputes)" if reused else f"computed in {prov.get('wall_s')} s"
-    return (f"run {run_id}: {how}; trust {trust}; pairs "
-            f"{pairs_phrase(prov.get('excluded'), prov.get('pair_flags'), eff.get('n_scored'), restricted)}")
+    return (f"run {run_id}: observable {prov.get('observable')}, model {prov.get('model')}; {how}; trust {trust}; "
+            f"pairs {pairs_phrase(prov.get('excluded'), prov.get('pair_flags'), eff.get('n_scored'), restricted)}")
 
 
 def _restricted(outcome, prov: dict):
@@ -41,40 +42,60 @@ def _restricted(outcome, prov: dict):
 
 
 def print_summary(outcome) -> None:
-    """Print one line per output variable (dims, units, mean over finite cells) of a computed run; then,
-    computed or reused, the store path and one line of the run's provenance (``run_line``), read back
-    from the store. A shard whose run is not complete yet says so instead."""
+    """Print, as one block written at once (a multirun's jobs share one console): the pairs line when the
+    executor deferred it, one line per output variable (dims, units, mean over finite cells) of a computed run;
+    then, computed or reused, the store path and one line of the run's provenance (``run_line``), read back
+    from the store. A shard whose run is not complete yet says which shard is done and what remains."""
+    import sys
+
     from ..store import open_store
 
+    lines = [outcome.pairs_line] if getattr(outcome, "pairs_line", None) else []
     if getattr(outcome, "status", "complete") != "complete":
-        print(f"run {outcome.run_id}: this job's chunks are stored in {outcome.store_url}; the run is complete "
-              "(and listed) once its last shard has finished")
-        return
-    if not outcome.reused:
-        _print_table(outcome.result)
-    prov = open_store(outcome.store_url).provenance(outcome.run_id)
-    print(f"store: {outcome.store_url}")
-    print(run_line(outcome.run_id, prov, outcome.reused, _restricted(outcome, prov)))
-    print(f"run id: {outcome.run_id}")
+        lines.append(shard_line(outcome))
+    else:
+        if not outcome.reused:
+            lines += _table(outcome.result)
+        prov = open_store(outcome.store_url).provenance(outcome.run_id)
+        lines += [f"store: {outcome.store_url}", run_line(outcome.run_id, prov, outcome.reused,
+                                                          _restricted(outcome, prov)),
+                  f"run id: {outcome.run_id}"]
+    sys.stdout.flush()
+    sys.stdout.write("\n".join(lines) + "\n")
+    sys.stdout.flush()
 
 
-def _print_table(ds) -> None:
-    """One row per variable; its mean over finite cells is labelled with its n: the pairs it covers
+def shard_line(outcome) -> str:
+    """What a shard job that did not complete its run did, and what the run still needs."""
+    shard, shards = outcome.shard
+    missing = list(outcome.missing)
+    head = (f"run {outcome.run_id}: shard {shard} of store.shards={shards} done; "
+            f"{outcome.chunks - len(missing)} of {outcome.chunks} chunk(s) stored in {outcome.store_url}; ")
+    if not missing:
+        return head + "another job is completing the run; it is listed once that job has finished."
+    waiting = sorted({k % shards for k in missing})
+    return head + (f"{len(missing)} remain, for shard(s) {', '.join(map(str, waiting))}: the run is listed once "
+                   "they have finished (the job storing the last chunk completes it; nothing is listed before).")
+
+
+def _table(ds) -> list[str]:
+    """The table's lines: one row per variable; its mean over finite cells is labelled with its n: the pairs it covers
     (``n pairs``, fewer than the run's where ``observable.pairs`` restricts it), or ``-`` without a pair dim."""
     from ..data.accounting import pairs_covered
 
-    print(f"{'variable':<28} {'dims':<34} {'units':<12} {'mean':>10} {'n pairs':>8}  gauge")
+    lines = [f"{'variable':<28} {'dims':<34} {'units':<12} {'mean':>10} {'n pairs':>8}  gauge"]
     for name, var in ds.data_vars.items():
         vals = np.asarray(var.values, dtype=float)
         fin = vals[np.isfinite(vals)]
         mean = f"{fin.mean():10.4f}" if fin.size else f"{'(no finite)':>10}"
         n = f"{pairs_covered(var)}" if "pair" in var.dims else "-"
-        print(f"{name:<28} {' × '.join(var.dims):<34} {str(var.attrs.get('units', '')):<12} {mean} {n:>8}  "
-              f"{_short(str(var.attrs.get('gauge', '')))}")
+        lines.append(f"{name:<28} {' × '.join(var.dims):<34} {str(var.attrs.get('units', '')):<12} {mean} {n:>8}  "
+                     f"{_short(str(var.attrs.get('gauge', '')))}")
     if "margin" in ds and "pair" in ds["margin"].dims:
         margin = ds["margin"].transpose("pair", ...)
         m = np.asarray(margin.values, float).reshape(margin.sizes["pair"], -1)
         shares = [f"{(col[np.isfinite(col)] > 0).mean():.3f}" if np.isfinite(col).any() else "n/a" for col in m.T]
         label = (f" per objective ({', '.join(map(str, margin['objective'].values))})"
                  if "objective" in margin.dims else "")
-        print(f"pairs: {margin.sizes['pair']}; chosen preferred (margin > 0){label}: {', '.join(shares)}")
+        lines.append(f"pairs: {margin.sizes['pair']}; chosen preferred (margin > 0){label}: {', '.join(shares)}")
+    return lines

@@ -58,8 +58,9 @@ def compose_run(argv: list[str], *, typed: list[str] | None = None):
 
 def store_url(url: str | None, base_dir: str, sweep_dir: str | None = None) -> str:
     """The store a run writes to, for every command: ``store.url`` as given when it is a URL or an absolute
-    path, else under ``base_dir``; no url → ``<sweep dir>/store.zarr`` in a multirun (``sweep_dir``), else
-    ``<base_dir>/outputs/store.zarr``."""
+    path, else under ``base_dir``. No url: ``<base_dir>/outputs/store.zarr``, for a single run and a multirun
+    alike (one stable store, so a rerun of a sweep finds its runs instead of recomputing them in a new dated
+    folder), or ``<sweep_dir>/store.zarr`` when the person chose the sweep folder (``hydra.sweep.dir=DIR``)."""
     if url is None:
         if sweep_dir is not None:
             return str((Path(base_dir) / sweep_dir) / "store.zarr")

@@ -34,6 +34,10 @@ class Outcome:
                                      # holds at most RESULT_IN_MEMORY bytes, else opened lazily (dask)
     plan: object
     status: str = "complete"         # or "shard_done": this job's chunks are in, the last shard completes the run
+    shard: tuple = (0, 1)            # (store.shard, store.shards) of this job
+    missing: tuple = ()              # "shard_done": the run's chunks not stored yet
+    chunks: int = 0                  # "shard_done": chunks in the run
+    pairs_line: str | None = None    # the pairs line, when ``execute(defer_lines=True)`` left it to the summary
 
 
 RESULT_IN_MEMORY = 256 * 2**20   # bytes: a larger stored result is handed back lazily, never loaded whole
@@ -115,7 +119,8 @@ def _reused_without_weights(run, plan, base_dir, store_url, so, study_hash, prog
     if not enc.pair_ids:
         return None, pairs
     acc = accounting(pairs, enc)
-    parts = identity_parts(run, Inputs(pairs, None, enc), plan, fp, acc, study_hash=study_hash)
+    parts = identity_parts(run, Inputs(pairs, None, enc), plan, fp, acc, study_hash=study_hash,
+                           base_dir=base_dir)
     run_id = run_id_of(run.observable.name, parts)
     if not is_complete(store_url, run_id, storage_options=so):
         return None, pairs
@@ -124,8 +129,13 @@ def _reused_without_weights(run, plan, base_dir, store_url, so, study_hash, prog
     return run_id, pairs
 
 
-def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress: bool = True) -> Outcome:
-    """Run one composed, validated config (``RunConfig``) end to end; see the module docstring."""
+def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress: bool = True,
+            defer_lines: bool = False) -> Outcome:
+    """Run one composed, validated config (``RunConfig``) end to end; see the module docstring.
+
+    ``progress``: print the pairs line (and a chunk progress bar); ``defer_lines``: keep the pairs line in
+    ``Outcome.pairs_line`` instead, for ``report.summary.print_summary`` to print in one block with the rest
+    (a multirun's jobs share one console)."""
     from ..data.accounting import accounting, summary_line
     from ..frames.resolve import resolve_frame
     from ..models.fingerprint import model_fingerprint
@@ -138,7 +148,7 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     so = dict(run.store.storage_options)
     study = check_run(run, store_url, storage_options=so)     # edited study: refused
     shash = study["study_hash"] if study else None
-    found, pairs = _reused_without_weights(run, plan, base_dir, store_url, so, shash, progress)
+    found, pairs = _reused_without_weights(run, plan, base_dir, store_url, so, shash, progress and not defer_lines)
     if found is not None:
         return Outcome(found, store_url, True, None, plan)
     inp = load_inputs(run, base_dir, pairs=pairs)               # the pairs already read are not read again
@@ -146,15 +156,17 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     fp = model_fingerprint(lm.model, lm.tokenizer)
     remember(weights_key(m, base_dir), fp)
     acc = accounting(inp.pairs, enc)
-    if progress:
-        print(summary_line(acc, len(enc.pair_ids)))
+    line = summary_line(acc, len(enc.pair_ids))
+    if progress and not defer_lines:
+        print(line)
+    deferred = line if progress and defer_lines else None
     # fitted once, stored, reused; skipped when no output is a vector the frame would re-express
     frame = resolve_frame(run, lm, store_url, base_dir) if frame_dependent(plan) else None
     parts = identity_parts(run, inp, plan, fp, acc, study_hash=shash,
-                           frame_id=frame.id if frame is not None else None)
+                           frame_id=frame.id if frame is not None else None, base_dir=base_dir)
     run_id = run_id_of(run.observable.name, parts)
     if not run.store.force and is_complete(store_url, run_id, storage_options=so):
-        return Outcome(run_id, store_url, True, None, plan)
+        return Outcome(run_id, store_url, True, None, plan, pairs_line=deferred)
     b = Backend(store_url, so)
     check_layout(b, create=True)
     pairs = inp.pairs
@@ -177,18 +189,21 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
             "frame": {"requested": run.frame.name.value, "id": frame.id if frame is not None else None,
                       "expressed_outputs": [v for v in result.data_vars
                                             if frame is not None and result[v].attrs.get("gauge") == frame.gauge]},
+            "checkpoint": parts.get("checkpoint"),        # a checkpoint sequence's chain (models.checkpoints)
             "run_id": run_id, "created": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
         }
         return seal_run(run_id, attrs, result, run, store_url, logits=logits, pair_ids=enc.pair_ids, lm=lm,
                         storage_options=so)                   # identities, seal, derived trust cache
 
     done = stream(b, run_id, lm, ops_view(pairs, declared_fields(plan)), enc, plan, info, frame=frame,
-                  store_spec=run.store, run_attrs=run_attrs, progress=progress,
+                  store_spec=run.store, run_attrs=run_attrs, progress=progress and not defer_lines,
                   capture_kw=dict(batch_size=m.batch_size, max_tokens=m.max_tokens, padding_side=m.padding_side.value,
                                   progress=False))
+    sh = (run.store.shard, run.store.shards)
     if done.status != "complete":
-        return Outcome(run_id, store_url, False, None, plan, status=done.status)
+        return Outcome(run_id, store_url, False, None, plan, status=done.status, shard=sh, missing=done.missing,
+                       chunks=done.chunks, pairs_line=deferred)
     result = open_store(store_url, storage_options=so).load(run_id, run.observable.name)
     if result.nbytes <= RESULT_IN_MEMORY:
         result = result.load()
-    return Outcome(run_id, store_url, False, result, plan)
+    return Outcome(run_id, store_url, False, result, plan, shard=sh, pairs_line=deferred)

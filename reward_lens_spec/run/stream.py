@@ -49,7 +49,7 @@ from ..store.attempts import PREFIX, Attempt, list_attempts
 from ..store.groups import (VARIABLES, WRITE_KW, open_variable, open_variables, set_group_attrs, variable_dataset,
                            write_labels, write_variables)
 from ..store.digest import KEY as DIGESTS, values_digest
-from ..store.writer import observable_attrs, stored_digests, with_digests
+from ..store.writer import check_storable, discard_unstarted, observable_attrs, stored_digests, with_digests
 
 SCRATCH = "_stage"           # not a valid observable name (store.writer.check_name), so no clash
 READOUT_H = "readout_h"
@@ -64,6 +64,7 @@ class Streamed:
     chunks: int              # chunks in the run
     computed: int            # chunks this job computed
     context: object = None   # the last chunk's RunContext (``keep_context``; one chunk: the whole run's)
+    missing: tuple = ()      # chunks of the run not stored yet (``shard_done``)
 
 
 def chunk_slices(n: int, size: int) -> list[slice]:
@@ -135,6 +136,9 @@ def stream(b, run_id, lm, pairs, enc, plan, info, *, capture_kw, frame, store_sp
     try:
         return _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_kw, frame,
                     store_spec, run_attrs, progress, keep_context)
+    except BaseException:
+        discard_unstarted(att)         # failed before any chunk was stored: leave nothing behind
+        raise
     finally:
         att.close()
 
@@ -143,13 +147,21 @@ def _attempt(b, run_id, meta, shard, launch):
     """Adopt the oldest matching attempt whose ``shard-<i>`` role is free or dead; else create one."""
     role = f"shard-{shard}"
     found = [a for a in (Attempt.open(b, run_id, aid) for aid in list_attempts(b, run_id)) if a is not None]
+    tag = hashlib.sha256(launch.encode()).hexdigest()[:16] if launch else None
+    for att in found:             # jobs of one launch that split the chunks differently never complete the run
+        if tag and att.meta.get("launch") == tag and att.meta.get("shards") != meta["shards"]:
+            raise SpecError("store.shards", f"this job has store.shards={meta['shards']}, but another job of the "
+                            f"same launch ({launch}) started run {run_id} with store.shards={att.meta.get('shards')}"
+                            " (attempt " + att.aid + "): their chunks would never make one complete run.",
+                            fix="give every job of one launch the same store.shards (e.g. -m store.shards=2 "
+                                "store.shard=0,1); a new launch (store.launch=NAME) to start over.")
     for att in sorted(found, key=lambda a: (a.meta.get("created") or 0, a.aid)):
         if all(att.meta.get(k) == v for k, v in meta.items()) and att.claim(role):
             return att, role
     aid = None
     if launch:
         aid = PREFIX + hashlib.sha256(json.dumps([run_id, meta, launch], sort_keys=True).encode()).hexdigest()[:16]
-    return Attempt.create(b, run_id, meta, aid=aid, role=role), role
+    return Attempt.create(b, run_id, {**meta, "launch": tag} if tag else meta, aid=aid, role=role), role
 
 
 def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_kw, frame, store_spec,
@@ -174,8 +186,14 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     contexts = _chunk_loop(att, role, 0, mine, {}, shared, progress and f"chunks {run_id[:24]}")
     att.release(role)
     done = att.chunks_done()
+    lost = sorted(set(ours) - set(done))
+    if lost and not att.named():
+        raise StoreError(f"store {b.url}: run {run_id}: this job stored chunk(s) {lost[:8]} but attempt {att.aid} no "
+                         "longer has them (removed while this writer was stalled, e.g. by `store gc`); nothing of "
+                         "this job is listed. Fix: run the same command again.")
     if len(done) < len(slices) or not att.claim("reduce"):
-        return Streamed("complete" if att.named() else "shard_done", att.aid, len(slices), len(mine))
+        return Streamed("complete" if att.named() else "shard_done", att.aid, len(slices), len(mine),
+                        missing=tuple(k for k in range(len(slices)) if k not in done))
     if att.marker("skeleton") is None or set(done) != set(range(len(slices))):
         raise StoreError(f"store {b.url}: run {run_id} attempt {att.aid} lost chunks or its skeleton while it "
                          "was written (a gc with older_than=0?); not completing it. Fix: run again.")
@@ -254,6 +272,8 @@ def _chunk_loop(att, role, p, ks, reduced, sh, progress) -> list:
         ds_out, ds_scr, counts, ctx = _pair_chunk(sh["lm"], sh["pairs"], subset(sh["enc"], sl), plan, steps,
                                                   replace(info, pairs=lim), sh["keep"], sh["capture_kw"],
                                                   sh["frame"], sh["need_h"] and p == 0, given, first=p == 0)
+        check_storable(Result({**ds_out, **ds_scr}), plan.observable, {s.name: s.op.name for s in plan.steps},
+                       att.run_id)
         marker = "skeleton" if p == 0 else f"pass{p}.skeleton"
         _ensure_skeleton(att, role, b, [(out_g, ds_out, sh["full_coords"]), (scr_g, ds_scr, sh["full_coords"])],
                          n, sh["size"], run_names, marker=marker, labels=p == 0)
@@ -437,6 +457,7 @@ def _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, 
     if outs:
         res = express(Result({o: values[o] for o in outs}), frame, info.model_name)
         res = Result({o: v.compute() for o, v in res.items()}, res.attrs)
+        check_storable(res, plan.observable, {s.name: s.op.name for s in reduce_steps}, att.run_id)
         att.fence("reduce")
         write_variables(att.zstore("reduce"), res, out_g, labels=False, mode="a")
     for made in [v for v in ctx.memo.values() if isinstance(v, Frame)]:   # operators' own frames: stored too

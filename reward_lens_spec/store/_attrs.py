@@ -51,6 +51,38 @@ def check_json_safe(value, where: str = "attrs") -> None:
                      "(numpy values: .item() or .tolist()).")
 
 
+
+def attrs_problem(attrs: dict, *, numpy_top: bool = True) -> tuple[str, object] | None:
+    """The first ``(key path, value)`` among ``attrs`` that a Zarr v3 attribute (JSON) cannot hold, else None.
+
+    ``numpy_top``: a top-level numpy array or scalar is fine (xarray writes ``.tolist()`` / ``.item()`` of it,
+    as for a variable's attrs); nested values must be plain JSON: str, int, float, bool, None, list/tuple,
+    dict with str keys.
+    """
+    def bad(value, path):
+        if value is None or isinstance(value, (str, bool)):
+            return None
+        if isinstance(value, (int, float)) and not isinstance(value, np.generic):
+            return None
+        if isinstance(value, (list, tuple)):
+            return next((b for i, v in enumerate(value) if (b := bad(v, f"{path}[{i}]"))), None)
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if not isinstance(k, str):
+                    return path + f"[{k!r}] (a non-string key)", k
+                if (b := bad(v, f"{path}[{k!r}]")):
+                    return b
+            return None
+        return path, value
+
+    for key, value in attrs.items():
+        if numpy_top and isinstance(value, (np.ndarray, np.generic)):
+            continue
+        found = bad(value, repr(key)) if isinstance(key, str) else (f"{key!r} (a non-string key)", key)
+        if found:
+            return found
+    return None
+
 def portable(ds: xr.Dataset) -> xr.Dataset:
     """Copy of ``ds`` with fixed-width unicode arrays made variable-length strings.
 

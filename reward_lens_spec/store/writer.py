@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from datetime import datetime, timezone
@@ -30,10 +31,10 @@ import xarray as xr
 
 from reward_lens_spec.errors import StoreError
 from reward_lens_spec.result import Result
-from reward_lens_spec.store._attrs import check_json_safe
+from reward_lens_spec.store._attrs import attrs_problem, check_json_safe
 from reward_lens_spec.store._backend import (DOC, LAYOUT_KEY, LAYOUT_VERSION, RUNS, Backend,
                                              group_doc)
-from reward_lens_spec.store.attempts import Attempt
+from reward_lens_spec.store.attempts import Attempt, list_attempts
 from reward_lens_spec.store.groups import write_variables
 from reward_lens_spec.store.state import run_state  # noqa: F401  (defined in store.state; importable from here as before)
 
@@ -81,6 +82,29 @@ def check_layout(b: Backend, *, create: bool = False) -> int:
                          "Fix: upgrade reward_lens_spec.")
     return version
 
+
+
+def check_storable(res, observable: str, ops: dict | None = None, run_id: str | None = None) -> None:
+    """Refuse, before anything is written, attrs a store cannot hold (Zarr attrs are JSON): the Dataset's
+    (``Result.attrs``: plain JSON only) and every variable's and coordinate's (a top-level numpy array or
+    scalar is fine, xarray converts it; nothing nested). ``ops``: variable -> the operator that made it,
+    named in the message. Raises ``StoreError`` naming the run, the observable, the variable and the attr key."""
+    obs = f"run {run_id} observable {observable}" if run_id else f"observable {observable}"
+    where = [(obs, getattr(res, "attrs", None) or {}, False)]
+    for name, var in res.items():
+        label = f"{obs}, variable {name!r}" + (f" (operator {ops[name]})" if name in (ops or {})
+                                                                 else "")
+        where.append((label, var.attrs, True))
+        where += [(f"{label}, coord {c!r}", var.coords[c].attrs, True) for c in var.coords if var.coords[c].attrs]
+    for label, attrs, numpy_top in where:
+        found = attrs_problem(attrs, numpy_top=numpy_top)
+        if found:
+            key, value = found
+            text = repr(value)
+            raise StoreError(f"{label}: attr {key} holds {text[:60] + '…' if len(text) > 60 else text} "
+                             f"({type(value).__module__}.{type(value).__name__}); a store's attrs are JSON, so "
+                             "nothing was written. Fix: give it plain values (.tolist() for an array, .item() for a "
+                             "numpy scalar, str() otherwise) or return the array as a variable of its own.")
 
 def data_group(run_id: str, attrs: dict, observable: str) -> str:
     """The Zarr group holding ``observable`` of a complete run: under the attempt its document names.
@@ -184,6 +208,8 @@ def write_run(url: str, run_id: str, results: dict, attrs: dict, *,
 
     b = Backend(url, storage_options)
     check_layout(b, create=True)
+    for obs, ds in results.items():                # before the run folder exists: nothing left behind
+        check_storable(Result.of(ds), obs, run_id=run_id)
     b.check_inside(f"{RUNS}/{run_id}")
     state, _ = run_state(b, run_id)
     if state == "complete" and not force:
@@ -227,6 +253,28 @@ def _discard(att: Attempt) -> None:
     except Exception:
         pass
 
+
+
+def discard_unstarted(att: Attempt) -> bool:
+    """After a failed streamed write: remove ``att`` when no chunk of it is stored and no other writer holds a
+    role in it, then the run folder when nothing else is left there (its empty placeholder), so a run that
+    failed before its first chunk leaves nothing behind. Best effort; True when the attempt went."""
+    try:
+        for role in list(att.leases()):
+            if att.generation(role) is not None:
+                att.release(role)             # ours: released, so only other writers' leases count as live
+        if att.named() or att.chunks_done() or att.live_roles():
+            return False
+        att.close()
+        att.remove()
+        b, run = att.b, f"{RUNS}/{att.run_id}"
+        if not list_attempts(b, att.run_id) and run_state(b, att.run_id)[0] == "absent":
+            b.remove_file(f"{run}/{DOC}")      # the empty placeholder; then the folder, only if empty
+            if b.local:
+                os.rmdir(b.path(run))
+        return True
+    except Exception:
+        return False
 
 def is_complete(url: str, run_id: str, *, storage_options: dict | None = None) -> bool:
     """True when ``runs/<run_id>`` exists and its run document says ``complete: true``.

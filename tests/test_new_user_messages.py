@@ -1,0 +1,217 @@
+"""Issue 30, what a new user is told: an attr no store can hold is refused before anything is written (naming
+the observable, variable and key) and leaves nothing behind; success lines say what is true (a writer whose
+attempt went while it stalled errs; a shard says what it did and what remains; shards of one launch that
+disagree on ``store.shards`` are refused); a job's console block is one write naming the observable and the
+model; a sweep without ``store.url`` writes one stable store, so its rerun reuses every run."""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from reward_lens_spec.errors import SpecError, StoreError
+from reward_lens_spec.ops.base import NoParams, Operator, need_dim, without
+from reward_lens_spec.registry import OPERATORS, register
+from reward_lens_spec.store import open_store
+
+OBS = """name: {name}
+version: 1
+description: reward per side and a margin from a test-only operator
+steps:
+  - {{name: h, op: capture, site: readout}}
+  - {{name: reward, op: project, input: h, direction: head, bias: true}}
+  - {{name: m2, op: {op}, input: reward}}
+outputs: [reward, m2]
+"""
+
+
+class _Margin(Operator):
+    """test only: chosen − rejected (pair × objective); ``hook(ctx, out)`` runs before it returns."""
+
+    per_pair = True
+    Params = NoParams
+    hook = None
+
+    def out_dims(self, in_dims, info, where):
+        need_dim(in_dims[0], "side", where, "chosen minus rejected")
+        return without(in_dims[0], "side")
+
+    def run(self, ctx, x):
+        out = x.sel(side="chosen", drop=True) - x.sel(side="rejected", drop=True)
+        out.attrs = {"units": "reward", "gauge": "invariant"}
+        type(self).hook(ctx, out)
+        return out
+
+
+@pytest.fixture
+def op():
+    """Register a test-only operator (public ``registry.register``); the test sets its ``hook``."""
+    cls = register(type("TestMargin", (_Margin,), {"name": "test_margin_hooked", "hook": staticmethod(
+        lambda ctx, out: None)}))
+    yield cls
+    OPERATORS.pop(cls.name, None)
+
+
+def _execute(tmp_path, *overrides, obs="hooked"):
+    from reward_lens_spec.report.summary import print_summary
+    from reward_lens_spec.run.compose import compose_run
+    from reward_lens_spec.run.executor import execute
+
+    path = tmp_path / f"{obs}.yaml"
+    path.write_text(OBS.format(name=obs, op="test_margin_hooked"))
+    run, text = compose_run(["model=tiny", f"observable={path}", "dataset.limit=4",
+                             f"store.url={tmp_path / 's.zarr'}", *overrides])
+    buf = io.StringIO()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(buf):
+        warnings.simplefilter("ignore")
+        out = execute(run, resolved_yaml=text, base_dir=str(tmp_path), store_url=run.store.url, progress=False)
+        print_summary(out)
+    return out, buf.getvalue()
+
+
+def _left(url) -> list[str]:
+    runs = Path(url) / "runs"
+    return sorted(p.name for p in runs.iterdir() if p.is_dir()) if runs.exists() else []
+
+
+# ----------------------------------------------------------------------------- attrs no store can hold
+
+def test_an_array_nested_in_a_variables_attrs_is_refused_before_the_skeleton_naming_variable_and_key(tmp_path, op):
+    op.hook = staticmethod(lambda ctx, out: out.attrs.update(extra={"w": np.arange(3)}))
+    with pytest.raises(StoreError) as e:
+        _execute(tmp_path)
+    msg = str(e.value)
+    assert "observable hooked, variable 'm2' (operator test_margin_hooked): attr 'extra'['w'] holds array([0, 1, 2])" \
+        in msg and "Fix:" in msg and ".tolist()" in msg
+    assert _left(tmp_path / "s.zarr") == []                      # no runs/<id> folder, no attempt left behind
+    st = open_store(str(tmp_path / "s.zarr"))
+    assert len(st.runs()) == 0 and st.incomplete() == []
+
+
+def test_a_top_level_numpy_attr_is_stored_as_xarray_writes_it(tmp_path, op):
+    op.hook = staticmethod(lambda ctx, out: out.attrs.update(scale=np.float32(2.0), shape=np.arange(2)))
+    out, _ = _execute(tmp_path)
+    m2 = open_store(out.store_url).load(out.run_id, "hooked", lazy=False)["m2"]
+    assert m2.attrs["scale"] == 2.0 and list(m2.attrs["shape"]) == [0, 1]
+
+
+def test_write_run_refuses_an_array_nested_in_a_datasets_attrs_naming_the_key(tmp_path):
+    from reward_lens_spec.store.writer import write_run
+
+    ds = xr.Dataset({"margin": ("pair", np.arange(3.0))}, coords={"pair": ["a", "b", "c"]},
+                    attrs={"fit": {"coef": np.ones(2)}})
+    with pytest.raises(StoreError, match=r"observable obs: attr 'fit'\['coef'\] holds array\(\[1., 1.\]\)"):
+        write_run(str(tmp_path / "s.zarr"), "r1", {"obs": ds}, {"note": "x"})
+    assert _left(tmp_path / "s.zarr") == []
+
+
+# ----------------------------------------------------------------------------- success lines say what is true
+
+def test_a_writer_whose_attempt_went_while_it_ran_errs_instead_of_promising_a_listing(tmp_path, op):
+    url = tmp_path / "s.zarr"
+    calls = []
+
+    def gc_while_stalled(ctx, out):          # what `store gc older_than=0` does to a writer seen dead
+        calls.append(1)
+        if len(calls) == 2:
+            for run in (url / "runs").iterdir():
+                for att in run.glob("attempt-*"):
+                    shutil.rmtree(att)
+
+    op.hook = staticmethod(gc_while_stalled)
+    with pytest.raises(StoreError, match=r"this job stored chunk\(s\) \[0\] but attempt .* no longer has them.*"
+                                         r"Fix: run the same command again"):
+        _execute(tmp_path, "store.chunk_pairs=2")
+    assert len(open_store(str(url)).runs()) == 0
+
+
+def test_shards_say_which_shard_is_done_and_what_remains_and_a_disagreeing_shard_is_refused(tmp_path, op):
+    common = ("store.chunk_pairs=1", "store.launch=L1")
+    first, text = _execute(tmp_path, *common, "store.shards=2", "store.shard=0")
+    assert first.status == "shard_done"
+    assert text.strip() == (f"run {first.run_id}: shard 0 of store.shards=2 done; 2 of 4 chunk(s) stored in "
+                            f"{tmp_path / 's.zarr'}; 2 remain, for shard(s) 1: the run is listed once they have "
+                            "finished (the job storing the last chunk completes it; nothing is listed before).")
+    assert "complete (and listed)" not in text
+    with pytest.raises(SpecError, match=r"store.shards: this job has store.shards=3, but another job of the same "
+                                        r"launch \(L1\) started run .* with store.shards=2.*Fix: give every job"):
+        _execute(tmp_path, *common, "store.shards=3", "store.shard=1")
+    last, text = _execute(tmp_path, *common, "store.shards=2", "store.shard=1")
+    assert last.status == "complete" and last.run_id == first.run_id
+    assert f"run {last.run_id}: observable hooked, model tiny; computed in" in text
+    assert list(open_store(str(tmp_path / "s.zarr")).runs()["run_id"]) == [last.run_id]
+
+
+# ----------------------------------------------------------------------------- one block per job
+
+class _Writes(io.StringIO):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def write(self, s):
+        self.calls.append(s)
+        return super().write(s)
+
+
+def test_a_jobs_console_block_is_one_write_with_the_pairs_line_table_and_a_run_line_naming_the_model(tmp_path):
+    from reward_lens_spec.report.summary import print_summary
+    from reward_lens_spec.run.compose import compose_run
+    from reward_lens_spec.run.executor import execute
+
+    run, text = compose_run(["model=tiny_qwen2", "dataset.limit=3", f"store.url={tmp_path / 's.zarr'}"])
+    out = _Writes()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(out):
+        warnings.simplefilter("ignore")
+        done = execute(run, resolved_yaml=text, base_dir=str(tmp_path), store_url=run.store.url, defer_lines=True)
+        print_summary(done)
+    assert len([c for c in out.calls if c]) == 1                  # nothing printed before the block, one write
+    lines = out.calls[0].splitlines()
+    assert lines[0].startswith("pairs: 3 of 3 scored") and lines[1].startswith("variable ")
+    assert [ln.split()[0] for ln in lines[2:7]] == ["reward", "margin", "p_chosen", "bt_loss", "bt_grad"]
+    assert lines[-2].startswith(f"run {done.run_id}: observable score, model tiny_qwen2; computed in ")
+
+
+def test_without_store_url_a_run_and_a_sweep_share_one_stable_store(tmp_path):
+    from reward_lens_spec.run.compose import store_url
+
+    assert store_url(None, str(tmp_path)) == str(tmp_path / "outputs" / "store.zarr")
+    assert store_url(None, str(tmp_path), "sw") == str(tmp_path / "sw" / "store.zarr")     # a folder one typed
+    assert store_url("lab.zarr", str(tmp_path), "sw") == str(tmp_path / "lab.zarr")
+
+
+def _cli(cwd, *args):
+    exe = Path(sys.executable).parent / "reward-lens-spec"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "reward_lens_spec"]
+    return subprocess.run(cmd + list(args), cwd=cwd, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+@pytest.mark.slow
+def test_a_basic_launcher_sweep_without_store_url_reuses_its_runs_when_rerun(tmp_path):
+    argv = ("-m", "model=tiny,tiny_qwen2", "dataset.limit=2")
+    first = _cli(tmp_path, *argv)
+    assert first.returncode == 0, first.stderr
+    st = open_store(str(tmp_path / "outputs" / "store.zarr"))
+    assert sorted(st.runs()["model"]) == ["tiny", "tiny_qwen2"]
+    assert not list(tmp_path.glob("multirun/*/*/store.zarr"))          # no dated store
+    blocks = [b for b in first.stdout.split("pairs: 2 of 2 scored")[1:]]
+    assert len(blocks) == 2
+    for block, model in zip(blocks, ("tiny", "tiny_qwen2")):       # header, rows, summary together
+        lines = block.splitlines()[1:]
+        assert lines[0].startswith("variable ") and lines[1].startswith("reward ")
+        assert any(ln.startswith("run score-") and f"observable score, model {model}; computed in" in ln
+                   for ln in lines)
+    again = _cli(tmp_path, *argv)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("reused, not recomputed") == 2 and "computed in" not in again.stdout
+    assert sorted(open_store(str(tmp_path / "outputs" / "store.zarr")).runs()["model"]) == ["tiny", "tiny_qwen2"]
