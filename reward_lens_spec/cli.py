@@ -32,6 +32,8 @@ COMMANDS = {   # name: (arguments, one line)
     "freeze": ("experiment=NAME", "hash and store a study before any data is read"),
     "adjudicate": ("experiment=NAME", "score a frozen study's predictions against its runs"),
     "fit": ("model=... dataset=... out=DIR", "fit a Bradley–Terry head on frozen features"),
+    "drift": ("url=STORE observable=NAME [model=NAME]", "a checkpoint sequence's runs over training: margins, "
+              "CKA, Procrustes, directions in shared frames"),
     "help": ("", "this list"),
 }
 SUBCOMMANDS = tuple(c for c in COMMANDS if c not in ("run", "help"))
@@ -44,7 +46,8 @@ def _command_doc(cmd: str) -> str:
     import importlib
 
     mod = {"store": "store.catalog_cli", "compare": "compare.cli", "report": "report.cli", "calibrate": "trust.cli",
-           "freeze": "trust.cli", "adjudicate": "trust.cli", "fit": "fit.cli"}.get(cmd)
+           "freeze": "trust.cli", "adjudicate": "trust.cli", "fit": "fit.cli",
+           "drift": "compare.drift"}.get(cmd)
     args, line = COMMANDS[cmd]
     head = f"reward-lens-spec {cmd if cmd != 'run' else ''} {args}".replace("  ", " ") + f"\n  {line}\n"
     if cmd == "ops":
@@ -162,6 +165,30 @@ def _ops(args: list[str]) -> None:
           "observables compose them in YAML (README: own observables).")
 
 
+def expand_checkpoints(argv: list[str]) -> list[str]:
+    """``model.checkpoint=all`` → ``-m ... model.checkpoint=0,1,…,N-1``: every checkpoint of the composed model's
+    sequence (``models.checkpoints``) as one Hydra multirun into one store. Other arguments pass unchanged."""
+    if "model.checkpoint=all" not in argv:
+        return argv
+    from .models.checkpoints import checkpoint_indices
+    from .run.compose import compose_run
+
+    rest = [a for a in argv if a != "model.checkpoint=all"]
+    keep, i = [], 0                        # what names the model: its overrides and the user's config folders
+    while i < len(rest):
+        a = rest[i]
+        if a == "--config-dir" and i + 1 < len(rest):
+            keep += rest[i:i + 2]
+            i += 1
+        elif a.startswith(("model", "+model", "--config-dir=", "hydra.searchpath=")):
+            keep.append(a)
+        i += 1
+    run, _ = compose_run(keep + ["model.checkpoint=0"])
+    sweep = ",".join(str(k) for k in checkpoint_indices(run.model))
+    flag = [] if any(a in ("-m", "--multirun") for a in rest) else ["-m"]
+    return flag + rest + [f"model.checkpoint={sweep}"]
+
+
 def _check_command(word: str) -> None:
     """Refuse a bare word (no ``=``, not a flag or a Hydra ``~key``/``+key``) that is not a command."""
     import re
@@ -204,6 +231,9 @@ def main(argv: list[str] | None = None) -> None:
         if cmd == "compare":
             from .compare.cli import main as compare_main
             raise SystemExit(compare_main(argv[1:]))
+        if cmd == "drift":
+            from .compare.drift import main as drift_main
+            raise SystemExit(drift_main(argv[1:]))
         if cmd == "report":
             from .report.cli import main as report_main
             raise SystemExit(report_main(argv[1:]))
@@ -211,6 +241,7 @@ def main(argv: list[str] | None = None) -> None:
             return _ops(argv[1:])
         if cmd == "validate":
             argv = argv[1:] + ["mode=validate"]
+        argv = expand_checkpoints(argv)       # model.checkpoint=all: one multirun over the sequence
         argv = prepare(argv)                  # folders, files, safety, typos: run.compose, as every route
         os.environ.setdefault("HYDRA_FULL_ERROR", "0")
         _hydra_main(argv)

@@ -149,6 +149,8 @@ class ModelSpec:
     head_init: Optional[str] = None        # null | seeded | zeros: a missing reward head (models/head_init.py)
     attn_implementation: Optional[str] = "eager"
     threads: Optional[int] = None          # torch intra-op threads (null: torch's default); see README "Sharding"
+    checkpoints: Optional[Any] = None      # a checkpoint sequence: [folders] | {folder, steps} (models/checkpoints.py)
+    checkpoint: Optional[Any] = None       # the index into checkpoints this run reads (-m ... =all: every one)
     kind: str = "classifier"                # kind of reward signal (models/kinds.py): classifier | judge | prm | ...
     judge: JudgeSpec = field(default_factory=JudgeSpec)
     prm: PrmSpec = field(default_factory=PrmSpec)
@@ -371,6 +373,9 @@ def _check_values(run: RunConfig, partial: bool = False) -> None:
         raise SpecError("dataset.limit", f"must be positive or null, got {run.dataset.limit}.")
     from .models.kinds import check_kind
     check_kind(m)                               # model.kind and its settings (did you mean)
+    from .models.checkpoints import select_checkpoint
+    if not partial:
+        select_checkpoint(m)                    # model.checkpoints: source and name of checkpoint i
     _check_restrictions(run.observable)
     _check_frame(run.frame, partial)
     if m.format == Format.plain and "{response}" not in m.template:

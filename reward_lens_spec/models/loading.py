@@ -64,12 +64,16 @@ def resolve_device(device: str) -> str:
 
 
 def resolve_source(source: str, base_dir: str | None = None) -> tuple[str, str]:
-    """Return ``(kind, location)``, kind ∈ {builtin, folder, hub}.
+    """Return ``(kind, location)``, kind ∈ {builtin, folder, hub}; ``organism:training/checkpoint-<step>`` is a
+    folder (``models.training_organism``).
 
     Raises ``SpecError`` (``model.source``) for a missing folder or package.
     """
     if source.startswith("builtin:"):
         return "builtin", source.split(":", 1)[1]
+    if source.startswith("organism:"):                  # the training organism's checkpoints (trained on first use)
+        from .training_organism import resolve
+        return "folder", str(resolve(source.split(":", 1)[1]))
     if source.startswith("package:"):
         mod = source.split(":", 1)[1]
         spec = importlib.util.find_spec(mod)

@@ -11,7 +11,9 @@
   declares it reads (``Operator.pair_fields``: ``chosen_position``, ``group``, ``agreement``, ``votes``,
   RewardBench 2's ``item`` …); operators see no other field (``run.inputs.ops_view``);
 - ``observable``: the expanded steps, outputs, version and restrictions; ``numerics`` (dtype,
-  max_length, format, template, objectives); ``package_version``; the study and frame it ran under.
+  max_length, format, template, objectives); ``package_version``; the study and frame it ran under;
+- ``checkpoint`` (a ``model.checkpoints`` sequence only): index, step, the checkpoint's content digest
+  and the chain hash up to it (``models.checkpoints``).
 
 Paths, time, batch size, chunking, threads and launcher are not part of it.
 """
@@ -58,8 +60,10 @@ def pair_fields_digest(pairs, ids, fields) -> str | None:
     return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def identity_parts(run, inputs, plan, fingerprint, accounting, *, study_hash=None, frame_id=None) -> dict:
-    """The dict whose hash is the run id (see the module docstring)."""
+def identity_parts(run, inputs, plan, fingerprint, accounting, *, study_hash=None, frame_id=None,
+                   base_dir=None) -> dict:
+    """The dict whose hash is the run id (see the module docstring); ``base_dir`` resolves relative
+    checkpoint folders of a ``model.checkpoints`` sequence."""
     fields = declared_fields(plan)
     parts = {"model_fingerprint": fingerprint, "model_name": run.model.name,
              "dataset_checksum": inputs.pairs.checksum, "model_input": inputs.enc.digest(),
@@ -73,6 +77,10 @@ def identity_parts(run, inputs, plan, fingerprint, accounting, *, study_hash=Non
         parts["member_fingerprints"] = list(members)
     if frame_id is not None:
         parts["frame"] = frame_id
+    from ..models.checkpoints import chain
+    cp = chain(run.model, base_dir)
+    if cp is not None:                     # a checkpoint of a sequence: its place in the chain
+        parts["checkpoint"] = cp
     return parts
 
 
