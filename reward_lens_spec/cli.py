@@ -32,8 +32,8 @@ COMMANDS = {   # name: (arguments, one line)
     "freeze": ("experiment=NAME", "hash and store a study before any data is read"),
     "adjudicate": ("experiment=NAME", "score a frozen study's predictions against its runs"),
     "fit": ("model=... dataset=... out=DIR", "fit a Bradley–Terry head on frozen features"),
-    "drift": ("url=STORE observable=NAME [model=NAME]", "a checkpoint sequence's runs over training: margins, "
-              "CKA, Procrustes, directions in shared frames"),
+    "drift": ("url=STORE observable=NAME [model=NAME]", "a checkpoint sequence's runs over training: "
+              "margins, CKA, directions"),
     "help": ("", "this list"),
 }
 SUBCOMMANDS = tuple(c for c in COMMANDS if c not in ("run", "help"))
