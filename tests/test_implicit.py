@@ -162,7 +162,9 @@ def test_shipped_yaml_runs_through_the_executor(observable, tmp_path):
     extra = ["observable.pairs=1", "observable.layers=[3]"] if observable == "implicit_patch" else []
     run, y = compose_run([f"observable={observable}", "model=tiny_implicit", "dataset.limit=3", *extra])
     out = execute(run, resolved_yaml=y, base_dir=str(tmp_path), store_url=str(tmp_path / "s.zarr"), progress=False)
-    assert out.status == "complete" and all(np.isfinite(out.result[v].values).any() for v in out.result.data_vars)
+    assert out.status == "complete"
+    assert all(np.isfinite(out.result[v].values).any() for v in out.result.data_vars
+               if v not in ("subset_accuracy", "section_accuracy", "rewardbench_score"))   # diagnostic data: no subsets
 
 
 def test_bad_beta_is_a_spec_error():
