@@ -116,23 +116,42 @@ def _source(fn) -> str:
         return ""
 
 
+_starts: dict = {}
+
+
+def _starts_process(fn, seen=frozenset()) -> bool:
+    """``fn``'s source starts a process, or calls (by name) a test-suite function that does, followed
+    through the functions its module imported from other test modules (``spawn_writer`` of test_store)."""
+    if fn in _starts:
+        return _starts[fn]
+    src = _source(fn)
+    found = bool(_STARTS_PROCESS.search(src))
+    if not found and fn not in seen:
+        for name, g in getattr(fn, "__globals__", {}).items():
+            if (inspect.isfunction(g) and g is not fn and _is_test_code(g)
+                    and re.search(rf"\b{re.escape(name)}\(", src) and _starts_process(g, seen | {fn})):
+                found = True
+                break
+    if not seen:
+        _starts[fn] = found
+    return found
+
+
+def _is_test_code(fn) -> bool:
+    mod = getattr(fn, "__module__", "") or ""
+    return mod == "conftest" or mod.startswith(("tests.", "test_")) or mod.rpartition(".")[2].startswith("test_")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Mark slow every test that starts a process, directly, through a fixture or through a helper of its
-    module (one level), and every test of ``SLOW_MODULES``."""
-    helpers: dict = {}
+    """Mark slow every test that starts a process, directly, through a fixture or through a helper it
+    calls (its own module's or one imported from another test module, followed transitively), and every
+    test of ``SLOW_MODULES``."""
     for item in items:
-        mod = item.module
-        if mod.__name__ not in helpers:
-            helpers[mod.__name__] = {n for n, f in vars(mod).items()
-                                     if inspect.isfunction(f) and f.__module__ == mod.__name__
-                                     and _STARTS_PROCESS.search(_source(f))}
         if item.get_closest_marker("slow"):
             continue
+        mod = item.module
         fns = [item.function] + [d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]
-        text = "\n".join(_source(f) for f in fns)
-        slow_helpers = helpers[mod.__name__]
-        if (mod.__name__.rpartition(".")[2] in SLOW_MODULES or _STARTS_PROCESS.search(text)
-                or any(re.search(rf"\b{h}\(", text) for h in slow_helpers)):
+        if mod.__name__.rpartition(".")[2] in SLOW_MODULES or any(_starts_process(f) for f in fns):
             item.add_marker(pytest.mark.slow)
 
 
