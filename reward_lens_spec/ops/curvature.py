@@ -1,0 +1,146 @@
+"""curvature: the Hessian of the reward (or margin) w.r.t. the residual at the readout token, by Lanczos.
+
+H = ∂²f/∂δ² at δ = 0, where δ (d_model) is added to ``resid_post`` of ``layer`` at the readout token
+and f is one side's reward r_k (``of: reward``; per side) or the margin Δ = r_c − r_r under a shift
+shared by both sides (``of: margin``; H = H_c − H_r, indefinite). Never formed: each Lanczos step is
+one Hessian-vector product (double backward, ``models.curvature``), with full reorthogonalization
+(``models.lanczos``); ``iterations`` steps (capped at d_model, where the spectrum is exact).
+``quantity``:
+  eigenvalues          the ``k`` eigenvalues of largest |λ|, signed, by |λ| descending
+                       (pair × [side] × rank; reward per activation unit², i.e. reward/act²)
+  density              spectral density by stochastic Lanczos quadrature (``vectors`` Rademacher
+                       probes, ``seed``): mass per bin (sums to 1) on ``bins`` bins over λ/λ_max ∈
+                       [−1, 1], λ_max the largest |Ritz value| of the probes (pair × [side] × eigenvalue; fraction)
+  effective_dimension  participation ratio (Σ|λ|)²/Σλ² ∈ [1, d_model], tr|H| and tr H² by SLQ
+                       (pair × [side]; dimensions; a stochastic estimate)
+Gauge: invariant (a spectrum). Costs: per pair and side one forward + one backward, then
+``iterations`` (eigenvalues) or ``vectors × iterations`` (density, effective_dimension) double backwards.
+Sources: Pearlmutter 1994 (exact Hessian-vector products); Lanczos 1950 with full reorthogonalization
+(Golub & Van Loan, Matrix Computations, §10.1); stochastic Lanczos quadrature (Ubaru, Chen & Saad 2017);
+Hessian spectra of networks (Ghorbani, Krishnan & Xiao 2019). Errors: ``SpecError`` for a layer out of
+range, an unknown ``of``/``quantity``, a non-positive count, or a multi-objective head without ``objective``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from ..errors import SpecError
+from ..registry import register
+from ._grid import choice, first_pairs, result
+from .base import INVARIANT, Operator
+
+QUANTITIES = ("eigenvalues", "density", "effective_dimension")
+
+
+@dataclass(frozen=True)
+class CurvatureParams:
+    layer: int
+    of: str = "margin"                 # margin | reward
+    quantity: str = "eigenvalues"
+    k: int = 5
+    iterations: int = 32
+    vectors: int = 4
+    bins: int = 21
+    objective: Optional[str] = None    # required for a multi-objective head
+    seed: int = 0
+
+
+@register
+class Curvature(Operator):
+    """Top-k Hessian eigenvalues / SLQ spectral density / effective dimension of the reward at a residual site."""
+
+    name = "curvature"
+    dims = "() → pair × [side] × rank | eigenvalue, or pair × [side]"
+    Params = CurvatureParams
+    n_inputs = 0
+    reruns = True
+    per_pair = True
+    restricted_by = ("pairs",)
+
+    def out_dims(self, in_dims, info, where):
+        p = self.p
+        if not (isinstance(p.layer, int) and 0 <= p.layer < info.n_layers):
+            raise SpecError(where + ".layer", f"layer {p.layer!r} out of range; valid 0..{info.n_layers - 1}.")
+        choice(p.of, ("margin", "reward"), where + ".of")
+        choice(p.quantity, QUANTITIES, where + ".quantity")
+        for f in ("k", "iterations", "vectors", "bins"):
+            if not (isinstance(getattr(p, f), int) and getattr(p, f) >= 1):
+                raise SpecError(f"{where}.{f}", f"must be an integer >= 1, got {getattr(p, f)!r}.")
+        if info.gated:
+            raise SpecError(where, "curvature reads one linear head row; this head is gated.",
+                            fix="use a model with a linear reward head.")
+        if p.objective is None and info.n_objectives > 1:
+            raise SpecError(where + ".objective", "a multi-objective head needs the objective to differentiate.",
+                            options=info.objectives, fix="set objective: <name>.")
+        if p.objective is not None:
+            choice(p.objective, info.objectives, where + ".objective")
+        side = ("side",) if p.of == "reward" else ()
+        return ("pair",) + side + {"eigenvalues": ("rank",), "density": ("eigenvalue",),
+                                   "effective_dimension": ()}[p.quantity]
+
+    def gauge(self, in_gauges, info):
+        return INVARIANT
+
+    def _cell(self, ctx, seqs, signs):
+        from ..models.curvature import site_hvp
+        from ..models.lanczos import density, participation_ratio, slq, top_eigen
+        p, d = self.p, ctx.lm.d_model
+        k = 0 if p.objective is None else ctx.lm.head.objectives.index(p.objective)
+        _, _, hvp = site_hvp(ctx.lm, seqs, signs, p.layer, k)
+        m = min(p.iterations, d)
+        n_hvp = 0
+
+        def mv(v):
+            nonlocal n_hvp
+            n_hvp += 1
+            return hvp(v)
+        if p.quantity == "eigenvalues":
+            out = top_eigen(mv, d, p.k, max(m, min(p.k, d)), p.seed)[0]
+        else:
+            quad = slq(mv, d, m, p.vectors, p.seed)
+            if p.quantity == "effective_dimension":
+                out = np.array([participation_ratio(quad, d)])
+            else:                                   # λ_max: the largest |Ritz value| over the probes
+                lmax = max(float(np.abs(t).max()) for t, _ in quad)
+                out = density(quad, np.linspace(-1.0, 1.0, p.bins + 1) * (lmax if lmax > 0 else 1.0))
+        ctx.add_counts(self.name, {"forward_passes": len(seqs), "backward_passes": 1 + n_hvp})
+        return out
+
+    def run(self, ctx):
+        p, pidx, enc = self.p, first_pairs(ctx), ctx.encoded
+        key = (self.name, p.layer, p.of, p.quantity, p.k, p.iterations, p.vectors, p.bins, p.objective, p.seed,
+               len(pidx))
+        if key not in ctx.memo:
+            width = {"eigenvalues": p.k, "density": p.bins, "effective_dimension": 1}[p.quantity]
+            data = np.full((len(pidx), 2 if p.of == "reward" else 1, width), np.nan)
+            for j, i in enumerate(pidx):
+                pairs = [(enc.chosen[i],), (enc.rejected[i],)] if p.of == "reward" else \
+                    [(enc.chosen[i], enc.rejected[i])]
+                signs = (1.0,) if p.of == "reward" else (1.0, -1.0)
+                for c, seqs in enumerate(pairs):
+                    data[j, c] = self._cell(ctx, seqs, signs)
+            ctx.memo[key] = data
+        data = ctx.memo[key]
+        side = p.of == "reward"
+        dims, coords = (("side",) if side else ()), ({"side": ["chosen", "rejected"]} if side else {})
+        if not side:
+            data = data[:, 0]
+        if p.quantity == "eigenvalues":
+            dims, coords = dims + ("rank",), {**coords, "rank": list(range(1, p.k + 1))}
+            units, what = "reward/act²", f"top-{p.k} Hessian eigenvalues (by |λ|)"
+        elif p.quantity == "density":
+            centres = (np.arange(p.bins) + 0.5) / p.bins * 2 - 1
+            dims, coords = dims + ("eigenvalue",), {**coords, "eigenvalue": centres}
+            units, what = "fraction", "SLQ spectral mass per bin of λ/λ_max"
+        else:
+            data = data[..., 0]
+            units, what = "dimensions", "participation ratio (Σ|λ|)²/Σλ² of the Hessian (SLQ estimate)"
+        out = result(ctx, data[..., None], pidx, dims, coords, units,
+                     f"{what} of the {p.of} w.r.t. resid_post[{p.layer}] at the readout token",
+                     method="exact Lanczos (full reorthogonalization) on Hessian-vector products"
+                     if p.quantity == "eigenvalues" else "stochastic Lanczos quadrature (estimate)")
+        out.attrs.update(layer=p.layer, of=p.of, iterations=min(p.iterations, ctx.lm.d_model))
+        return out
