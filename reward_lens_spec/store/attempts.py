@@ -45,6 +45,7 @@ import uuid
 
 from reward_lens_spec.errors import StoreError
 from reward_lens_spec.store._backend import DOC, RUNS, Backend, group_doc
+from reward_lens_spec.store.log import append as append_to_log
 from reward_lens_spec.store.state import run_state
 
 # a lease whose heartbeat is older than this is dead (env REWARD_LENS_SPEC_LEASE_S: e.g. shorter in tests)
@@ -313,6 +314,8 @@ class Attempt:
         self.fence(role)
         if not force and run_state(self.b, self.run_id)[0] == "complete":
             return False
+        # seq under the seal, then the entry in the evidence log, then the document (store.log)
+        run_attrs = append_to_log(self.b, self.run_id, run_attrs, fence=lambda: self.fence(role))
         self.b.write_atomic(f"{RUNS}/{self.run_id}/{DOC}",
                             group_doc({**run_attrs, "complete": True, "attempt": self.aid}))
         return True

@@ -12,8 +12,15 @@ Commands (all key=value arguments; loads no model, imports no torch):
     gc       url= [older_than=SECONDS] remove what no live writer holds and no reader lists
                                        (default age 3600 s; never a complete run, never via a symlink)
     migrate  url=                      bring an older store's root to this layout
-    verify   url= [run=]               read every complete run (or one) and check its arrays against the
-                                       digests in its sealed document: one line per run; exit 1 on a failure
+    verify   url= [run=] [recompute=K] read every complete run (or one) and check its arrays against the
+                                       digests in its sealed document, and the evidence log: one line per run;
+                                       recompute=K (or --recompute K) also re-executes K sampled pairs of each
+                                       run whose model is at hand and every card's organism check, and compares
+                                       with the stored values; exit 1 on a failure
+    keygen   out=PATH                  a new ed25519 signing key (PATH, mode 0600) and PATH.pub (extra `sign`)
+    keys     url= [add=PATH.pub] [name=LABEL] [require=true|false]
+                                       list (add) the store's trusted signers; require: evidence must be
+                                       signed by one of them (writers sign with REWARD_LENS_SPEC_SIGN_KEY=PATH)
 
 ``trust`` is derived on read from the store's evidence (``trust.evidence``), never the
 stored label; ``trust_verified=false`` lists the records whose stored label or documents
@@ -32,9 +39,9 @@ import yaml
 
 from reward_lens_spec.errors import StoreError, did_you_mean
 
-COMMANDS = ("ls", "show", "diff", "export", "gc", "migrate", "verify")
+COMMANDS = ("ls", "show", "diff", "export", "gc", "migrate", "verify", "keygen", "keys")
 KEYS = {"url", "run", "a", "b", "run_b", "observable", "var", "out", "model_fingerprint", "dataset", "trust",
-        "trust_verified", "spec_hash", "model", "older_than", "endpoint_url"}
+        "trust_verified", "spec_hash", "model", "older_than", "endpoint_url", "recompute", "add", "name", "require"}
 FILTERS = ("model_fingerprint", "dataset", "observable", "trust", "trust_verified", "spec_hash", "model")
 LS_COLUMNS = ("run_id", "observables", "model", "dataset", "trust", "created", "model_fingerprint")
 WIDTH = 100
@@ -49,6 +56,9 @@ def _parse(argv: list[str]) -> tuple[str, dict]:
         raise StoreError(f"store: missing command. Usage: reward-lens-spec store "
                          f"<{'|'.join(COMMANDS)}> url=URL [key=value ...]")
     cmd, kv = args[0], {}
+    if "--recompute" in args[1:-1]:                    # verify --recompute K == verify recompute=K
+        i = args.index("--recompute")
+        args[i:i + 2] = [f"recompute={args[i + 1]}"]
     if "--wide" in args[1:]:
         args = [a for a in args if a != "--wide"]
         kv["wide"] = True
@@ -61,7 +71,7 @@ def _parse(argv: list[str]) -> tuple[str, dict]:
             raise StoreError(f"store {cmd}: bad argument {tok!r}; expected key=value with key in "
                              f"{', '.join(sorted(KEYS))}.{did_you_mean(key, KEYS)}")
         kv[key] = value
-    if "url" not in kv:
+    if "url" not in kv and cmd != "keygen":
         raise StoreError(f"store {cmd}: url= is required.")
     if cmd == "diff":                                  # the older spelling run= run_b= still works
         kv.setdefault("a", kv.pop("run", None))
@@ -109,6 +119,9 @@ def _run(cmd: str, kv: dict) -> int | None:
     from reward_lens_spec.store.gc import GC_AGE_S
 
     so = {"client_kwargs": {"endpoint_url": kv["endpoint_url"]}} if kv.get("endpoint_url") else None
+    if cmd in ("keygen", "keys"):                  # logic in store.verify
+        from reward_lens_spec.store.verify import run_keys
+        return run_keys(cmd, kv, so)
     url = kv["url"]
     if cmd == "migrate":
         print(f"store {url}: layout {migrate(url, storage_options=so)}")

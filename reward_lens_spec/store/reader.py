@@ -101,10 +101,10 @@ class Store:
 
         rows = []
         docs = self._complete()
-        derived = derive_all(docs)
+        derived = derive_all(docs, self.log())
         for run_id, a in docs.items():
             row = {c: _pick(a, src) for c, src in _SOURCES.items()}
-            d = self._data_verdict(run_id, derived[run_id])
+            d = self._data_verdict(run_id, derived[run_id], a)
             row.update(run_id=run_id, observables=list(a.get("observables", [])),
                        created=a.get("created"), trust=d["trust"], trust_verified=d["trust_verified"])
             rows.append(row)
@@ -180,19 +180,37 @@ class Store:
         pass it to ``trust`` / ``provenance`` to derive many runs without rescanning."""
         from reward_lens_spec.trust.evidence import Evidence
 
-        return Evidence(self._complete())
+        return Evidence(self._complete(), self.log())
+
+    def log(self):
+        """The store's evidence log, read and verified now (``store.log.LogView``)."""
+        from reward_lens_spec.store.log import read_log
+
+        return read_log(self._b)
 
     def trust(self, run_id: str, *, evidence=None) -> dict:
         """Derived trust of one run: ``{trust, trust_by_variable, trust_verified, trust_reason,
         trust_stored, trust_scope}`` (see ``trust.evidence``). Reads only. ``evidence``: from
         ``evidence()``, else scanned here."""
-        self._attrs(run_id)                        # StoreError for an unknown or incomplete run
-        return self._data_verdict(run_id, (evidence or self.evidence()).derive(run_id))
+        attrs = self._attrs(run_id)                # StoreError for an unknown or incomplete run
+        return self._data_verdict(run_id, (evidence or self.evidence()).derive(run_id), attrs)
 
-    def _data_verdict(self, run_id: str, verdict: dict) -> dict:
+    def _data_verdict(self, run_id: str, verdict: dict, attrs: dict | None = None) -> dict:
         """``verdict`` unless this reader found the run's stored data failing their sealed digests: then
-        exploratory, ``trust_verified`` false, ``trust_reason`` saying which array."""
+        exploratory, ``trust_verified`` false, ``trust_reason`` saying which array. An adjudication record
+        (``attrs``) re-reads every array of the runs it scored (``verify``) each time it is read, and is void
+        when one fails its digest."""
         why = self._data_bad.get(run_id)
+        if why is None and (attrs or {}).get("kind") == "adjudication" and verdict["trust"] != "exploratory":
+            for r in attrs.get("runs") or ():
+                if r not in self._data_bad:
+                    try:
+                        self.verify(r)
+                    except StoreError as e:
+                        self._data_bad.setdefault(r, str(e))
+                if r in self._data_bad:
+                    why = f"adjudication void: run {r} it scored: {self._data_bad[r]}"
+                    break
         if why is None:
             return verdict
         return {**verdict, "trust": "exploratory",

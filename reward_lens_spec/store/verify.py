@@ -1,25 +1,91 @@
-"""``reward-lens-spec store verify url=URL [run=ID]``: check every complete run's stored data.
+"""``reward-lens-spec store verify url=URL [run=ID] [recompute=K]`` and the signer commands
+``store keygen out=PATH`` / ``store keys url=URL [add=PATH.pub] [name=LABEL] [require=true|false]``.
 
-Each run's arrays are read once and checked against the digests in its sealed run document
-(``store.digest``; chunks also fail their ``crc32c`` checksum at decode), and the document's seal is
-re-checked. One line per run: ``<run_id>  verified|no-digests|FAILED  <detail>``. Exit code 1 when
-any run fails (the CLI's 2 stays for usage and store errors).
+verify: each run's arrays are read once and checked against the digests in its sealed run document
+(``store.digest``; chunks also fail their ``crc32c`` checksum at decode), the document's seal is re-checked,
+and the store's evidence log (``store.log``) must verify and order every sealed document (where the store
+requires signers, by a trusted signature). One line per run: ``<run_id>  verified|no-digests|FAILED
+<detail>``; a broken log adds an ``evidence-log  FAILED`` line. ``recompute=K`` (``--recompute K``) adds a
+``recompute`` line per run: K sampled pairs re-executed through the one executor, and every scorecard's
+organism check graded again (``trust.recompute``). Exit code 1 when anything fails (the CLI's 2 stays for
+usage and store errors).
 """
 from __future__ import annotations
 
+import os
 
-def verify_lines(store, run_id: str | None = None) -> tuple[list[str], bool]:
-    """``(one line per run, all ok)`` for every complete run of ``store`` (or just ``run_id``)."""
-    ids = [run_id] if run_id else list(store.documents())
+from reward_lens_spec.errors import StoreError
+
+
+def verify_lines(store, run_id: str | None = None, *, recompute: int = 0,
+                 base_dir: str | None = None) -> tuple[list[str], bool]:
+    """``(lines, all ok)`` for every complete run of ``store`` (or just ``run_id``)."""
+    from reward_lens_spec.trust.evidence import NOT_RESULTS
+
+    ev = store.evidence()
+    ids = [run_id] if run_id else sorted(ev.docs, key=ev.order_key)
     lines, ok = [], True
-    for rid in sorted(ids):
+    if ev.log is not None and ev.log.error:
+        lines.append(f"evidence-log  FAILED  {ev.log.error}: every document from there on is unordered")
+        ok = False
+    for rid in ids:
         r = store.verify(rid)
+        doc = ev.docs.get(rid) or store.document(rid)
+        if r["ok"] and rid in ev.unlogged and (doc.get("content_hash") or "seq" in doc):
+            r = {**r, "ok": False, "status": "FAILED", "detail": f"evidence log: {ev.unlogged[rid]}"}
+        elif r["ok"] and rid in ev.seq:
+            r = {**r, "detail": f"{r['detail']}; log entry {ev.seq[rid]}"}
         ok &= r["ok"]
         lines.append(f"{rid}  {r['status']}  {r['detail']}")
+        kind = doc.get("kind")
+        if recompute and r["ok"] and (kind == "scorecard" or kind not in NOT_RESULTS
+                                      and doc.get("observable") != "compare"):
+            from reward_lens_spec.trust.recompute import recompute_card, recompute_run
+
+            good, detail = recompute_card(store, rid) if kind == "scorecard" else \
+                recompute_run(store, rid, recompute, base_dir=base_dir or os.getcwd())
+            ok &= good is not False
+            lines.append(f"{rid}  recompute  {'skipped' if good is None else 'ok' if good else 'FAILED'}  {detail}")
     return lines, ok
 
 
 def run_verify(store, kv: dict) -> int:
-    lines, ok = verify_lines(store, kv.get("run") or None)
+    try:
+        k = int(kv.get("recompute") or 0)
+    except ValueError:
+        raise StoreError(f"store verify: recompute={kv['recompute']!r} is not a number of pairs.") from None
+    lines, ok = verify_lines(store, kv.get("run") or None, recompute=k)
     print("\n".join(lines) if lines else f"no complete runs in {store.url}")
     return 0 if ok else 1
+
+
+def run_keys(cmd: str, kv: dict, storage_options=None) -> int:
+    """``keygen`` and ``keys`` (see the module doc and ``trust.signing``)."""
+    from reward_lens_spec.store._backend import Backend
+    from reward_lens_spec.store.keys import add_key, require_signers, set_require_signers, trusted_keys
+    from reward_lens_spec.store.writer import check_layout
+    from reward_lens_spec.trust.signing import ENV_KEY, generate, read_public
+
+    if cmd == "keygen":
+        if not kv.get("out"):
+            raise StoreError("store keygen: missing out=PATH (where to write the private key).")
+        kid, _ = generate(kv["out"])
+        print(f"key {kid}: private {kv['out']} (keep it secret), public {kv['out']}.pub\n"
+              f"trust it: reward-lens-spec store keys url=STORE add={kv['out']}.pub; "
+              f"sign with it: export {ENV_KEY}={kv['out']}")
+        return 0
+    b = Backend(kv["url"], storage_options)
+    check_layout(b)
+    if kv.get("add"):
+        print(f"trusted key {add_key(b, read_public(kv['add']), kv.get('name', ''))} added to {b.url}")
+    if kv.get("require") is not None:
+        value = str(kv["require"]).lower()
+        if value not in ("true", "false"):
+            raise StoreError(f"store keys: require={kv['require']!r}; expected true or false.")
+        set_require_signers(b, value == "true")
+    keys = trusted_keys(b)
+    for kid, k in sorted(keys.items()):
+        print(f"{kid}  {k['name'] or '-'}  {k['public_key']}")
+    print(f"{len(keys)} trusted key(s); signers {'required' if require_signers(b) else 'not required'}"
+          if b.exists_key("keys") else "no trusted keys; signers not required")
+    return 0

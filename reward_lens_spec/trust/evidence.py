@@ -16,16 +16,23 @@ the documents the store holds now:
   that wrote it;
 * a **frozen study** is valid when its seal verifies AND ``study_hash`` is the
   hash of the stored study (an edited threshold breaks both);
+* order is the store's evidence log (``store.log``), never a wall clock: each document's ``seq`` (sealed,
+  with its ``created``) must be the one of a verified log entry carrying its content hash; a document the
+  log does not order (absent, edited, its entry edited/removed/reordered, or — where the store requires
+  signers — not signed by a trusted key) lifts nothing: a run reads exploratory and unverified, such a
+  card or study fails the gate it would pass;
 * a **result run** is ``calibrated`` for each output variable a valid, passing,
   *latest* card (per organism kind and base, same observable content hash and
   model family) graded, provided every latest card is valid and passing and the
   run's own exactness identities hold (``identities_ok``); ``registered`` when
-  additionally it executed a valid frozen study, frozen before the run, whose
+  additionally it executed a valid frozen study, logged before the run, whose
   pins (observable content hash, model fingerprint, dataset checksum) equal the
   run's. Ungraded variables stay ``exploratory``; the run's level is the lowest
   over its outputs. A run whose seal fails is ``exploratory``;
 * an **adjudication** is ``adjudicated`` when its seal and its study verify, its
-  outcomes follow from its stored values under the study's thresholds, and in
+  outcomes follow from its stored values under the study's thresholds, the data digests it pinned
+  (``scored``) equal each scored run's sealed ones (``pin_error``; the store reader also re-reads those
+  arrays), each run lies between the study and the record in the log, and in
   every run it scored each variable the predictions read derives ``registered`` now;
 * a **compare** record gets the lower derived level of its two runs.
 
@@ -34,10 +41,9 @@ every run that relied on an earlier passing one. A stored label that differs
 from the derived one is reported as ``trust_verified: false`` with
 ``trust_reason``. Reading changes nothing in the store.
 
-Limits: a seal is an integrity check, not a signature — someone who rewrites a
-document AND recomputes its hash is caught only where the verdict is re-derived
-from the stored numbers (cards, adjudications), not where the numbers
-themselves were replaced.
+Limits: without signatures (``trust.signing``) a seal and the log are integrity checks — someone who
+rewrites a document, recomputes its hash AND rewrites the log's tail is caught only where the verdict is
+re-derived from the stored numbers (cards, adjudications) or by recomputation (``trust.recompute``).
 
 No torch import: the store reader calls this.
 """
@@ -45,6 +51,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+
+from .code_identity import CODE_MODULES, code_changes, code_hash  # noqa: F401  (re-exported)
 
 LEVELS = ("exploratory", "calibrated", "registered", "adjudicated")
 CACHE_KEYS = ("trust", "trust_by_variable", "content_hash")
@@ -78,8 +86,13 @@ def _rank(level) -> int:
 
 
 def content_hash(attrs: dict) -> str:
-    """sha256 hex of the canonical JSON of ``attrs`` minus ``STORE_KEYS`` and ``CACHE_KEYS``."""
-    body = {k: v for k, v in attrs.items() if k not in STORE_KEYS + CACHE_KEYS + DERIVED_KEYS}
+    """sha256 hex of the canonical JSON of ``attrs`` minus ``STORE_KEYS`` and ``CACHE_KEYS``; a document
+    that carries its log sequence number ``seq`` (every document completed since the evidence log,
+    ``store.log``) has its ``created`` under the seal as well."""
+    skip = STORE_KEYS + CACHE_KEYS + DERIVED_KEYS
+    if "seq" in attrs:
+        skip = tuple(k for k in skip if k != "created")
+    body = {k: v for k, v in attrs.items() if k not in skip}
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
                           .encode()).hexdigest()
 
@@ -108,120 +121,6 @@ def identities_ok(records) -> tuple[bool, str]:
             return False, (f"identity {r.get('identity')!r} broken: max |err| {err} > {rtol:g} × margin scale "
                            f"{scale}")
     return True, ""
-
-
-# -- the code a card applies to ------------------------------------------------------------------------
-# Operator modules (every ops/*.py) and the capture / intervention modules the operators run through.
-CODE_MODULES = ("ops/*.py", "models/capture.py", "models/patching.py", "models/interventions.py",
-                "models/readout.py", "models/head.py", "models/gated_head.py", "models/attn_heads.py",
-                "models/per_token.py", "models/prefix.py", "models/steering.py", "models/padding.py",
-                "models/copy_skip.py", "models/reparam.py", "models/formatting.py", "run/executor.py", "run/stream.py")
-_CODE_CACHE: dict = {}
-
-
-def _code_files():
-    from pathlib import Path
-    root = Path(__file__).resolve().parent.parent
-    files = []
-    for pat in CODE_MODULES:
-        files += sorted(root.glob(pat))
-    return root, files
-
-
-def _defs(path):
-    """Top-level ``def``/``class`` names of a source file: [(name, decorated, [(method, decorated)])]."""
-    import ast
-    tree = ast.parse(path.read_bytes())
-    out = []
-    for n in tree.body:
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            out.append((n.name, bool(n.decorator_list), None))
-        elif isinstance(n, ast.ClassDef):
-            out.append((n.name, bool(n.decorator_list),
-                        [(m.name, bool(m.decorator_list)) for m in n.body
-                         if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]))
-    return out
-
-
-def _code_of(obj, decorated: bool):
-    import inspect
-    if isinstance(obj, (staticmethod, classmethod)):
-        obj = obj.__func__
-    if isinstance(obj, property):
-        obj = obj.fget
-    if decorated:
-        try:
-            obj = inspect.unwrap(obj)
-        except ValueError:
-            return None
-    return getattr(obj, "__code__", None)
-
-
-def _library(filename: str) -> bool:
-    """Generated (``<string>``) or from Python's own or installed libraries (dataclass methods, …)."""
-    import sysconfig
-    if filename.startswith("<"):
-        return True
-    if "libs" not in _CODE_CACHE:
-        p = sysconfig.get_paths()
-        _CODE_CACHE["libs"] = tuple({p[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if p.get(k)})
-    return filename.startswith(_CODE_CACHE["libs"])
-
-
-def code_changes() -> list[str]:
-    """Functions and methods of the ``CODE_MODULES`` loaded in this process that are not the ones their
-    source file defines (monkeypatched or replaced at run time); empty when the code is as written."""
-    import os
-    import sys
-    root, files = _code_files()
-    bad = []
-    for f in files:
-        modname = "reward_lens_spec." + ".".join(f.relative_to(root).with_suffix("").parts)
-        mod = sys.modules.get(modname)
-        if mod is None:
-            continue
-        key = ("defs", str(f))
-        st = f.stat()
-        if _CODE_CACHE.get(key, (None,))[0] != (st.st_mtime_ns, st.st_size):
-            _CODE_CACHE[key] = ((st.st_mtime_ns, st.st_size), _defs(f))
-        want = os.path.realpath(f)
-        same = lambda code: code is not None and os.path.realpath(code.co_filename) == want  # noqa: E731
-        for name, decorated, methods in _CODE_CACHE[key][1]:
-            obj = mod.__dict__.get(name)
-            if methods is None:
-                if not same(_code_of(obj, decorated)):
-                    bad.append(f"{modname}.{name}")
-                continue
-            if not isinstance(obj, type) or obj.__module__ != modname:
-                bad.append(f"{modname}.{name}")
-                continue
-            listed = dict(methods)
-            for m, v in obj.__dict__.items():        # methods as written, and none added from elsewhere
-                code = _code_of(v, listed.get(m, False))
-                if m in listed and not same(code):
-                    bad.append(f"{modname}.{name}.{m}")
-                elif m not in listed and code is not None and not same(code) and not _library(code.co_filename):
-                    bad.append(f"{modname}.{name}.{m}")
-    return bad
-
-
-def code_hash() -> str:
-    """sha256 of the package version and the source of every ``CODE_MODULES`` file; when a function of
-    a loaded one was replaced at run time (``code_changes``), a different hash naming that."""
-    import hashlib as _h
-    from .. import __version__
-    root, files = _code_files()
-    stats = tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files)
-    if _CODE_CACHE.get("files", (None,))[0] != stats:
-        h = _h.sha256(f"reward_lens_spec {__version__}\n".encode())
-        for f in files:
-            h.update(f"{f.relative_to(root).as_posix()}\0".encode() + _h.sha256(f.read_bytes()).digest())
-        _CODE_CACHE["files"] = (stats, h.hexdigest())
-    base = _CODE_CACHE["files"][1]
-    changed = code_changes()
-    if changed:
-        return _h.sha256((base + "|modified:" + ",".join(changed)).encode()).hexdigest()
-    return base
 
 
 def card_verdict(card: dict, *, check_code: bool = True) -> tuple[bool, str]:
@@ -264,18 +163,48 @@ def card_verdict(card: dict, *, check_code: bool = True) -> tuple[bool, str]:
 
 
 class Evidence:
-    """Every complete document of one store, indexed for derivation (built once per read)."""
+    """Every complete document of one store, indexed for derivation (built once per read).
 
-    def __init__(self, docs: dict[str, dict]):
-        self.docs = docs
+    ``log``: the store's verified evidence log (``store.log.LogView``); documents are ordered by their
+    log ``seq``, and a document the log does not order (``unlogged``: absent, edited, its entry broken or,
+    where signers are required, unsigned) lifts nothing. ``pending``: the id of a document about to be
+    completed (``gates.derive_pending``), ordered as the log's next entry.
+    """
+
+    def __init__(self, docs: dict[str, dict], log=None, pending: str | None = None):
+        self.docs, self.log = docs, log
+        self.seq: dict[str, int] = {}
+        self.unlogged: dict[str, str] = {}
+        for rid, a in docs.items():
+            if rid == pending:
+                self.seq[rid] = log.next_seq if log is not None else 0
+                continue
+            s, why = log.order(rid, content_hash(a), a.get("seq")) if log is not None else \
+                (None, "the store's evidence log was not read")
+            if s is None:
+                self.unlogged[rid] = why
+            else:
+                self.seq[rid] = s
         self.cards: dict[tuple, list[tuple[str, dict]]] = {}
         self.studies: dict[str, list[tuple[str, dict]]] = {}
-        for rid, a in sorted(docs.items(), key=lambda kv: (str(kv[1].get("created")), kv[0])):
+        for rid, a in sorted(docs.items(), key=lambda kv: self.order_key(kv[0])):
             if a.get("kind") == "scorecard":
                 self.cards.setdefault((a.get("observable_spec_hash"), a.get("model_family")), []).append((rid, a))
             elif a.get("kind") == "study":
                 self.studies.setdefault(a.get("study_hash"), []).append((rid, a))
         self._memo: dict[str, dict] = {}
+
+    def order_key(self, rid: str) -> tuple:
+        """Sort key: log order, documents the log does not order last."""
+        return (rid not in self.seq, self.seq.get(rid, 0), rid)
+
+    def ordered(self, docs=None) -> list[dict]:
+        """The attrs of ``docs`` (default: all), in log order."""
+        return [self.docs[r] for r in sorted(docs if docs is not None else self.docs, key=self.order_key)]
+
+    def before(self, a: str, b: str) -> bool:
+        """True when the log orders document ``a`` before document ``b`` (both must be in it)."""
+        return a in self.seq and b in self.seq and self.seq[a] < self.seq[b]
 
     def card_error(self, rid: str, a: dict) -> str | None:
         bad = seal_error(a)
@@ -284,6 +213,8 @@ class Evidence:
         ok, why = card_verdict(a)
         if ok != (a.get("passed") is True):
             return f"scorecard {rid}: stored passed={a.get('passed')} but its readings give {ok} ({why or 'pass'})"
+        if rid in self.unlogged:
+            return f"scorecard {rid}: {self.unlogged[rid]}"
         return None
 
     def study_error(self, rid: str, a: dict) -> str | None:
@@ -293,6 +224,8 @@ class Evidence:
             return f"study {rid}: {bad}"
         if not isinstance(a.get("study"), dict) or study_hash(a["study"]) != a.get("study_hash"):
             return f"study {rid}: stored study does not hash to its study_hash (edited after freezing)"
+        if rid in self.unlogged:
+            return f"study {rid}: {self.unlogged[rid]}"
         return None
 
     def verified_study(self, shash: str | None) -> tuple[dict | None, str]:
@@ -349,14 +282,14 @@ class Evidence:
         scopes = [dict(c.get("scope") or {}, card=rid) for rid, c in latest.values()]
         return graded, scopes, f"passing scorecard(s) {sorted(r for r, _ in latest.values())}"
 
-    def registration(self, a: dict) -> tuple[bool, str]:
+    def registration(self, rid: str, a: dict) -> tuple[bool, str]:
         if not a.get("study_hash"):
             return False, "the run executes no study"
         rec, why = self.verified_study(a["study_hash"])
         if rec is None:
             return False, why
-        if not str(rec.get("frozen_at")) < str(a.get("created", "~")):
-            return False, f"study {rec['study_id']} was frozen after the run"
+        if not self.before(rec["run_id"], rid):                 # log order, never a wall clock
+            return False, f"study {rec['study_id']} was frozen after the run (evidence log order)"
         pins = rec.get("pins") or {}
         if not pins:
             return False, f"study {rec['study_id']} pins no observable, model or dataset"
@@ -371,11 +304,14 @@ class Evidence:
         if bad:                  # unsealed (older writer): fine if it claims nothing; edited: flagged
             verified = None if a.get("content_hash") is None else False
             return _verdict(a, "exploratory", {v: "exploratory" for v in outputs}, verified, f"run {rid}: {bad}")
+        if rid in self.unlogged:
+            return _verdict(a, "exploratory", {v: "exploratory" for v in outputs}, False,
+                            f"run {rid}: {self.unlogged[rid]}")
         ok, why = identities_ok(a.get("identities"))
         if not ok:
             return _verdict(a, "exploratory", {v: "exploratory" for v in outputs}, None, f"run {rid}: {why}")
         graded, scopes, cal_why = self.calibration(a)
-        reg_ok, reg_why = self.registration(a) if graded else (False, "")
+        reg_ok, reg_why = self.registration(rid, a) if graded else (False, "")
         top = "registered" if reg_ok else "calibrated"
         by_var = {v: top if v in graded else "exploratory" for v in outputs}
         level = min(by_var.values(), key=_rank) if by_var else "exploratory"
@@ -399,6 +335,9 @@ class Evidence:
             if (a.get("outcome") or {}).get(p["id"]) != want:
                 return _verdict(a, "exploratory", {}, False, f"adjudication {rid}: stored outcome of {p['id']} "
                                 f"is {(a.get('outcome') or {}).get(p['id'])!r}, its values give {want!r}")
+        void = self.pin_error(rid, a, rec)
+        if void:
+            return _verdict(a, "exploratory", {}, False, f"adjudication {rid} is void: {void}")
         variables = sorted({p["metric"]["variable"] for p in predictions(rec["study"])})
         levels = [level_of(self.derive(r), variables) if r in self.docs else "exploratory"
                   for r in a.get("runs") or ()]
@@ -406,6 +345,28 @@ class Evidence:
         level = "adjudicated" if _rank(low) >= _rank("registered") else low
         return _verdict(a, level, {}, None, f"study {rec['study_id']} scored on runs {a.get('runs')} "
                         f"(lowest run trust {low})")
+
+    def pin_error(self, rid: str, a: dict, rec: dict) -> str | None:
+        """Why adjudication ``a`` no longer holds for what it scored (None when it does): it must be in the
+        log, pin the sealed data digests of every run it scored (``scored``: run id → that run's
+        ``data_digests`` when it was read), those must equal each run's digests now, and each run must lie
+        between the study and the record in log order. (The arrays themselves are re-checked against the
+        digests by the store reader, ``Store.trust``.)"""
+        if rid in self.unlogged:
+            return self.unlogged[rid]
+        scored, runs = a.get("scored"), list(a.get("runs") or ())
+        if not isinstance(scored, dict) or sorted(scored) != sorted(runs):
+            return "it pins no digests of the arrays it scored (written before pins existed, or edited)"
+        for r in runs:
+            doc = self.docs.get(r)
+            if doc is None:
+                return f"run {r} it scored is no longer in the store"
+            if doc.get("data_digests") != scored[r]:
+                return f"the data of run {r} changed since it was scored (sealed digests differ from the pinned ones)"
+            if not (self.before(rec["run_id"], r) and self.before(r, rid)):
+                return (f"run {r} is not ordered between study {rec['study_id']} and this record in the evidence "
+                        f"log" + (f" ({self.unlogged[r]})" if r in self.unlogged else ""))
+        return None
 
 
 def level_of(verdict: dict, variables) -> str:
@@ -430,7 +391,7 @@ def _verdict(a, level, by_var, verified, reason, scopes=()) -> dict:
             "trust_reason": reason, "trust_stored": stored, "trust_scope": list(scopes)}
 
 
-def derive_all(docs: dict[str, dict]) -> dict[str, dict]:
-    """Derived verdict of every document in ``docs`` (run id → attrs)."""
-    ev = Evidence(docs)
+def derive_all(docs: dict[str, dict], log=None) -> dict[str, dict]:
+    """Derived verdict of every document in ``docs`` (run id → attrs), ordered by ``log``."""
+    ev = Evidence(docs, log)
     return {r: ev.derive(r) for r in docs}

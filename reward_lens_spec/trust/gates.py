@@ -29,12 +29,13 @@ def derive_pending(run_id: str, attrs: dict, store_url: str, *, storage_options=
     from ..store import open_store
 
     try:
-        docs = open_store(store_url, storage_options=storage_options).documents()
-    except StoreError:          # no store yet: no cards, no studies
-        docs = {}
+        st = open_store(store_url, storage_options=storage_options)
+        docs, log = st.documents(), st.log()
+    except StoreError:          # no store yet: no cards, no studies, an empty log
+        docs, log = {}, None
     now = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-    docs[run_id] = {**attrs, "run_id": run_id, "created": now}
-    return Evidence(docs).derive(run_id)
+    docs[run_id] = {"created": now, **attrs, "run_id": run_id}
+    return Evidence(docs, log, pending=run_id).derive(run_id)
 
 
 def seal_run(run_id: str, attrs: dict, result, run, store_url: str, *, logits, pair_ids, lm,

@@ -319,7 +319,7 @@ def write_card(card: Scorecard, store_url: str, *, force: bool = True, storage_o
 
 
 def find_cards(store_url: str, *, spec_hash: str | None = None, storage_options=None) -> list[dict]:
-    """Stored attrs of every complete scorecard (optionally for one observable hash), oldest first.
+    """Stored attrs of every complete scorecard (optionally for one observable hash), in log order.
 
     As stored: validity is judged by ``trust.evidence`` (seal, re-derived verdict).
 
@@ -332,6 +332,6 @@ def find_cards(store_url: str, *, spec_hash: str | None = None, storage_options=
         st = open_store(store_url, storage_options=storage_options)
     except StoreError:
         return []
-    docs = sorted(st.documents().values(), key=lambda a: (str(a.get("created")), a["run_id"]))
+    docs = st.evidence().ordered()                    # evidence-log order
     return [a for a in docs if a.get("kind") == "scorecard"
             and (spec_hash is None or a.get("observable_spec_hash") == spec_hash)]

@@ -43,7 +43,7 @@ import yaml
 
 from ..errors import SpecError, StoreError
 from ..result import Result
-from .evidence import LEVELS, NOT_RESULTS, Evidence, level_of, seal
+from .evidence import LEVELS, NOT_RESULTS, level_of, seal
 
 from .study_doc import COMPARATORS, REDUCTIONS, load_study, predictions, study_hash, study_id
 
@@ -57,11 +57,11 @@ def _open(store_url, storage_options=None):
 
 
 def _documents(store_url, storage_options=None) -> list[dict]:
-    """Stored attrs of every complete run, oldest first ([] when there is no store)."""
+    """Stored attrs of every complete run, in evidence-log order ([] when there is no store)."""
     st = _open(store_url, storage_options)
     if st is None:
         return []
-    return sorted(st.documents().values(), key=lambda a: (str(a.get("created")), a["run_id"]))
+    return st.evidence().ordered()
 
 
 def frozen_studies(store_url: str, name: str | None = None, *, storage_options=None) -> list[dict]:
@@ -213,8 +213,7 @@ def check_run(run, store_url: str, *, storage_options=None) -> dict | None:
         return None
     match = [a for a in frozen if a["study_hash"] == h]
     if match:
-        ev = Evidence({a["run_id"]: a for a in frozen})
-        bad = ev.study_error(match[0]["run_id"], match[0])
+        bad = _open(store_url, storage_options).evidence().study_error(match[0]["run_id"], match[0])
         if bad:
             raise StoreError(f"{bad}; the study cannot register runs. Fix: freeze the study file again in a "
                              "fresh store, or remove the damaged record.")
@@ -259,7 +258,7 @@ def adjudicate(experiment: str, store_url: str, *, run_ids=None, shash: str | No
                storage_options=None) -> dict:
     """Score the FROZEN predictions of study ``experiment`` (a name) on its runs; store and return the record.
 
-    Runs: ``run_ids``, else every complete run of the frozen study created after it
+    Runs: ``run_ids``, else every complete run of the frozen study logged after it
     was frozen. Per prediction: ``confirmed`` (holds on every run), ``refuted``,
     or ``undetermined`` (metric not finite). An existing record for the same study
     version and runs is returned as it is (``reused``), never rewritten. Raises
@@ -275,12 +274,13 @@ def adjudicate(experiment: str, store_url: str, *, run_ids=None, shash: str | No
         raise SpecError("experiment", f"study '{name}' is not frozen in {store_url}.",
                         fix=f"reward-lens-spec freeze experiment={name} store.url=... (before running it).")
     rec = frozen[-1]
-    bad = Evidence({a["run_id"]: a for a in frozen}).study_error(rec["run_id"], rec)
+    ev = open_store(store_url, storage_options=storage_options).evidence()
+    bad = ev.study_error(rec["run_id"], rec)
     if bad:
         raise StoreError(f"{bad}: refusing to adjudicate against it.")
     study, h = rec["study"], rec["study_hash"]
-    runs = [a for a in runs_of_study(store_url, h, storage_options=storage_options)
-            if a["created"] > rec["frozen_at"] and (not run_ids or a["run_id"] in run_ids)]
+    runs = [a for a in runs_of_study(store_url, h, storage_options=storage_options)     # after it, in log order
+            if ev.before(rec["run_id"], a["run_id"]) and (not run_ids or a["run_id"] in run_ids)]
     missing = sorted(set(run_ids or ()) - {a["run_id"] for a in runs})
     if missing:
         raise SpecError("runs", f"run(s) {missing} did not execute frozen study {rec['study_id']} after it was frozen.")
@@ -315,6 +315,8 @@ def adjudicate(experiment: str, store_url: str, *, run_ids=None, shash: str | No
              "values": {p["id"]: [v if np.isfinite(v) else None for v in values[i].tolist()]
                         for i, p in enumerate(preds)},
              "trust": trust, "run_trust": derived,
+             # what it scored: each run's sealed data digests, every array of which st.load checked as it read
+             "scored": {a["run_id"]: a.get("data_digests") for a in runs},
              "amended_after_refutation": rec.get("amended_after_refutation") or [],
              "config_yaml": yaml.safe_dump({"adjudicate": {"study_id": rec["study_id"], "runs": ids}})}
     write_run(store_url, rid, {"adjudication": ds}, seal(attrs), storage_options=storage_options)

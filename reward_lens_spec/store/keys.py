@@ -1,0 +1,61 @@
+"""A store's trusted signers: ``<store>/keys/<key id>.json`` (one public key each) and
+``<store>/keys/policy.json`` (``{"require_signers": true|false}``).
+
+Plain JSON files beside the Zarr hierarchy (zarr ignores them), written with the store's own exclusive
+and atomic writes (``Backend``); see ``trust.signing`` for what they mean on read. Someone who can
+write the store can add a key here too: compare ``reward-lens-spec store keys url=...`` with the
+lab's own list of key ids.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+
+from reward_lens_spec.store._backend import Backend
+
+KEYS = "keys"
+POLICY = f"{KEYS}/policy.json"
+_KEY = re.compile(r"^(?P<id>[0-9a-f]{16})\.json$")
+
+
+def trusted_keys(b: Backend) -> dict[str, dict]:
+    """``{key id: {"public_key": hex, "name": str}}``; a file whose key does not hash to its name is skipped."""
+    from reward_lens_spec.trust.signing import key_id
+
+    out = {}
+    for name in b.list_files(KEYS):
+        m = _KEY.match(name)
+        if not m:
+            continue
+        try:
+            doc = b.read_json(f"{KEYS}/{name}") or {}
+            if key_id(str(doc.get("public_key"))) == m["id"]:
+                out[m["id"]] = {"public_key": doc["public_key"], "name": doc.get("name", "")}
+        except (ValueError, TypeError):
+            continue
+    return out
+
+
+def add_key(b: Backend, public_hex: str, name: str = "") -> str:
+    """Trust ``public_hex`` in this store; return its key id (adding a key already there is a no-op)."""
+    from reward_lens_spec.trust.signing import key_id
+
+    kid = key_id(public_hex)
+    doc = {"key_id": kid, "public_key": public_hex, "name": name, "added": time.time()}
+    b.create_exclusive(f"{KEYS}/{kid}.json", json.dumps(doc, sort_keys=True).encode())
+    return kid
+
+
+def require_signers(b: Backend) -> bool:
+    """True when the store requires every piece of evidence to be signed by a trusted key (a garbled
+    policy file counts as requiring: an edit cannot switch the requirement off)."""
+    try:
+        doc = b.read_json(POLICY)
+    except ValueError:
+        return True
+    return doc is not None and doc.get("require_signers") is not False
+
+
+def set_require_signers(b: Backend, value: bool) -> None:
+    b.write_atomic(POLICY, json.dumps({"require_signers": bool(value)}).encode())
