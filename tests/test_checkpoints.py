@@ -102,3 +102,15 @@ def test_training_organism_checkpoints_load_through_the_one_loader(organisms):
     assert wa.shape == wb.shape and abs(wa - wb).max() > 0                   # training moved the head
     with pytest.raises(SpecError, match="checkpoint-7"):
         resolve_source("organism:training/checkpoint-7")
+
+
+def test_all_expands_to_one_multirun_over_the_sequence():
+    from reward_lens_spec.cli import expand_checkpoints
+
+    argv = ["model=tiny_checkpoints", "model.checkpoints.steps=[0,20,40]", "observable=margin"]
+    assert expand_checkpoints(argv[:2] + ["model.checkpoint=all"] + argv[2:]) == \
+        ["-m", *argv, "model.checkpoint=0,1,2"]
+    assert expand_checkpoints(argv) == argv                                   # nothing to expand
+    with pytest.raises(SpecError) as err:
+        expand_checkpoints(["model=tiny", "model.checkpoint=all"])
+    assert err.value.field == "model.checkpoint"
