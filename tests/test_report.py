@@ -414,7 +414,8 @@ def test_direction_cosine_figure_shows_the_cosine_and_its_null():
 
 
 def test_png_crystallization_histogram_counts_every_value(tmp_path, monkeypatch):
-    import matplotlib
+    matplotlib = pytest.importorskip("matplotlib", reason="report format=png needs matplotlib "
+                                                          "(pip install 'reward_lens_spec[report]')")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

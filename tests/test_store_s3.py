@@ -12,8 +12,8 @@ import uuid
 
 import pytest
 
-pytest.importorskip("s3fs")
-pytest.importorskip("moto.server")
+pytest.importorskip("s3fs", reason="S3 tests need s3fs (pip install 'reward_lens_spec[test]')")
+pytest.importorskip("moto.server", reason="S3 tests need moto[server] (pip install 'reward_lens_spec[test]')")
 pytest.importorskip("flask")
 boto3 = pytest.importorskip("boto3")
 
