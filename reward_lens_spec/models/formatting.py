@@ -4,7 +4,8 @@ Rules (``encode_pairs``):
 
 - ``fmt="plain"``: text = ``template`` with ``{prompt}`` / ``{response}`` substituted in ONE
   pass (braces inside the texts are never interpreted), tokenized with the tokenizer's own
-  special tokens (``add_special_tokens=True``).
+  special tokens (``add_special_tokens=True``). ``{other}`` (optional) is the pair's other
+  response: a pairwise judge (``models.judge``) shows both, the side's own first.
 - ``fmt="chat_template"``: ``tokenizer.apply_chat_template([user, assistant], tokenize=True,
   add_generation_prompt=False)`` tokenized ONCE from the template; the text is never rendered
   and re-tokenized (that would add a second BOS).
@@ -43,7 +44,7 @@ from ..errors import CaptureError, SpecError
 
 FORMATS = ("plain", "chat_template")
 TRUNCATED_RESPONSES = ("exclude", "keep")
-_SLOT = re.compile(r"\{(prompt|response)\}")
+_SLOT = re.compile(r"\{(prompt|response|other)\}")
 
 
 @dataclass(frozen=True)
@@ -103,20 +104,25 @@ def _ids(result: Any) -> list[int]:
     return [int(t) for t in result]
 
 
-def _encode(tokenizer, prompt: str, response: str, fmt: str, template: str) -> list[int]:
+def _fill(template: str, prompt: str, response: str, other: str = "") -> str:
+    """``template`` with its slots filled in one pass (braces inside the texts are never interpreted)."""
+    return _SLOT.sub(lambda m: {"prompt": prompt, "response": response, "other": other}[m.group(1)], template)
+
+
+def _encode(tokenizer, prompt: str, response: str, fmt: str, template: str, other: str = "") -> list[int]:
     if fmt == "plain":
-        text = _SLOT.sub(lambda m: prompt if m.group(1) == "prompt" else response, template)
+        text = _fill(template, prompt, response, other)
         return _ids(tokenizer(text, add_special_tokens=True))
     messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
     return _ids(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=False))
 
 
-def _encode_all(tokenizer, items: list[tuple[str, str]], fmt: str, template: str) -> list[list[int]]:
+def _encode_all(tokenizer, items: list[tuple], fmt: str, template: str) -> list[list[int]]:
     """``_encode`` of every ``(prompt, response)``; plain texts go to the tokenizer in one batched call
     (no padding, no truncation: the same ids as one call per text)."""
     if fmt != "plain" or not items:
-        return [_encode(tokenizer, p, r, fmt, template) for p, r in items]
-    texts = [_SLOT.sub(lambda m, p=p, r=r: p if m.group(1) == "prompt" else r, template) for p, r in items]
+        return [_encode(tokenizer, *it[:2], fmt, template) for it in items]
+    texts = [_fill(template, *it) for it in items]      # (prompt, response[, other])
     enc = tokenizer(texts, add_special_tokens=True, padding=False, truncation=False)
     return [[int(t) for t in ids] for ids in enc["input_ids"]]
 
@@ -169,12 +175,13 @@ def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
 
     raw: list[tuple[str, list[int], list[int], int, int]] = []
     bos_seen: set[int] = set()
-    texts = [(prompt, resp) for pair in pairs for prompt, resp in (
-        (pair.prompt, pair.chosen),
-        (pair.prompt_rejected if getattr(pair, "prompt_rejected", None) is not None else pair.prompt, pair.rejected))]
+    texts = [(prompt, resp, other) for pair in pairs for prompt, resp, other in (
+        (pair.prompt, pair.chosen, pair.rejected),
+        (pair.prompt_rejected if getattr(pair, "prompt_rejected", None) is not None else pair.prompt, pair.rejected,
+         pair.chosen))]
     all_ids = _encode_all(tokenizer, texts, fmt, template)
     long = [k for k, ids in enumerate(all_ids) if len(ids) > max_length]     # their prompt part is measured
-    prompt_only = dict(zip(long, _encode_all(tokenizer, [(texts[k][0], "") for k in long], fmt, template)))
+    prompt_only = dict(zip(long, _encode_all(tokenizer, [(texts[k][0], "", "") for k in long], fmt, template)))
     k = 0
     for pair in pairs:
         sides = []

@@ -52,7 +52,7 @@ KINDS: dict[str, Kind] = {
                   settings=_M + "judge:judge_settings"),
     "prm": Kind("prm", "process reward model: the head at every step boundary",
                 load=_M + "prm:load_prm", check=_M + "prm:check_prm", encode=_M + "prm:cut_at_step",
-                refuses=_M + "prm:refused_ops", settings=_M + "prm:prm_settings"),
+                encode_reads_pairs=True, settings=_M + "prm:prm_settings"),
     "implicit": Kind("implicit", "DPO-implicit reward: β·Σ_t [log π − log π_ref] over the response tokens",
                      load=_M + "implicit:load_implicit", check=_M + "implicit:check_implicit",
                      encode=_M + "implicit:with_response_starts", encode_reads_pairs=True,

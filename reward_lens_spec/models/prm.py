@@ -1,0 +1,153 @@
+"""Process reward models (``model.kind=prm``): the reward head read at every step boundary.
+
+A PRM scores a reasoning response step by step: each step ends with a delimiter (``model.prm.step_token``,
+e.g. ``"\\n\\n"`` or a special tag token), and the head read at the delimiter's last token is that step's
+reward (a logit; p = σ(r)). The head is the sequence classifier's (``models.loading``) or, with
+``model.prm.tokens: [good, bad]``, a verdict row ``W_U[good] − W_U[bad]`` through the unembedding
+(Math-Shepherd style; ``models.judge``).
+
+Steps are found in the formatted TOKEN ids, never in text offsets (``boundaries``): every occurrence of
+the delimiter's id sequence at or after the side's first response token (``models.per_token.
+response_starts``) ends a step; a side without one is a single step read at its last token. The readout
+position of every instrument is step ``model.prm.step`` (−1 = the last; default): each side is cut just
+after that step's boundary token (``cut_at_step``, the kind's encoding hook). A causal model's state at
+a position depends only on the tokens up to it, so the cut sequence's last token carries exactly the
+state the full sequence has at that boundary; score, lens, DLA (Σ = step margin), patching, steering …
+then read that step unchanged. A side with fewer steps than asked is a ``SpecError`` naming
+``model.prm.step``.
+
+Per-step rewards and margins (pair × side × step) and the aggregate the model card uses
+(``model.prm.aggregate``: ``last`` σ(r_last), ``min`` min_k σ(r_k), ``prod`` Π_k σ(r_k); probabilities)
+are the ``prm_steps`` operator (``ops/prm_steps.py``; ``conf/observable/prm_steps.yaml``), over the
+steps up to the readout step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..errors import SpecError
+
+AGGREGATES = ("last", "min", "prod")
+
+
+@dataclass(frozen=True)
+class PrmSignal:
+    """``LoadedModel.signal`` of a PRM: the delimiter's ids, the readout step, the aggregate, the verdict."""
+
+    step_token: str
+    step_ids: tuple[int, ...]
+    step: int = -1
+    aggregate: str = "last"
+    verdict: object = None          # a JudgeSignal when the head is a verdict row
+    kind: str = "prm"
+
+
+def check_prm(spec) -> None:
+    """``model.prm.*`` valid before any model loads (``SpecError`` naming the key)."""
+    p = spec.prm
+    if p.aggregate not in AGGREGATES:
+        raise SpecError("model.prm.aggregate", f"unknown aggregate '{p.aggregate}'.", value=p.aggregate,
+                        options=AGGREGATES)
+    if not isinstance(p.step_token, str) or not p.step_token:
+        raise SpecError("model.prm.step_token", "needs a non-empty delimiter string (or special token).",
+                        fix="e.g. model.prm.step_token='\\n\\n'.")
+    if p.tokens is not None:
+        from .judge import check_tokens
+        check_tokens(list(p.tokens), "model.prm.tokens")
+    if int(spec.num_labels) != 1 or str(getattr(spec.head, "value", spec.head)) != "linear":
+        raise SpecError("model.num_labels", "a PRM step reward is one linear row.",
+                        fix="set model.num_labels=1 and model.head=linear with model.kind=prm.")
+
+
+def prm_settings(spec) -> dict:
+    p = spec.prm
+    return {"step_token": p.step_token, "step": int(p.step), "aggregate": p.aggregate,
+            "tokens": None if p.tokens is None else list(p.tokens)}
+
+
+def step_ids(tokenizer, step_token: str) -> tuple[int, ...]:
+    """The delimiter's token ids (a special token is one id); ``SpecError`` when it encodes to none."""
+    ids = tuple(int(t) for t in tokenizer(step_token, add_special_tokens=False)["input_ids"])
+    if not ids:
+        raise SpecError("model.prm.step_token", f"{step_token!r} encodes to no token.", value=step_token,
+                        fix="choose a delimiter the tokenizer encodes.")
+    return ids
+
+
+def prm_signal(spec, tokenizer, verdict=None) -> PrmSignal:
+    p = spec.prm
+    return PrmSignal(step_token=p.step_token, step_ids=step_ids(tokenizer, p.step_token), step=int(p.step),
+                     aggregate=p.aggregate, verdict=verdict)
+
+
+def boundaries(ids, delim: tuple[int, ...], start: int) -> list[int]:
+    """Positions of the last token of every delimiter occurrence at or after ``start`` (non-overlapping,
+    left to right); ``[len(ids) − 1]`` when there is none (the whole response is one step)."""
+    out, n, i = [], len(delim), int(start)
+    while i + n <= len(ids):
+        if tuple(ids[i:i + n]) == delim:
+            out.append(i + n - 1)
+            i += n
+        else:
+            i += 1
+    return out or [len(ids) - 1]
+
+
+def side_boundaries(tokenizer, pairs, enc, delim) -> list[list[list[int]]]:
+    """Step boundary positions per (pair, side) of ``enc`` (see ``boundaries``)."""
+    from .per_token import response_starts
+
+    starts = response_starts(tokenizer, pairs, enc)
+    return [[boundaries(ids, delim, starts[i, s]) for s, ids in enumerate((c, r))]
+            for i, (c, r) in enumerate(zip(enc.chosen, enc.rejected))]
+
+
+def cut_at_step(enc, lm, spec, pairs):
+    """``enc`` with each side cut just after step ``model.prm.step``'s boundary (the kind's encoding hook)."""
+    sig = getattr(lm, "signal", None)
+    if not isinstance(sig, PrmSignal):
+        sig = prm_signal(spec, lm.tokenizer)
+    k = sig.step
+    chosen, rejected, short = [], [], []
+    for i, sides in enumerate(side_boundaries(lm.tokenizer, pairs, enc, sig.step_ids)):
+        cut = []
+        for s, (ids, b) in enumerate(zip((enc.chosen[i], enc.rejected[i]), sides)):
+            if not -len(b) <= k < len(b):
+                short.append(f"{enc.pair_ids[i]}/{('chosen', 'rejected')[s]} ({len(b)} steps)")
+                cut.append(ids)
+                continue
+            cut.append(list(ids[:b[k] + 1]))
+        chosen.append(cut[0])
+        rejected.append(cut[1])
+    if short:
+        raise SpecError("model.prm.step", f"step {k} does not exist on {len(short)} side(s): {short[:5]}.",
+                        value=k, fix="use model.prm.step=-1 (the last step) or a step every response has.")
+    return replace(enc, chosen=chosen, rejected=rejected)
+
+
+def load_prm(spec, base_dir: str | None = None):
+    """The ``LoadedModel`` of a PRM: the classifier (or, with ``model.prm.tokens``, the verdict-row judge) with
+    its ``PrmSignal``."""
+    if spec.prm.tokens is not None:
+        from .judge import load_judge
+        lm = load_judge(spec, base_dir, tokens=spec.prm.tokens, field="model.prm.tokens", mode="pointwise")
+    else:
+        from .loading import load_model
+        lm = load_model(spec, base_dir)
+    lm.signal = prm_signal(spec, lm.tokenizer, verdict=lm.signal)
+    return lm
+
+
+def aggregate(step_rewards: np.ndarray, how: str) -> np.ndarray:
+    """Aggregate per-step rewards (..., step; NaN past a side's last step) into a probability (...)."""
+    p = 1.0 / (1.0 + np.exp(-np.asarray(step_rewards, np.float64)))
+    if how == "last":
+        n = np.sum(np.isfinite(p), -1)
+        return np.take_along_axis(p, np.maximum(n - 1, 0)[..., None], -1)[..., 0]
+    if how == "min":
+        return np.nanmin(p, -1)
+    if how == "prod":
+        return np.nanprod(p, -1)
+    raise SpecError("model.prm.aggregate", f"unknown aggregate '{how}'.", value=how, options=AGGREGATES)

@@ -1,0 +1,92 @@
+"""A PRM model organism: a tiny process reward model with a planted bad step (by construction).
+
+Start from the tiny Llama sequence classifier (``build_tiny``, PCG64 weights). With ``u`` a unit reward
+direction and ``v`` a unit direction orthogonal to it:
+
+* head row ``w_r = u`` (bias 0), final-norm gains 1, so ``r = u·N(x)`` at every position;
+* the "flaw" token ``#`` gets ``+β·v`` on its embedding (no other text of the organism contains ``#``);
+* layer 0, attention head 0: its query rows are zeroed, so it attends uniformly over the prefix; value
+  row 0 of its key-value group reads ``v`` and output column 0 writes ``−s·γ·u`` (the other columns of
+  head 0, and the column of head 1 that would read the same value row, are zeroed).
+
+So from the flaw on, every position's residual gets ``−s·γ·u`` times the share of flaw tokens in its
+prefix: the reward read at a step boundary drops at the first step containing ``#`` and stays lower after
+(diluted as the prefix grows). Strength ``s`` ∈ ``STRENGTHS`` scales only that write (0: nothing planted).
+
+Pairs (``prm_pairs``): one problem, a response of ``n_steps`` steps each ending in the delimiter
+``"\\n"``; the chosen side is all clean, the rejected side has ``#`` in step ``bad_step`` (drawn per pair).
+Truth: ``{"bad_step": {pair id: k}, "unit": "attn_L0", "head": 0}``. Graded by ``prm_steps``: the step
+whose step-reward drop ``r_k − r_{k−1}`` (rejected side; ``r_{−1}`` = 0 drop at the first step measured
+against the chosen side) is most negative is the planted step.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..data import Pair
+from .organism_base import STRENGTHS, WORDS, Organism, pairset  # noqa: F401  (STRENGTHS: the graded grid)
+
+FLAW, STEP = "#", "\n"
+TEMPLATE = "Problem: {prompt}\nSolution:\n{response}"
+
+
+def prm_pairs(n: int = 8, n_steps: int = 4, seed: int = 0) -> tuple[list[Pair], dict[str, int]]:
+    """``n`` pairs of ``n_steps`` steps; the rejected side's planted bad step per pair id."""
+    rng = np.random.Generator(np.random.PCG64(seed + 11))
+    pairs, truth = [], {}
+    for i in range(n):
+        words = [str(w) for w in rng.choice(WORDS, n_steps + 1, replace=False)]
+        bad = int(rng.integers(0, n_steps))
+        steps = [f"the {words[k]} is {words[k + 1]}{STEP}" for k in range(n_steps)]
+        flawed = [s.replace(" is ", f" is {FLAW}") if k == bad else s for k, s in enumerate(steps)]
+        pid = f"prm-{i:03d}"
+        pairs.append(Pair(id=pid, prompt=f"relate the {words[0]} to the {words[-1]}", chosen="".join(steps),
+                          rejected="".join(flawed), dimension="prm_planted", source="organism"))
+        truth[pid] = bad
+    return pairs, truth
+
+
+@torch.no_grad()
+def prm_organism(strength: float, *, seed: int = 0, n_pairs: int = 8, n_steps: int = 4, beta: float = 1.0,
+                 gamma: float = 4.0) -> Organism:
+    """The PRM organism at ``strength`` (see the module docstring); ``lm.signal`` is its ``PrmSignal``."""
+    from .loading import wrap_model
+    from .prm import PrmSignal, step_ids
+    from .tiny import build_tiny
+
+    model, tok = build_tiny("tiny_llama", seed=seed)
+    d = model.config.hidden_size
+    rng = np.random.Generator(np.random.PCG64(seed + 1100))
+    u = rng.normal(size=d)
+    u /= np.linalg.norm(u)
+    v = rng.normal(size=d)
+    v -= (v @ u) * u
+    v /= np.linalg.norm(v)
+    t = lambda x: torch.as_tensor(x, dtype=torch.float32)  # noqa: E731
+    model.score.weight.copy_(t(u[None]))
+    model.model.norm.weight.fill_(1.0)
+    flaw = tok(FLAW, add_special_tokens=False)["input_ids"][0]
+    model.model.embed_tokens.weight[flaw] += t(beta * v)
+    attn = model.model.layers[0].self_attn
+    hd = model.config.hidden_size // model.config.num_attention_heads
+    attn.q_proj.weight[:hd] = 0.0                       # head 0: uniform attention over the prefix
+    attn.v_proj.weight[0] = t(v)                        # kv group 0, value row 0 reads v
+    attn.o_proj.weight[:, :hd] = 0.0                    # head 0 writes only through column 0 …
+    attn.o_proj.weight[:, 0] = t(-strength * gamma * u)   # … along −u
+    attn.o_proj.weight[:, hd] = 0.0                     # head 1 shares that value row: silence it
+    lm = wrap_model("prm_organism", model, tok)
+    lm.signal = PrmSignal(step_token=STEP, step_ids=step_ids(tok, STEP))
+    pairs, truth = prm_pairs(n_pairs, n_steps, seed)
+    return Organism(kind="prm_planted", strength=float(strength), lm=lm, pairs=pairset("organism_prm", pairs),
+                    truth={"bad_step": truth, "unit": "attn_L0", "head": 0},
+                    params={"seed": seed, "n_pairs": n_pairs, "n_steps": n_steps, "beta": beta, "gamma": gamma,
+                            "template": TEMPLATE})
+
+
+def located_steps(step_reward: np.ndarray) -> np.ndarray:
+    """The step each pair's rejected side goes wrong at, read from ``prm_steps`` rewards (pair × side × step):
+    the most negative change of the rejected − chosen step margin from one step to the next (step 0 against 0)."""
+    gap = step_reward[:, 1] - step_reward[:, 0]          # rejected − chosen per step
+    drop = np.diff(np.concatenate([np.zeros((gap.shape[0], 1)), gap], 1), axis=1)
+    return np.nanargmin(drop, 1)
