@@ -10,7 +10,6 @@ from reward_lens_spec.models.implicit_organism import mlp_organism, unembed_orga
 from reward_lens_spec.models.per_token import response_starts
 from reward_lens_spec.planning import plan_for
 from reward_lens_spec.run import compose_run, compute, execute
-from reward_lens_spec.run.inputs import encode
 
 from conftest import make_pairs
 
