@@ -121,3 +121,42 @@ def test_judge_configs_run_through_the_executor(model, observable, tmp_path):
     other = execute(run2, resolved_yaml=y2, base_dir=str(tmp_path), store_url=str(tmp_path / "s.zarr"),
                     progress=False)
     assert other.run_id != out.run_id
+
+
+@torch.no_grad()
+def test_judge_organism_carries_the_planted_unit():
+    """Trust organism for judges: the planted organism read as a judge. Its verdict margin is the causal LM's
+    own next-token logit difference, equals the planted classifier's margin, and DLA puts the planted write in
+    mlp_L1, growing with the planted strength."""
+    from reward_lens_spec.models.judge_organism import judge_organism
+    from reward_lens_spec.models.organisms import planted_organism
+    from reward_lens_spec.observables import load_observable
+    from reward_lens_spec.ops.base import PlanInfo
+    from reward_lens_spec.registry import build_plan
+
+    def run(lm, pairs, observable):
+        info = PlanInfo(family=lm.family, n_layers=lm.n_layers, n_objectives=1, objectives=("reward",))
+        return compute(lm, pairs, build_plan(load_observable(observable), info, load_observable), info)
+
+    planted = []
+    for s in (0.0, 0.5, 1.0):
+        org = judge_organism(s, n_pairs=4)
+        assert org.truth["unit"] == "mlp_L1"
+        res, _, enc = run(org.lm, org.pairs, "dla")
+        margin = run(org.lm, org.pairs, "margin")[0]["margin"].values
+        yes, no = org.lm.signal.token_ids
+        causal = org.lm.model.judge_causal
+        own = [float(causal(input_ids=torch.tensor([c])).logits[0, -1, yes] - causal(input_ids=torch.tensor([c])).logits[0, -1, no])
+               - float(causal(input_ids=torch.tensor([r])).logits[0, -1, yes] - causal(input_ids=torch.tensor([r])).logits[0, -1, no])
+               for c, r in zip(enc.chosen, enc.rejected)]
+        np.testing.assert_allclose(margin, own, atol=2e-5, rtol=1e-4)
+        clf = planted_organism(s, n_pairs=4)
+        np.testing.assert_allclose(margin, run(clf.lm, clf.pairs, "margin")[0]["margin"].values, atol=1e-5)
+        dla = res["dla"]
+        np.testing.assert_allclose(dla.sum(["layer", "component"]).values, margin, atol=1e-5)
+        cell = dla.sel(layer=1, component="mlp").values
+        planted.append(float(cell.mean()))
+        if s > 0:
+            flat = dla.fillna(0).mean("pair").stack(u=("layer", "component"))
+            assert flat.u.values[int(abs(flat).argmax())] == (1, "mlp")
+    assert planted[0] < planted[1] < planted[2]

@@ -1,0 +1,41 @@
+"""A judge model organism: the planted organism (``models.organisms.planted_organism``) read as a generative judge.
+
+The planted classifier's body (one MLP unit of ``mlp_L1`` writes ``s·α·u`` at the trigger ``!``, the head row is
+``u``) becomes the body of a causal LM whose unembedding has ``W_U[Y] = u/2``, ``W_U[N] = −u/2`` (every other
+row 0), and that causal LM is loaded as a pointwise judge (``models.judge.as_verdict_classifier``): its verdict
+row ``W_U[Y] − W_U[N] = u`` is the planted head, so the judge's verdict margin, its DLA and its patching carry
+the planted truth exactly (``truth`` as the planted organism's: unit ``mlp_L1``, magnitude ``s·α``). The judge
+template is the planted organism's default one; its last token (the trigger or the control) is the judgment
+position. ``lm.model.judge_causal`` keeps the causal LM, so a test can read its own next-token logits.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+
+@torch.no_grad()
+def judge_organism(strength: float, **kw):
+    """``Organism`` of kind ``judge_planted`` at ``strength`` (``kw``: ``planted_organism``'s arguments)."""
+    import transformers as tf
+
+    from .judge import JudgeSignal, as_verdict_classifier, verdict_ids
+    from .loading import wrap_model
+    from .organisms import planted_organism
+
+    org = planted_organism(strength, **kw)
+    clf, tok = org.lm.model, org.lm.tokenizer
+    causal = tf.AutoModelForCausalLM.from_config(clf.config)
+    causal.model = clf.model                                   # the planted body, shared
+    u = clf.score.weight[0].detach()
+    yes, no = verdict_ids(tok, ("Y", "N"))
+    causal.lm_head.weight.zero_()
+    causal.lm_head.weight[yes] = u / 2
+    causal.lm_head.weight[no] = -u / 2
+    causal.eval()
+    judge = as_verdict_classifier(causal, (yes, no))
+    judge.judge_causal = causal
+    lm = wrap_model(f"organism_judge_planted_s{strength:g}", judge, tok)
+    lm.signal = JudgeSignal(mode="pointwise", tokens=("Y", "N"), token_ids=(yes, no), scale=1.0)
+    return replace(org, kind="judge_planted", lm=lm, params={**org.params, "judge_tokens": ["Y", "N"]})
