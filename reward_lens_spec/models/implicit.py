@@ -202,8 +202,10 @@ def make_implicit(name: str, policy, reference=None, *, beta: float = 0.1, lengt
     (``load_implicit``; tests and organisms build them in code)."""
     mods = {"policy": policy.model} | ({"reference": reference.model} if reference is not None else {})
     container = torch.nn.ModuleDict(mods)
+    from .fingerprint import config_dict
     container.config = _KindConfig({"kind": "implicit", "beta": float(beta), "length_normalize": bool(length_normalize),
-                                    "reference_free": reference is None})
+                                    "reference_free": reference is None, "policy": config_dict(policy.model),
+                                    "reference": None if reference is None else config_dict(reference.model)})
     d = int(policy.model.config.hidden_size)
     head = ReadoutHead(W=np.full((1, d), np.nan, np.float32), b=np.full(1, np.nan, np.float32),
                        objectives=("reward",))
