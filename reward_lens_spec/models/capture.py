@@ -105,12 +105,14 @@ class _Recorder:
             self.sel = (torch.arange(B, device=device), readout.to(device))
         if B not in self._by_size:
             buf = {s: torch.empty((B, *shape), dtype=torch.float32, device=device) for s, shape in self.shape.items()}
-            self._by_size[B] = buf, {(s, i): b[:, i] for s, b in buf.items() for i in range(b.shape[1])}
-        self.buf, self.slot = self._by_size[B]
+            host = {s: b.numpy() for s, b in buf.items()} if buf["h"].device.type == "cpu" else None
+            self._by_size[B] = buf, {(s, i): b[:, i] for s, b in buf.items() for i in range(b.shape[1])}, host
+        self.buf, self.slot, self.host = self._by_size[B]
 
     def finish(self) -> dict[str, np.ndarray]:
-        """The batch's buffers on the host: site -> batch × layer × width."""
-        return {s: b.cpu().numpy() for s, b in self.buf.items()}
+        """The batch's buffers on the host: site -> batch × layer × width (on a CPU model, numpy views of
+        the buffers made once per batch size: no per-batch conversion)."""
+        return self.host if self.host is not None else {s: b.cpu().numpy() for s, b in self.buf.items()}
 
     def _pre(self, module, site, layer):
         key = (site, layer)
@@ -216,21 +218,22 @@ def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tok
                 res = lm.model(input_ids=ids.to(device), attention_mask=mask.to(device),
                                position_ids=pos.to(device), use_cache=False)
             got = rec.finish()
-            h, head_out = got.pop("h")[:, 0], got.pop("logits")[:, 0]
-            gate = got.pop("gate")[:, 0] if "gate" in got else None
+            h, head_out = got["h"][:, 0], got["logits"][:, 0]
+            gate = got["gate"][:, 0] if "gate" in got else None
             checked_rows.extend(rows)
             pooled.append(res.logits.detach().float().cpu().numpy())
             agree.append(hf_pooled_index(ids, hf_pad) == last_attended.numpy())
             if len(pooled) == 1:                         # the first batch at once: a wrong readout stops early
                 _self_check(lm, rows, out.pair_ids, h, head_out, pooled[0], agree[0], gate)
             dst = [o for r in rows for o in owners[r]]      # row = 2·pair + side; duplicates share a run
-            src = None if len(dst) == len(rows) else [j for j, r in enumerate(rows) for _ in owners[r]]
+            src = None if len(dst) == len(rows) else np.array([j for j, r in enumerate(rows) for _ in owners[r]])
+            dst = np.array(dst)                             # one index array for every site
             flat_h[dst] = h if src is None else h[src]
             flat_logits[dst] = head_out if src is None else head_out[src]
             if gate is not None:
                 flat_gate[dst] = gate if src is None else gate[src]
-            for site, val in got.items():
-                flat[site][dst] = val if src is None else val[src]
+            for site in sites:
+                flat[site][dst] = got[site] if src is None else got[site][src]
             out.counts["forward_passes"] += 1
             out.counts["tokens"] += len(rows) if kept_batch else sum(len(seqs[r]) for r in rows)   # prefixes count themselves
             out.counts["padded_tokens"] += mask.numel()

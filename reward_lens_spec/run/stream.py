@@ -245,7 +245,8 @@ def _add(total: dict, counts: dict) -> dict:
 def _chunk_loop(att, role, p, ks, reduced, sh, progress) -> list:
     """Compute chunks ``ks`` of pass ``p``'s pair stage into their regions; marker ``chunk.<k>`` (pass 0) or
     ``pass<p>.chunk.<k>``. Inputs from earlier passes: reductions (``reduced``) as they are, pair-stage arrays
-    read back for the chunk's rows. Returns the chunks' ``RunContext``s when ``keep_context``."""
+    read back for the chunk's rows. Returns ``[the last chunk's RunContext]`` when ``keep_context`` (an earlier
+    chunk's context, its capture included, is dropped as the next starts: memory stays bounded by the chunk)."""
     plan, st, ps, b = sh["plan"], sh["st"], sh["ps"], sh["b"]
     out_g, scr_g = sh["groups"]
     steps = [s for s in plan.steps if st[s.name] == "pair" and ps[s.name] == p]
@@ -257,6 +258,7 @@ def _chunk_loop(att, role, p, ks, reduced, sh, progress) -> list:
     contexts = []
     for k in it:
         sl = sh["slices"][k]
+        contexts.clear()                          # the previous chunk's capture is not held while this one runs
         att.fence(role)
         info = sh["info"]
         lim = None if info.pairs is None else max(0, min(info.pairs - sl.start, sl.stop - sl.start))
