@@ -1,0 +1,98 @@
+"""leace_certificate: can a fresh linear probe still read the concept after LEACE erasure? AUC with a CI.
+
+Input: readout-token activations with ``pair``, ``side``, ``d_model`` (and ``layer``, picked by ``layer``),
+e.g. ``{op: capture, site: resid_post}``. The eraser is fitted exactly as ``leace`` fits it (same
+``concept``, ``tokens``, ``fit_fraction``, ``seed``: same split, same closed form; ``ops._leace``). The
+held-out pairs are split again by a seeded hash (salt ``probe``, half each); a fresh L2-regularized
+logistic-regression probe (``l2``; one-vs-rest for more than two classes, macro-averaged) is trained on
+one half and scored on the other, on the raw activations (``before``) and on the erased ones
+(``after``). Output: ``stage`` (before, after) × ``bound`` (estimate, ci_low, ci_high), the test AUC
+(fraction; 0.5 = chance), the interval by bootstrap over test pairs (both sides of a pair resampled
+together; the probe held fixed; ``ci``, ``resamples``); coords ``n_train``, ``n_test`` (pairs). A
+certificate holds when ``after``'s interval contains 0.5 while ``before``'s lies above it.
+Source: probing as the test of linear erasure (Ravfogel et al. 2020, INLP; Belrose et al. 2023, §6).
+Gauge: invariant. Errors: ``SpecError`` for an input without those dims, a ``layer`` the input lacks, or
+the leace errors (``ops.leace``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import xarray as xr
+
+from ..errors import SpecError
+from ..registry import register
+from ._leace import FIELDS, erase, in_split, probe_auc, macro_auc
+from .base import INVARIANT, Operator, labelled, need_dim
+from .leace import check_leace, fitted_eraser
+
+
+@dataclass(frozen=True)
+class LeaceCertificateParams:
+    layer: Optional[int] = None
+    concept: str = "dimension"
+    tokens: tuple = ()
+    fit_fraction: float = 0.5
+    seed: int = 0
+    l2: float = 1.0
+    ci: float = 0.95
+    resamples: int = 1000
+
+
+@register
+class LeaceCertificate(Operator):
+    """A fresh linear probe's held-out AUC for the concept before and after LEACE erasure (stage × bound)."""
+
+    name = "leace_certificate"
+    dims = "x (pair × side × [layer ×] d_model) → stage × bound"
+    Params = LeaceCertificateParams
+    pair_fields = FIELDS
+
+    def out_dims(self, in_dims, info, where):
+        for d in ("pair", "side", "d_model"):
+            need_dim(in_dims[0], d, where, "readout-token activations of both sides")
+        if "layer" in in_dims[0]:
+            check_leace(self.p, info, where)
+        elif self.p.layer is not None:
+            raise SpecError(where + ".layer", "the input has no layer dim.", fix="drop layer:.")
+        if set(in_dims[0]) - {"pair", "side", "layer", "d_model"}:
+            raise SpecError(where + ".input", f"needs pair × side × [layer ×] d_model, got {in_dims[0]}.")
+        if not 0 < self.p.ci < 1 or not (isinstance(self.p.resamples, int) and self.p.resamples >= 2):
+            raise SpecError(where + ".ci", "ci must be in (0, 1) and resamples an integer >= 2.")
+        return ("stage", "bound")
+
+    def gauge(self, in_gauges, info):
+        return INVARIANT
+
+    def run(self, ctx, x):
+        from ..fit.evaluate import bootstrap_ci
+        p = self.p
+        if "layer" in x.dims:
+            x = x.sel(layer=p.layer)
+        ids = [str(i) for i in x.coords["pair"].values]
+        X = np.asarray(x.transpose("pair", "side", "d_model").values, np.float64)
+        fit, y, mu, E = fitted_eraser(ctx, p, X, ids)
+        held = np.flatnonzero(~fit)
+        tr = held[in_split([ids[i] for i in held], f"probe:{p.seed}", 0.5)]
+        te = np.setdiff1d(held, tr)
+        rows = lambda idx, A: A[idx].reshape(-1, A.shape[-1])  # noqa: E731
+        ytr, yte = y[tr].ravel(), y[te].ravel()
+        data = np.full((2, 3), np.nan)
+        for s, A in enumerate((X, erase(X, mu, E))):
+            est, scores = probe_auc(rows(tr, A), ytr, rows(te, A), yte, p.l2)
+            if np.isfinite(est):
+                cols = np.unique(ytr)[1:] if np.unique(ytr).size == 2 else np.unique(ytr)
+                lo, hi = bootstrap_ci(lambda idx: macro_auc(scores[idx], yte[idx], cols), len(yte),
+                                      groups=np.repeat(np.arange(te.size), 2), n_boot=p.resamples, seed=p.seed,
+                                      level=p.ci)
+                data[s] = (est, lo, hi)
+        arr = xr.DataArray(data, dims=("stage", "bound"),
+                           coords={"stage": ["before", "after"], "bound": ["estimate", "ci_low", "ci_high"],
+                                   "n_train": int(tr.size), "n_test": int(te.size)})
+        out = labelled(arr, "fraction", INVARIANT, f"held-out AUC of a fresh linear probe for '{p.concept}' "
+                                                   f"before / after LEACE erasure (0.5 = chance)")
+        out.attrs.update(concept=p.concept, n_fit=int(fit.sum()), ci=p.ci, resamples=p.resamples,
+                         method="L2 logistic probe (scipy L-BFGS); bootstrap over test pairs, percentile interval")
+        return out
