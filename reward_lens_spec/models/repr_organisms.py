@@ -1,5 +1,5 @@
-"""Organisms for the representation instruments (issue 29): planted curvature, a planted concept, a
-planted sparse feature. Built offline in seconds from ``tiny_llama`` (PCG64 weights), deterministic.
+"""Organisms for the representation instruments (issue 29): planted curvature and a planted concept.
+Built offline in seconds from ``tiny_llama`` (PCG64 weights), deterministic.
 
 **curvature** (``curvature_organism``): layer ``layer + 1``'s MLP gets one hidden unit ``j`` with
 ``gate_j = up_j = c·v`` (v a unit direction ⟂ the head row u), writing ``s·κ·u`` through its
@@ -11,11 +11,7 @@ eigenvalue along v (projected off x). Truth: ``{"layer", "direction": v}``; ``s 
 with ``meta["concept"]`` 1 or 0 (seeded coin), written into the text — both sides of a concept-1 pair
 end with the token ``#``, a concept-0 pair's with ``%`` (the readout token), so a linear probe reads it
 from the residual at the readout token; ``meta["label"]`` is a second fair coin no text carries (a
-concept that is not there: LEACE must leave the margin as it is). Truth: ``{"field": "concept"}``.
-
-**sparse** (``sparse_feature_organism``): the trigger token ``!`` gets ``+β·v`` in its embedding and the
-head row is u = v's direction mixed with a random direction, so one sparse direction (v) in the
-residual carries the trigger's margin. Truth: ``{"direction": v, "token": "!"}``.
+concept that is not there: erasing it barely moves the activation). Truth: ``{"field": "concept"}``.
 """
 from __future__ import annotations
 
