@@ -9,6 +9,8 @@ from reward_lens_spec.models.head import get_module
 from reward_lens_spec.spec import ObservableSpec
 from tests.test_ablation import _run, naive_act
 
+pytestmark = pytest.mark.usefixtures("one_thread")     # tiny forwards: one torch thread is faster here
+
 
 def _final_norm(lm, x):
     """The model's final norm applied to x (d_model,), written out from its weights (float64)."""
