@@ -17,6 +17,10 @@ import os
 from reward_lens_spec.errors import StoreError
 
 
+# observables computed from other stored runs (compare/runs.py, compare/drift.py): no model to re-execute
+DERIVED = ("compare", "drift")
+
+
 def verify_lines(store, run_id: str | None = None, *, recompute: int = 0,
                  base_dir: str | None = None) -> tuple[list[str], bool]:
     """``(lines, all ok)`` for every complete run of ``store`` (or just ``run_id``)."""
@@ -39,7 +43,7 @@ def verify_lines(store, run_id: str | None = None, *, recompute: int = 0,
         lines.append(f"{rid}  {r['status']}  {r['detail']}")
         kind = doc.get("kind")
         if recompute and r["ok"] and (kind == "scorecard" or kind not in NOT_RESULTS
-                                      and doc.get("observable") != "compare"):
+                                      and doc.get("observable") not in DERIVED):
             from reward_lens_spec.trust.recompute import recompute_card, recompute_run
 
             good, detail = recompute_card(store, rid) if kind == "scorecard" else \
