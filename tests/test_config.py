@@ -55,6 +55,7 @@ def test_every_observable_plans_on_every_tiny_model():
     assert len(models) >= 10 and "tiny_gated" in models
     pair = dict(observables["examples/gated_scalar_cost"], model=models["tiny_gated"])
     assert pair == tree("model=tiny_gated", "observable=examples/gated_scalar_cost")
+    refused = {}
     for model, model_node in models.items():
         for obs, cfg in observables.items():
             if obs == "examples/gated_scalar_cost" and model != "tiny_gated":
@@ -62,8 +63,24 @@ def test_every_observable_plans_on_every_tiny_model():
             node = dict(model_node)
             if obs in ("objectives", "scalar_cost"):        # need K > 1 rows
                 node["num_labels"] = 3
-            plan, _ = plan_for(validate(OmegaConf.create(dict(cfg, model=node))))
+            try:
+                plan, _ = plan_for(validate(OmegaConf.create(dict(cfg, model=node))))
+            except SpecError as e:
+                refused[model, obs] = str(e)
+                continue
             assert plan.outputs, (model, obs)
+    # a refusal is one line naming the field and why, and only where the model cannot carry the instrument:
+    # a kind without one linear head on one residual stream (model.kind), a one-row verdict asked for K rows,
+    # or curvature (one linear row) on a gated head; every classifier plans every observable
+    for (model, obs), msg in refused.items():
+        kind = models[model].get("kind", "classifier")
+        assert kind != "classifier" or (model, obs) == ("tiny_gated", "examples/curvature"), (model, obs, msg)
+        assert "\n" not in msg.strip() and ("Fix" in msg or "does not apply to model.kind=" in msg), msg
+        if kind in ("judge", "prm") and "num_labels" in msg:
+            assert obs in ("objectives", "scalar_cost"), (model, obs, msg)
+    for kind in ("implicit", "ensemble"):
+        own = [o for o in observables if o.startswith(kind)]
+        assert own and all((f"tiny_{kind}", o) not in refused for o in own), kind
 
 
 @pytest.mark.parametrize("override,field,hint", [
