@@ -53,6 +53,16 @@ def test_batched_tokenization_equals_one_call_per_text(tok):
         assert r == tok(f"{p.prompt}|{p.rejected}")["input_ids"]
 
 
+def test_tokenizer_slices_join_to_one_call_per_text(tok, monkeypatch):
+    import reward_lens_spec.models.formatting as fmt_mod
+
+    monkeypatch.setattr(fmt_mod, "ENCODE_SLICE", 3)                  # 9 texts: slices of 3, 3, 3 (+ order)
+    pairs = [P(f"p{i}", "q" * (i + 1), "a" * (2 * i + 1), "b" * (9 - i)) for i in range(9)]
+    enc = encode_pairs(tok, pairs, template="{prompt}|{response}")
+    assert [c for c in enc.chosen] == [tok(f"{p.prompt}|{p.chosen}")["input_ids"] for p in pairs]
+    assert [r for r in enc.rejected] == [tok(f"{p.prompt}|{p.rejected}")["input_ids"] for p in pairs]
+
+
 def test_prompt_rejected_used_for_rejected_side(tok):
     enc = encode_pairs(tok, [P("a", "p1", "c", "r", prompt_rejected="p2")], template="{prompt}|{response}")
     assert enc.chosen[0] == [1] + byte_ids("p1|c")
