@@ -146,3 +146,25 @@ def test_recompute_matches_and_catches_a_full_forgery(_unsigned, tmp_path, capsy
     assert not ok and any("recompute  FAILED" in ln and "margin max|Δ|" in ln and "MISMATCH" in ln
                           for ln in lines), lines
     assert store_main(["verify", f"url={store}", f"run={rid}", "--recompute", "2"]) == 1
+
+
+@pytest.mark.slow
+def test_recompute_regrades_a_card_and_catches_readings_its_code_did_not_compute(tmp_path, dla_card, one_thread):
+    """``store verify recompute=K`` grades each card's organism check again (``trust.recompute.recompute_card``):
+    the honest card agrees; a card whose readings are 5 % off (written as broken code would, sealed and
+    logged like any other) is caught, though every integrity check passes."""
+    import dataclasses
+
+    from reward_lens_spec.trust.recompute import recompute_card
+
+    url = str(tmp_path / "cards.zarr")
+    honest = write_card(dla_card, url)
+    ok, detail = recompute_card(open_store(url), honest)
+    assert ok is True and "MISMATCH" not in detail, detail
+    forged = dataclasses.replace(dla_card, readings={
+        c: [None if v is None else 1.05 * v for v in vals] for c, vals in dla_card.readings.items()})
+    other = str(tmp_path / "forged.zarr")
+    bad = write_card(forged, other)
+    assert open_store(other).verify(bad)["ok"]                # the seal and data digests hold
+    ok, detail = recompute_card(open_store(other), bad)
+    assert ok is False and "MISMATCH" in detail, detail
