@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from reward_lens_spec.run import compose_run, execute
-from reward_lens_spec.run import inputs as run_inputs
+from reward_lens_spec.models import loading
 
 
 def _go(tmp_path, *over):
@@ -16,7 +16,7 @@ def _go(tmp_path, *over):
 def _no_weights(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("weights were loaded")
-    monkeypatch.setattr(run_inputs, "load_model", refuse)
+    monkeypatch.setattr(loading, "load_model", refuse)       # the one guarded loader (models.kinds' classifier)
 
 
 def test_builtin_rerun_loads_no_weights(tmp_path, monkeypatch):
