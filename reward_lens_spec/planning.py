@@ -27,11 +27,16 @@ def plan_for(run, base_dir=None):
 
 def refuse_kind_ops(model, plan) -> None:
     """``SpecError`` naming the first step whose operator ``model.kind`` (and its mode) does not apply to
-    (``models.kinds.refused_ops``: a one-line reason each)."""
+    (``models.kinds.refused_ops``: a one-line reason each), or that reads only other kinds (``Operator.kinds``)."""
     from .models.kinds import kind_of, refused_ops
 
     refused = refused_ops(model)
     for s in plan.steps:
+        own = type(s.op).kinds
+        if own and kind_of(model) not in own:
+            raise SpecError(f"observable.steps.{s.name}", f"op '{type(s.op).name}' reads model.kind="
+                            f"{'|'.join(own)}; this model is model.kind={kind_of(model)}.",
+                            fix=f"use a model with model.kind={own[0]} (e.g. model=tiny_{own[0]}), or drop that step.")
         if type(s.op).name in refused:
             raise SpecError(f"observable.steps.{s.name}", f"op '{type(s.op).name}' does not apply to "
                             f"model.kind={kind_of(model)}: {refused[type(s.op).name]}",

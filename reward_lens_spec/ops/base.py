@@ -66,6 +66,8 @@ class Operator:
     pair_fields: ClassVar[tuple[str, ...]] = ()    # per-pair fields it reads beyond the text and dimension
                                                    # (Pair.meta keys, rubric, source): in the run identity, and
                                                    # the only ones it sees (run.inputs.ops_view)
+    kinds: ClassVar[tuple[str, ...]] = ()          # model.kind values it reads (empty: any kind that does not
+                                                   # refuse it); others are refused at plan time
 
     def __init__(self, params):
         self.p = params

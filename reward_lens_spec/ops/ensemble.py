@@ -42,6 +42,7 @@ class EnsembleReward(Operator):
     """An ensemble's reduced reward per side, or each member's reward or margin."""
 
     name = "ensemble_reward"
+    kinds = ("ensemble",)
     dims = "() → pair × side (reward) | pair × side × member (member_reward) | pair × member (member_margin)"
     per_pair = True
     Params = EnsembleRewardParams
@@ -92,6 +93,7 @@ class MemberAgreement(Operator):
     """Agreement between ensemble members' margins across pairs (sign agreement or Spearman correlation)."""
 
     name = "member_agreement"
+    kinds = ("ensemble",)
     dims = "x (pair × member) → member × other"
     Params = MemberAgreementParams
 

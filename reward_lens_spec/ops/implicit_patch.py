@@ -40,6 +40,7 @@ class ImplicitPatchParams:
 
 
 class _Base(Operator):
+    kinds = ("implicit",)
     Params = ImplicitPatchParams
     n_inputs = 0
     reruns = True

@@ -58,6 +58,7 @@ class ImplicitReward(Operator):
     """DPO-implicit reward per side, per response token, or the log-probabilities behind it."""
 
     name = "implicit_reward"
+    kinds = ("implicit",)
     dims = "() → pair × side (reward) | pair × side × position (per_token, policy_logp, reference_logp)"
     per_pair = True
     Params = ImplicitRewardParams
@@ -104,6 +105,7 @@ class ImplicitLens(Operator):
     """Implicit reward with the policy read at every layer through its unembedding (approximate)."""
 
     name = "implicit_lens"
+    kinds = ("implicit",)
     dims = "() → pair × side × layer"
     per_pair = True
     Params = ImplicitLensParams
