@@ -34,9 +34,7 @@ is one linear row), ``model.template`` (pairwise without ``{other}``).
 """
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -130,44 +128,16 @@ def as_verdict_classifier(causal, token_ids: tuple[int, int], scale: float = 1.0
     return clf.to(W.dtype).eval()
 
 
-def load_causal(spec, base_dir: str | None = None):
-    """``(causal LM, tokenizer)`` of ``spec``: a built-in tiny one or a checkpoint via the guarded loader."""
-    from .hub import load_causal_lm, load_tokenizer, trust_remote_code
-    from .loading import _DTYPES, gguf_for, resolve_source
-    from .tiny import TINY_CONFIGS, build_tiny_causal
-
-    padding_side = str(getattr(spec.padding_side, "value", spec.padding_side))
-    kind, loc = resolve_source(spec.source, base_dir)
-    if kind == "builtin":
-        if loc not in TINY_CONFIGS:
-            raise SpecError("model.source", f"unknown built-in model '{loc}'.", value=loc, options=TINY_CONFIGS)
-        return build_tiny_causal(loc, seed=spec.seed, padding_side=padding_side)
-    gguf = gguf_for(spec, kind, loc)
-    if gguf:
-        if kind == "folder" and not (Path(loc) / gguf).exists():
-            raise SpecError("model.gguf_file", f"{gguf} not found in {loc}.")
-        for need in ("gguf", "accelerate"):
-            if importlib.util.find_spec(need) is None:
-                raise SpecError("model.gguf_file", f"loading GGUF needs the '{need}' package.",
-                                fix="pip install 'reward_lens_spec[real]'")
-    common = dict(trust_remote_code=trust_remote_code(spec), source=spec.source, gguf_file=gguf,
-                  revision=spec.revision or None)
-    tok = load_tokenizer(loc, **common)
-    tok.padding_side = padding_side
-    dtype = _DTYPES[str(getattr(spec.dtype, "value", spec.dtype))]
-    causal = load_causal_lm(loc, dtype=dtype, allow_pickle=bool(spec.allow_pickle),
-                            attn_implementation=spec.attn_implementation or None, **common)
-    return causal, tok
-
-
 def load_judge(spec, base_dir: str | None = None, *, tokens=None, field: str = "model.judge.tokens",
                mode: str | None = None):
     """The ``LoadedModel`` of a judge: the causal LM wrapped with its verdict row (module docstring)."""
+    from .causal import load_causal
     from .loading import resolve_device, wrap_model
 
     mode = mode or spec.judge.mode
     tokens = tuple(tokens if tokens is not None else spec.judge.tokens)
-    causal, tok = load_causal(spec, base_dir)
+    lm_ = load_causal(spec, base_dir)                  # models.causal: the one spec → causal-LM loader
+    causal, tok = lm_.model, lm_.tokenizer
     ids = verdict_ids(tok, tokens, field)
     scale = 0.5 if mode == "pairwise" else 1.0
     clf = as_verdict_classifier(causal, ids, scale)
