@@ -129,6 +129,33 @@ def load_tokenizer(loc, *, trust_remote_code: bool, source: str | None = None, g
                                f"{_first_line(exc)}", fix="check model.source (tests never download).") from None
 
 
+def _weights(auto: str, loc, *, trust_remote_code: bool, dtype, allow_pickle: bool, source, gguf_file, revision,
+             attn_implementation, **extra):
+    """``transformers.<auto>.from_pretrained(loc)`` under this module's rules (the one call of it for weights)."""
+    import transformers as tf
+
+    kw = _kwargs(trust_remote_code, gguf_file, revision)
+    kw.update(extra)
+    if dtype is not None:
+        kw["dtype"] = dtype
+    if attn_implementation:
+        kw["attn_implementation"] = attn_implementation
+    if not gguf_file:
+        kw["use_safetensors"] = None if allow_pickle else True
+    try:
+        with no_prompt():
+            return getattr(tf, auto).from_pretrained(str(loc), **kw)
+    except ValueError as exc:
+        err = remote_code_error(source or loc, exc)
+        if err is None:
+            raise
+        raise err from None
+    except OSError as exc:
+        hint = ("weights are not safetensors: set model.allow_pickle=true only if you trust the file."
+                if "safetensors" in str(exc).lower() else "check model.source (tests never download).")
+        raise SpecError("model.source", f"could not load '{source or loc}': {_first_line(exc)}", fix=hint) from None
+
+
 def load_classifier(loc, *, trust_remote_code: bool, num_labels: int, dtype=None, allow_pickle: bool = False,
                     source: str | None = None, gguf_file: str | None = None, revision: str | None = None,
                     attn_implementation: str | None = None) -> tuple:
@@ -139,55 +166,20 @@ def load_classifier(loc, *, trust_remote_code: bool, num_labels: int, dtype=None
     ``model.trust_remote_code`` (custom code refused), ``model.source`` (unreadable; pickle weights
     without ``allow_pickle`` say so).
     """
-    import transformers as tf
-
-    kw = _kwargs(trust_remote_code, gguf_file, revision)
-    kw.update(num_labels=int(num_labels), output_loading_info=True)
-    if dtype is not None:
-        kw["dtype"] = dtype
-    if attn_implementation:
-        kw["attn_implementation"] = attn_implementation
-    if not gguf_file:
-        kw["use_safetensors"] = None if allow_pickle else True
-    try:
-        with no_prompt():
-            model, info = tf.AutoModelForSequenceClassification.from_pretrained(str(loc), **kw)
-    except ValueError as exc:
-        err = remote_code_error(source or loc, exc)
-        if err is None:
-            raise
-        raise err from None
-    except OSError as exc:
-        hint = ("weights are not safetensors: set model.allow_pickle=true only if you trust the file."
-                if "safetensors" in str(exc).lower() else "check model.source (tests never download).")
-        raise SpecError("model.source", f"could not load '{source or loc}': {_first_line(exc)}", fix=hint) from None
+    model, info = _weights("AutoModelForSequenceClassification", loc, trust_remote_code=trust_remote_code,
+                           dtype=dtype, allow_pickle=allow_pickle, source=source, gguf_file=gguf_file,
+                           revision=revision, attn_implementation=attn_implementation,
+                           num_labels=int(num_labels), output_loading_info=True)
     missing = tuple(sorted(str(k) for k in (info or {}).get("missing_keys") or ()))
     return model, missing
 
 
 def load_causal_lm(loc, *, trust_remote_code: bool, dtype=None, allow_pickle: bool = False, source: str | None = None,
                    gguf_file: str | None = None, revision: str | None = None, attn_implementation: str | None = None):
-    """The ``AutoModelForCausalLM`` at ``loc`` (a policy or reference of ``model.kind=implicit``), under the same
-    rules as ``load_classifier``: ``trust_remote_code`` a bool, safetensors unless ``allow_pickle``, GGUF via
-    ``gguf_file``. Raises ``SpecError``: ``model.trust_remote_code`` (custom code refused), ``model.source``."""
-    import transformers as tf
-
-    kw = _kwargs(trust_remote_code, gguf_file, revision)
-    if dtype is not None:
-        kw["dtype"] = dtype
-    if attn_implementation:
-        kw["attn_implementation"] = attn_implementation
-    if not gguf_file:
-        kw["use_safetensors"] = None if allow_pickle else True
-    try:
-        with no_prompt():
-            return tf.AutoModelForCausalLM.from_pretrained(str(loc), **kw)
-    except ValueError as exc:
-        err = remote_code_error(source or loc, exc)
-        if err is None:
-            raise
-        raise err from None
-    except OSError as exc:
-        hint = ("weights are not safetensors: set model.allow_pickle=true only if you trust the file."
-                if "safetensors" in str(exc).lower() else "check model.source (tests never download).")
-        raise SpecError("model.source", f"could not load '{source or loc}': {_first_line(exc)}", fix=hint) from None
+    """The ``AutoModelForCausalLM`` at ``loc`` (a judge, or a policy or reference of ``model.kind=implicit``),
+    under the same rules as ``load_classifier``: ``trust_remote_code`` a bool, safetensors unless
+    ``allow_pickle``, GGUF via ``gguf_file``. Raises ``SpecError``: ``model.trust_remote_code`` (custom code
+    refused), ``model.source``."""
+    return _weights("AutoModelForCausalLM", loc, trust_remote_code=trust_remote_code, dtype=dtype,
+                    allow_pickle=allow_pickle, source=source, gguf_file=gguf_file, revision=revision,
+                    attn_implementation=attn_implementation)
