@@ -16,17 +16,19 @@ KEYS = ("url", "a", "b", "vars", "n_boot", "n_perm", "n_null", "seed", "ci")
 USAGE = "reward-lens-spec compare url=STORE a=RUN_ID b=RUN_ID [vars=margin,w_r]"
 
 
-def parse(argv: list[str]) -> dict:
-    """``key=value`` arguments → dict; ``SpecError`` naming a bad key or value."""
+def parse_args(argv: list[str], keys: tuple, required: tuple, usage: str) -> dict:
+    """``key=value`` arguments of a store-reading command (``compare``, ``drift``) → dict, with ``n_boot``,
+    ``n_perm``, ``n_null``, ``seed`` as int and ``ci`` as a float in (0, 1); ``SpecError`` naming a bad key
+    or value."""
     args: dict = {}
     for a in argv:
         key, eq, value = a.partition("=")
-        if not eq or key not in KEYS:
-            raise SpecError(key or a, f"unknown argument.{did_you_mean(key, KEYS)}", options=KEYS, fix=USAGE)
+        if not eq or key not in keys:
+            raise SpecError(key or a, f"unknown argument.{did_you_mean(key, keys)}", options=keys, fix=usage)
         args[key] = value
-    for key in ("url", "a", "b"):
+    for key in required:
         if not args.get(key):
-            raise SpecError(key, "is required.", fix=USAGE)
+            raise SpecError(key, "is required.", fix=usage)
     for key, cast in (("n_boot", int), ("n_perm", int), ("n_null", int), ("seed", int), ("ci", float)):
         if key in args:
             try:
@@ -35,6 +37,12 @@ def parse(argv: list[str]) -> dict:
                 raise SpecError(key, f"must be a {cast.__name__}, got {args[key]!r}.") from None
     if "ci" in args and not 0 < args["ci"] < 1:
         raise SpecError("ci", f"must lie in (0, 1), got {args['ci']}.")
+    return args
+
+
+def parse(argv: list[str]) -> dict:
+    """``compare``'s arguments (``parse_args``), ``vars`` split on commas."""
+    args = parse_args(argv, KEYS, ("url", "a", "b"), USAGE)
     args["vars"] = [v for v in args.get("vars", "").split(",") if v] or None
     return args
 

@@ -267,25 +267,10 @@ USAGE = "reward-lens-spec drift url=STORE observable=NAME [model=NAME] [n_null= 
 
 
 def parse(argv: list[str]) -> dict:
-    """``key=value`` arguments → dict; ``SpecError`` naming a bad key or value."""
-    from ..errors import did_you_mean
+    """``drift``'s arguments (``compare.cli.parse_args``); ``SpecError`` naming a bad key or value."""
+    from .cli import parse_args
 
-    args: dict = {}
-    for a in argv:
-        key, eq, value = a.partition("=")
-        if not eq or key not in KEYS:
-            raise SpecError(key or a, f"unknown argument.{did_you_mean(key, KEYS)}", options=KEYS, fix=USAGE)
-        args[key] = value
-    for key in ("url", "observable"):
-        if not args.get(key):
-            raise SpecError(key, "is required.", fix=USAGE)
-    for key, cast in (("n_null", int), ("n_boot", int), ("n_perm", int), ("seed", int), ("ci", float)):
-        if key in args:
-            try:
-                args[key] = cast(args[key])
-            except ValueError:
-                raise SpecError(key, f"must be a {cast.__name__}, got {args[key]!r}.") from None
-    return args
+    return parse_args(argv, KEYS, ("url", "observable"), USAGE)
 
 
 def main(argv: list[str] | None = None) -> int:
