@@ -49,9 +49,10 @@ def run(root, *overrides, store="store.zarr"):
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         cfg = compose(config_name="config", overrides=["observable=reward_direction", "dataset.limit=60",
                                                        *overrides])
-    out = execute(validate(cfg), resolved_yaml=OmegaConf.to_yaml(cfg), base_dir=str(root),
+    spec = validate(cfg)
+    out = execute(spec, resolved_yaml=OmegaConf.to_yaml(cfg), base_dir=str(root),
                   store_url=str(root / store), progress=False)
-    return out.run_id, open_store(str(root / store)).load(out.run_id, out.plan.observable, lazy=False)
+    return out.run_id, open_store(str(root / store)).load(out.run_id, spec.observable.name, lazy=False)
 
 
 def model_args(name, root):

@@ -8,11 +8,20 @@ back for projection). Gauge-invariant cross-model comparison of margins lives in
 ``reward_lens_spec.ops.margin_agreement.compare_margins``; two stored runs are compared by
 ``reward_lens_spec.compare``.
 """
-from .compare import as_direction, compare_directions
-from .covariance import Spectrum, shrunk_spectrum
-from .fit import Frame, fit_shared, fit_whitened, make_frame, native_frame, native_gauge
-from .gate import gauge_of, is_frame_dependent, require_shared_frame
-from .io import frame_from_dataset, frame_to_dataset, load_frame, save_frame
+import importlib
+
+_WHERE = {"as_direction": "compare", "compare_directions": "compare", "Spectrum": "covariance",
+          "shrunk_spectrum": "covariance", "Frame": "fit", "fit_shared": "fit", "fit_whitened": "fit",
+          "make_frame": "fit", "native_frame": "fit", "native_gauge": "fit", "gauge_of": "gate",
+          "is_frame_dependent": "gate", "require_shared_frame": "gate", "frame_from_dataset": "io",
+          "frame_to_dataset": "io", "load_frame": "io", "save_frame": "io"}
+
+
+def __getattr__(name):               # imported on first use: validating a config needs no xarray or scipy
+    if name in _WHERE:
+        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["Frame", "fit_whitened", "fit_shared", "make_frame", "native_frame", "native_gauge", "Spectrum",
            "shrunk_spectrum", "save_frame", "load_frame", "frame_to_dataset", "frame_from_dataset",

@@ -44,7 +44,6 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import scipy.linalg
 
 from ..errors import SpecError
 
@@ -123,6 +122,8 @@ def shrunk_spectrum(acts, shrinkage="auto", where: str = "frame") -> Spectrum:
     rho = _intensity("ledoit_wolf" if method == "auto" else method, tr_s, fro2_s, float((norms2 ** 2).sum()), n, d)
     mu = tr_s / d
     t1 = time.perf_counter()
+    import scipy.linalg
+
     g, vecs = scipy.linalg.eigh(M, overwrite_a=True, check_finite=False, driver="evd")   # divide and conquer
     g, vecs = g[::-1], vecs[:, ::-1]
     full_rank = False

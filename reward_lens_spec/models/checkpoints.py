@@ -99,7 +99,7 @@ def select_checkpoint(spec) -> None:
 def content_digest(source: str, revision: str | None = None, base_dir: str | None = None) -> str:
     """sha256 of one checkpoint's content: its files (folder) or its source string and revision."""
     from .fingerprint_cache import file_sha256
-    from .loading import resolve_source
+    from .sources import resolve_source
 
     kind, loc = resolve_source(source, base_dir)
     h = hashlib.sha256(b"reward_lens_spec.checkpoint.v1")

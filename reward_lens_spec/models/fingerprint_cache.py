@@ -31,14 +31,14 @@ def cache_dir() -> Path:
     return Path(os.environ.get("REWARD_LENS_SPEC_CACHE") or Path.home() / ".cache" / "reward_lens_spec")
 
 
-def _read(path: Path):
+def read_entry(path: Path):
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
 
 
-def _write(path: Path, doc) -> None:
+def write_entry(path: Path, doc) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -53,20 +53,20 @@ def file_sha256(path: Path) -> str:
     st = path.stat()
     key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()
     entry = cache_dir() / "files" / f"{key}.json"
-    doc = _read(entry)
+    doc = read_entry(entry)
     if isinstance(doc, dict) and isinstance(doc.get("sha256"), str):
         return doc["sha256"]
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
-    _write(entry, {"sha256": h.hexdigest(), "path": str(path)})
+    write_entry(entry, {"sha256": h.hexdigest(), "path": str(path)})
     return h.hexdigest()
 
 
 def weights_key(spec, base_dir: str | None = None) -> str | None:
     """The key the fingerprint of ``spec``'s model is remembered under (``None``: no key, load to know)."""
-    from .loading import resolve_source
+    from .sources import resolve_source
 
     fields = {f: str(getattr(getattr(spec, f, None), "value", getattr(spec, f, None))) for f in _SPEC_FIELDS}
     from .kinds import kind_of, kind_settings
@@ -93,14 +93,14 @@ def remembered(key: str | None) -> str | None:
     """The fingerprint a load remembered under ``key``, or ``None``."""
     if key is None:
         return None
-    doc = _read(cache_dir() / "fingerprints" / f"{key}.json")
+    doc = read_entry(cache_dir() / "fingerprints" / f"{key}.json")
     fp = doc.get("model_fingerprint") if isinstance(doc, dict) else None
     return fp if isinstance(fp, str) and len(fp) == 64 else None
 
 
 def remember(key: str | None, fingerprint: str) -> None:
     if key is not None:
-        _write(cache_dir() / "fingerprints" / f"{key}.json", {"model_fingerprint": fingerprint})
+        write_entry(cache_dir() / "fingerprints" / f"{key}.json", {"model_fingerprint": fingerprint})
 
 
 def load_tokenizer_only(spec, base_dir: str | None = None):

@@ -13,16 +13,13 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from ..identity import git_sha, spec_hash, versions
-from ..planning import frame_dependent, plan_for
-from ..result import Result
-from ..spec import StoreSpec
-from ..store import Backend, is_complete, open_store
-from ..store.writer import check_layout
-from .identity import declared_fields, identity_parts, run_id_of
-from ..models.fingerprint_cache import load_tokenizer_only, remember, remembered, weights_key
-from .inputs import Inputs, encode, load_dataset, load_inputs, ops_view
-from .stream import stream
+from typing import TYPE_CHECKING
+
+from ..store import is_complete, open_store
+from .reuse import remember_run, reuse_key, reused_run
+
+if TYPE_CHECKING:                     # the executor's heavy imports (torch, transformers) come after the reuse check
+    from ..result import Result
 
 
 @dataclass
@@ -30,7 +27,7 @@ class Outcome:
     run_id: str
     store_url: str
     reused: bool
-    result: Result | None            # the stored run (None when reused or not complete yet): in memory when it
+    result: "Result | None"          # the stored run (None when reused or not complete yet): in memory when it
                                      # holds at most RESULT_IN_MEMORY bytes, else opened lazily (dask)
     plan: object
     status: str = "complete"         # or "shard_done": this job's chunks are in, the last shard completes the run
@@ -77,6 +74,12 @@ def compute(lm, pairs, plan, info, *, fmt="plain", template="User: {prompt}\nAss
     Raises ``SpecError`` when no pair is left after exclusions, and the operators' errors.
     """
     from ..errors import SpecError
+    from ..spec import StoreSpec
+    from ..store import Backend
+    from ..store.writer import check_layout
+    from .identity import declared_fields
+    from .inputs import encode, ops_view
+    from .stream import stream
 
     enc = encode(lm, pairs, fmt=fmt, template=template, max_length=max_length)
     if not enc.pair_ids:
@@ -107,6 +110,10 @@ def _reused_without_weights(run, plan, base_dir, store_url, so, study_hash, prog
     from types import SimpleNamespace
 
     from ..data.accounting import accounting, summary_line
+    from ..models.fingerprint_cache import load_tokenizer_only, remembered, weights_key
+    from ..planning import frame_dependent
+    from .identity import identity_parts, run_id_of
+    from .inputs import Inputs, encode, load_dataset
 
     if run.store.force or frame_dependent(plan):
         return None, None
@@ -129,6 +136,17 @@ def _reused_without_weights(run, plan, base_dir, store_url, so, study_hash, prog
     return run_id, pairs
 
 
+def _reused_outcome(run_id, prov, store_url, progress, defer_lines) -> Outcome:
+    """The outcome of a run ``run.reuse`` found: its pairs line from the counts the stored run records."""
+    from ..data.accounting import summary_line
+
+    acc = {"excluded": prov.get("excluded") or {}, "pair_flags": prov.get("pair_flags") or {}}
+    line = summary_line(acc, (prov.get("effective_n") or {}).get("n_scored")) if progress else None
+    if line and not defer_lines:
+        print(line)
+    return Outcome(run_id, store_url, True, None, None, pairs_line=line if defer_lines else None)
+
+
 def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress: bool = True,
             defer_lines: bool = False) -> Outcome:
     """Run one composed, validated config (``RunConfig``) end to end; see the module docstring.
@@ -136,20 +154,35 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     ``progress``: print the pairs line (and a chunk progress bar); ``defer_lines``: keep the pairs line in
     ``Outcome.pairs_line`` instead, for ``report.summary.print_summary`` to print in one block with the rest
     (a multirun's jobs share one console)."""
-    from ..data.accounting import accounting, summary_line
-    from ..frames.resolve import resolve_frame
-    from ..models.fingerprint import model_fingerprint
-    from ..trust.gates import seal_run
     from ..trust.studies import check_run
 
     t0 = time.perf_counter()
-    plan, info = plan_for(run, base_dir)                      # every spec error before any model loads
-    set_threads(run.model.threads)
     so = dict(run.store.storage_options)
     study = check_run(run, store_url, storage_options=so)     # edited study: refused
     shash = study["study_hash"] if study else None
+    key = reuse_key(run, resolved_yaml, base_dir, shash)
+    found = reused_run(run, key, resolved_yaml, base_dir, store_url, so)
+    if found is not None:                                     # decided from bytes: no torch, no tokenizer
+        return _reused_outcome(*found, store_url, progress, defer_lines)
+
+    from ..data.accounting import accounting, summary_line
+    from ..frames.resolve import resolve_frame
+    from ..identity import git_sha, spec_hash, versions
+    from ..models.fingerprint import model_fingerprint
+    from ..models.fingerprint_cache import remember, weights_key
+    from ..planning import frame_dependent, plan_for
+    from ..store import Backend
+    from ..store.writer import check_layout
+    from ..trust.gates import seal_run
+    from .identity import declared_fields, identity_parts, run_id_of
+    from .inputs import load_inputs, ops_view
+    from .stream import stream
+
+    plan, info = plan_for(run, base_dir)                      # every spec error before any model loads
+    set_threads(run.model.threads)
     found, pairs = _reused_without_weights(run, plan, base_dir, store_url, so, shash, progress and not defer_lines)
     if found is not None:
+        remember_run(key, found)
         return Outcome(found, store_url, True, None, plan)
     inp = load_inputs(run, base_dir, pairs=pairs)               # the pairs already read are not read again
     lm, enc, m = inp.lm, inp.enc, run.model
@@ -166,6 +199,7 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
                            frame_id=frame.id if frame is not None else None, base_dir=base_dir)
     run_id = run_id_of(run.observable.name, parts)
     if not run.store.force and is_complete(store_url, run_id, storage_options=so):
+        remember_run(key, run_id)
         return Outcome(run_id, store_url, True, None, plan, pairs_line=deferred)
     b = Backend(store_url, so)
     check_layout(b, create=True)
@@ -203,6 +237,7 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     if done.status != "complete":
         return Outcome(run_id, store_url, False, None, plan, status=done.status, shard=sh, missing=done.missing,
                        chunks=done.chunks, pairs_line=deferred)
+    remember_run(key, run_id)
     result = open_store(store_url, storage_options=so).load(run_id, run.observable.name)
     if result.nbytes <= RESULT_IN_MEMORY:
         result = result.load()

@@ -1,0 +1,125 @@
+"""Reuse decided before any heavy import: a complete run found from the bytes its id depends on.
+
+A run id (``run.identity``) hashes the model's fingerprint, the pairs, the tokens the model sees and
+the observable — so finding it means loading a tokenizer and tokenizing every pair (seconds of
+torch and transformers imports on the embedded model). Every one of those is a function of a
+smaller set of bytes, hashed here into a *reuse key*:
+
+- the resolved config (``OmegaConf.to_yaml`` of the composed run: model, dataset, observable,
+  frame, store — what ``config_yaml`` in the run's attrs holds);
+- the dataset file's sha256 (the built-in ``diagnostic.jsonl`` or ``dataset.path``; every file of a
+  folder), each cached by path, size and mtime (``models.fingerprint_cache.file_sha256``);
+- the weights key (``models.fingerprint_cache.weights_key``: the checkpoint's files, or the code of a
+  built-in model), and a checkpoint sequence's chain up to this checkpoint;
+- every source and data file of this package, and the installed versions of the libraries that
+  tokenize and compute (torch, transformers, tokenizers, numpy);
+- the study the run is registered under, if any.
+
+The key maps to the run id a previous execution computed the slow way (``remember_run``). A key is
+made only where every input is a local file: a hub model, a frame other than native, or
+``store.force`` make none, and the run is decided by loading. A remembered id is used only when
+the store holds that run complete *and* its sealed attrs agree — the same resolved config and the
+model fingerprint remembered for these weights — so a stale, corrupt or planted cache entry can
+only cost a load, never reuse another run. The cache is ``$REWARD_LENS_SPEC_CACHE/runs``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from importlib import metadata
+from pathlib import Path
+
+LIBRARIES = ("torch", "transformers", "tokenizers", "numpy")
+_PACKAGE_SUFFIXES = (".py", ".jsonl", ".json", ".yaml")
+_PACKAGE_DIGEST: dict = {}
+
+
+def package_digest() -> str:
+    """sha256 of every source and data file of the installed package (path and bytes), once per process."""
+    if "d" not in _PACKAGE_DIGEST:
+        root = Path(__file__).resolve().parent.parent
+        h = hashlib.sha256()
+        for p in sorted(root.rglob("*")):
+            if p.is_file() and p.suffix in _PACKAGE_SUFFIXES and "__pycache__" not in p.parts:
+                h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+        _PACKAGE_DIGEST["d"] = h.hexdigest()
+    return _PACKAGE_DIGEST["d"]
+
+
+def _versions() -> dict:
+    out = {}
+    for lib in LIBRARIES:
+        try:
+            out[lib] = metadata.version(lib)
+        except metadata.PackageNotFoundError:
+            out[lib] = None
+    return out
+
+
+def dataset_files(ds, base_dir: str | None) -> list[Path] | None:
+    """The files ``load_pairs`` reads for a ``DatasetSpec`` (``None``: not a local file, or not there)."""
+    from ..data.files import resolve_path
+
+    if ds.kind.value == "diagnostic":
+        from ..data.loaders import DIAGNOSTIC_FILE
+        return [Path(__file__).resolve().parent.parent / "data" / DIAGNOSTIC_FILE]
+    if not ds.path:
+        return None
+    p = resolve_path(ds.path, base_dir)
+    if p.is_file():
+        return [p]
+    if p.is_dir():
+        return [f for f in sorted(p.rglob("*")) if f.is_file()]
+    return None
+
+
+def reuse_key(run, resolved_yaml: str, base_dir: str | None, study_hash: str | None) -> str | None:
+    """The reuse key of a composed run (see the module doc), or ``None`` when it has none."""
+    from ..models.checkpoints import chain
+    from ..models.fingerprint_cache import file_sha256, weights_key
+
+    if run.store.force or run.frame.name.value != "native":
+        return None
+    files = dataset_files(run.dataset, base_dir)
+    wkey = weights_key(run.model, base_dir)
+    if files is None or wkey is None:
+        return None
+    doc = {"config": resolved_yaml, "data": [[str(f), file_sha256(f)] for f in files], "weights": wkey,
+           "checkpoint": chain(run.model, base_dir), "package": package_digest(), "libraries": _versions(),
+           "study": study_hash}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _entry(key: str) -> Path:
+    from ..models.fingerprint_cache import cache_dir
+    return cache_dir() / "runs" / f"{key}.json"
+
+
+def remember_run(key: str | None, run_id: str) -> None:
+    """Remember that ``key`` identifies ``run_id`` (a cache that cannot be written is only slower)."""
+    from ..models.fingerprint_cache import write_entry
+    if key is not None:
+        write_entry(_entry(key), {"run_id": run_id})
+
+
+def reused_run(run, key: str | None, resolved_yaml: str, base_dir: str | None, store_url: str,
+               storage_options: dict) -> tuple[str, dict] | None:
+    """``(run id, its stored provenance)`` remembered under ``key`` when the store holds it complete with this
+    resolved config and the fingerprint remembered for these weights; else ``None`` (decide by loading)."""
+    from ..models.fingerprint_cache import read_entry, remembered, weights_key
+    from ..store import is_complete, open_store
+
+    if key is None:
+        return None
+    doc = read_entry(_entry(key))
+    run_id = doc.get("run_id") if isinstance(doc, dict) else None
+    if not isinstance(run_id, str) or not is_complete(store_url, run_id, storage_options=storage_options):
+        return None
+    try:
+        prov = open_store(store_url, storage_options=storage_options).provenance(run_id)
+    except Exception:                                   # unreadable: decide by loading
+        return None
+    fp = remembered(weights_key(run.model, base_dir))
+    if prov.get("config_yaml") != resolved_yaml or fp is None or prov.get("model_fingerprint") != fp:
+        return None
+    return run_id, prov

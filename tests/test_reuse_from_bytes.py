@@ -1,0 +1,99 @@
+"""Reuse decided from bytes (issue 27 item 4, ``run.reuse``): a rerun of a complete run is found from the
+resolved config and the digests of its data, weights and code — no tokenizer, no plan, no torch — and a
+cache entry that points elsewhere, or inputs whose bytes changed, are never taken for the stored run."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reward_lens_spec.models import fingerprint_cache
+from reward_lens_spec.run import compose_run, execute
+from reward_lens_spec.run import executor
+
+
+def _go(tmp_path, *over):
+    run, y = compose_run(["observable=score", "dataset.limit=4", *over])
+    return execute(run, resolved_yaml=y, base_dir=str(tmp_path), store_url=str(tmp_path / "s.zarr"), progress=False)
+
+
+def _nothing_heavy(mp):
+    """The rerun may neither tokenize nor plan (the slow path starts with ``plan_for``)."""
+    def refuse(*a, **k):
+        raise AssertionError("the slow path ran")
+    mp.setattr(fingerprint_cache, "load_tokenizer_only", refuse)
+    mp.setattr("reward_lens_spec.planning.plan_for", refuse)
+
+
+def _entries():
+    return sorted((fingerprint_cache.cache_dir() / "runs").glob("*.json"))
+
+
+def test_rerun_is_found_from_bytes_and_prints_the_stored_counts(tmp_path, monkeypatch, capsys):
+    first = _go(tmp_path)
+    assert not first.reused and len(_entries()) == 1
+    with monkeypatch.context() as mp:
+        _nothing_heavy(mp)
+        run, y = compose_run(["observable=score", "dataset.limit=4"])
+        again = execute(run, resolved_yaml=y, base_dir=str(tmp_path), store_url=str(tmp_path / "s.zarr"))
+    assert again.reused and again.run_id == first.run_id
+    assert "pairs: 4 of 4 scored; excluded 0; flagged 0" in capsys.readouterr().out
+    with monkeypatch.context() as mp:                       # another config: another key, decided the slow way
+        _nothing_heavy(mp)
+        with pytest.raises(AssertionError, match="the slow path ran"):
+            _go(tmp_path, "dataset.limit=3")
+        with pytest.raises(AssertionError, match="the slow path ran"):
+            _go(tmp_path, "store.force=true")
+
+
+def test_an_entry_pointing_at_another_stored_run_is_not_taken(tmp_path):
+    a = _go(tmp_path)
+    b = _go(tmp_path, "dataset.limit=3")
+    assert a.run_id != b.run_id
+    docs = {json.loads(p.read_text())["run_id"]: p for p in _entries()}
+    docs[a.run_id].write_text(json.dumps({"run_id": b.run_id}))     # planted: a's key -> b (complete, other config)
+    again = _go(tmp_path)
+    assert again.reused and again.run_id == a.run_id                  # decided by loading, not by the entry
+    assert json.loads(docs[a.run_id].read_text())["run_id"] == a.run_id   # and the entry is rewritten
+    docs[a.run_id].write_text("{not json")
+    assert _go(tmp_path).run_id == a.run_id
+
+
+def test_a_data_file_with_other_bytes_is_another_run(tmp_path, monkeypatch):
+    data = tmp_path / "pairs.jsonl"
+    rows = [{"prompt": f"q{i}", "chosen": "yes indeed", "rejected": "no"} for i in range(4)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    over = ("dataset.kind=jsonl", f"dataset.path={data}")
+    first = _go(tmp_path, *over)
+    with monkeypatch.context() as mp:
+        _nothing_heavy(mp)
+        assert _go(tmp_path, *over).run_id == first.run_id
+    rows[0]["chosen"] = "yes indeeD"                                    # same size, other bytes
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with monkeypatch.context() as mp:
+        _nothing_heavy(mp)
+        with pytest.raises(AssertionError, match="the slow path ran"):
+            _go(tmp_path, *over)
+    changed = _go(tmp_path, *over)
+    assert not changed.reused and changed.run_id != first.run_id
+
+
+def test_a_run_lost_from_the_store_is_computed_again(tmp_path):
+    import shutil
+
+    first = _go(tmp_path)
+    shutil.rmtree(tmp_path / "s.zarr")
+    again = _go(tmp_path)
+    assert not again.reused and again.run_id == first.run_id
+
+
+def test_the_key_covers_the_package_code(tmp_path, monkeypatch):
+    from reward_lens_spec.run import reuse
+
+    run, y = compose_run(["observable=score", "dataset.limit=4"])
+    k1 = reuse.reuse_key(run, y, str(tmp_path), None)
+    monkeypatch.setitem(reuse._PACKAGE_DIGEST, "d", "0" * 64)         # as if one source file had changed
+    k2 = reuse.reuse_key(run, y, str(tmp_path), None)
+    assert k1 and k2 and k1 != k2
+    assert reuse.reuse_key(run, y, str(tmp_path), "study-x") != k2   # and the study the run is registered under
+    assert executor.reuse_key is reuse.reuse_key
