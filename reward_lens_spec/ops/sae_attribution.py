@@ -1,0 +1,246 @@
+"""sae_attribution: attribute the margin to the features of a TopK sparse autoencoder at the readout, and
+patch single features through the intervention machinery.
+
+The SAE (``models.sae``; Gao et al. 2024, "Scaling and evaluating sparse autoencoders") is either loaded
+from ``path`` (a folder in SAE-Lens' format: ``cfg.json`` + ``sae_weights.safetensors``) or trained in the
+run, seeded (``d_sae``, ``k``, ``epochs``, ``lr``, ``batch``, ``seed``), on ``train_on``:
+  ``run``                                      this run's own activations at ``site`` (every pair, both
+                                               sides; the run is then one chunk, as for ``leace``)
+  ``store:<url>#<run>/<observable>/<variable>``  activations saved by an earlier run (a ``capture`` step),
+                                               streamed ``chunk`` pairs at a time, never held whole
+Steps with equal SAE params share one SAE (trained once per process). Its digest is in the ``sae`` attr.
+
+``site``: ``readout`` (h, the final norm's output at the readout token) or ``resid_post`` with ``layer``.
+At the readout the margin is linear in h — Δ = w·(h_c − h_r), w = W[k] the reward direction (b cancels)
+— and h = Σ_i f_i(h) d_i + b_dec + e(h) holds exactly, so with no approximation
+    Δ = Σ_i (f_i(h_c) − f_i(h_r)) (w·d_i)  +  w·(e_c − e_r)          (b_dec cancels too)
+``quantity``:
+  contribution    (f_i(h_c) − f_i(h_r)) (w·d_i)    pair × feature [× objective]; reward units; readout only
+  error           w·(e_c − e_r)                    pair [× objective]; reward units; readout only
+                  (Σ_feature contribution + error = Δ to float64 rounding; the ``identity_residual`` attr
+                  is the largest |Σ + error − Δ| over the chunk, Δ from the capture's own W·h + b)
+  activation_diff f_i(h_c) − f_i(h_r)              pair × feature; activation units
+  patch_effect    one feature edited in the SAE's latent space at the readout token (the error term
+                  kept), the model re-run from there (``models.interventions.set_readout``, one packed
+                  forward per pair and side over every feature; exact at the readout token):
+                  ``mode: transplant``: the rejected side's f_i set to the chosen side's value
+                  (x_r + (f_i(x_c) − f_i(x_r)) d_i); effect = r_rejected,patched − r_rejected
+                  ``mode: zero``: f_i set to 0 on both sides; effect = Δ_zeroed − Δ
+                  pair × feature [× objective]; reward units. At the readout transplant equals
+                  ``contribution`` and zero equals −``contribution`` (the head is linear in h); at
+                  resid_post it is the feature's causal effect through the layers above.
+                  Only on the first ``observable.pairs`` pairs (NaN on the rest); the other quantities
+                  need no re-run and cover every pair.
+Trust: exploratory (the default of every output; an attribution through a learned dictionary is not
+calibrated by construction — a feature is confirmed only by its ``patch_effect``). Gauge: invariant.
+Errors: ``SpecError`` for an unknown ``quantity``/``site``/``mode``/``train_on``, contribution or error
+asked at a site where Δ is not linear (``site``), a gated head, a layer out of range, non-positive
+sizes, ``k`` > ``d_sae``, an unreadable or non-TopK SAE (``path``), or an SAE whose ``d_in`` is not the
+site's width (``path``).
+"""
+from __future__ import annotations
+
+from dataclasses import astuple, dataclass
+from functools import lru_cache
+from typing import Optional
+
+import numpy as np
+
+from ..errors import SpecError
+from ..registry import register
+from ._grid import choice, first_pairs, need_site, result
+from .base import INVARIANT, Operator
+
+QUANTITIES = ("contribution", "error", "activation_diff", "patch_effect")
+LINEAR = ("contribution", "error")
+
+
+@dataclass(frozen=True)
+class SaeAttributionParams:
+    quantity: str = "contribution"
+    site: str = "readout"              # readout | resid_post
+    layer: Optional[int] = None        # resid_post only
+    path: Optional[str] = None         # SAE-Lens folder; None: train one (below)
+    train_on: str = "run"              # run | store:<url>#<run>/<observable>/<variable>
+    d_sae: int = 32
+    k: int = 4
+    epochs: int = 30
+    lr: float = 0.01
+    batch: int = 64
+    chunk: int = 256                   # pairs per streamed training chunk
+    seed: int = 0
+    mode: str = "transplant"           # patch_effect: transplant | zero
+
+
+def check_params(p, info, where: str) -> None:
+    choice(p.quantity, QUANTITIES, where + ".quantity")
+    choice(p.site, ("readout", "resid_post"), where + ".site")
+    choice(p.mode, ("transplant", "zero"), where + ".mode")
+    if p.site == "resid_post":
+        need_site(info, "resid_post", where)
+        if not (isinstance(p.layer, int) and 0 <= p.layer < info.n_layers):
+            raise SpecError(where + ".layer", f"site resid_post needs a layer in 0..{info.n_layers - 1}, "
+                            f"got {p.layer!r}.")
+        if p.quantity in LINEAR:
+            raise SpecError(where + ".site", f"'{p.quantity}' is an exact linear decomposition of the margin; "
+                            "the margin is linear in the activation only at the readout (after the final norm).",
+                            fix="use site: readout, or quantity: patch_effect at resid_post.")
+    if info.gated:
+        raise SpecError(where, "sae_attribution reads one linear reward direction; this head is gated.",
+                        fix="use a model with a linear reward head.")
+    if p.path is None:
+        if not (p.train_on == "run" or (p.train_on.startswith("store:") and "#" in p.train_on
+                                        and len(p.train_on.partition("#")[2].split("/")) == 3)):
+            raise SpecError(where + ".train_on", f"unknown source '{p.train_on}'.",
+                            options=["run", "store:<url>#<run>/<observable>/<variable>"])
+        for f in ("d_sae", "k", "epochs", "batch", "chunk"):
+            if not (isinstance(getattr(p, f), int) and getattr(p, f) >= 1):
+                raise SpecError(f"{where}.{f}", f"must be an integer >= 1, got {getattr(p, f)!r}.")
+        if p.k > p.d_sae:
+            raise SpecError(where + ".k", f"k ({p.k}) exceeds d_sae ({p.d_sae}).", fix="set k <= d_sae.")
+
+
+@lru_cache(maxsize=4)
+def _stored_sae(p: SaeAttributionParams):
+    """Train on a stored capture variable, streamed ``p.chunk`` pairs at a time (cached per params):
+    ``(sae, stats, the variable's gauge)``."""
+    from ..models.sae import rows_of, train_sae
+    from ..store import open_store
+    url, _, ref = p.train_on.split(":", 1)[1].partition("#")
+    run_id, obs, var = ref.split("/")
+    da = open_store(url).load(run_id, obs, lazy=True)[var]
+    if "layer" in da.dims:
+        if p.layer not in list(da["layer"].values):
+            raise SpecError("observable.steps.layer", f"stored '{var}' has layers {list(da['layer'].values)}, "
+                            f"not {p.layer!r}.")
+        da = da.sel(layer=p.layer)
+    if set(da.dims) != {"pair", "side", "d_model"}:
+        raise SpecError("observable.steps.train_on", f"stored '{var}' has dims {da.dims}; expected readout "
+                        "activations (pair × side × d_model).", fix="store a {op: capture} step's output.")
+    da = da.transpose("pair", "side", "d_model")
+    sae, stats = train_sae(rows_of(da, p.chunk), int(da.sizes["d_model"]), p.d_sae, p.k, epochs=p.epochs, lr=p.lr,
+                           batch=p.batch, seed=p.seed)
+    return sae, stats, da.attrs.get("gauge")
+
+
+@register
+class SaeAttribution(Operator):
+    """Margin attribution to TopK SAE features at the readout (exact, + error term), and feature patching."""
+
+    name = "sae_attribution"
+    dims = "() → pair × feature [× objective], or pair [× objective] (error)"
+    Params = SaeAttributionParams
+    n_inputs = 0
+    reruns = True
+    per_pair = True
+    restricted_by = ("pairs",)
+
+    @property
+    def needs_all_pairs(self):                # trained on this run's activations: every pair, one chunk
+        return self.p.path is None and self.p.train_on == "run"
+
+    def sites(self, info):
+        return {"resid_post"} if self.p.site == "resid_post" else set()
+
+    def prefix_rows(self, info, n_pairs):
+        if self.p.quantity != "patch_effect":
+            return set()
+        n = n_pairs if info.pairs is None else min(info.pairs, n_pairs)
+        return {(p, s) for p in range(n) for s in (0, 1)}
+
+    def out_dims(self, in_dims, info, where):
+        check_params(self.p, info, where)
+        obj = ("objective",) if info.n_outputs > 1 and self.p.quantity != "activation_diff" else ()
+        return ("pair",) + (() if self.p.quantity == "error" else ("feature",)) + obj
+
+    def gauge(self, in_gauges, info):
+        return INVARIANT
+
+    def _acts(self, ctx) -> np.ndarray:
+        cap = ctx.capture
+        return cap.h if self.p.site == "readout" else cap.sites["resid_post"][:, :, self.p.layer]
+
+    def sae(self, ctx):
+        from ..models.sae import load_sae, rows_of, train_sae
+        p = self.p
+        key = ("sae", p.site, p.layer, p.path, p.train_on, p.d_sae, p.k, p.epochs, p.lr, p.batch, p.chunk, p.seed)
+        if key not in ctx.memo:
+            if p.path is not None:
+                ctx.memo[key] = (load_sae(p.path, "observable.steps.path"), {})
+            elif p.train_on == "run":
+                X = self._acts(ctx)
+                ctx.memo[key] = train_sae(rows_of(X, p.chunk), X.shape[-1], p.d_sae, p.k, epochs=p.epochs,
+                                          lr=p.lr, batch=p.batch, seed=p.seed)
+            else:
+                sae, stats, gauge = _stored_sae(p)
+                if gauge not in (None, ctx.info.native_frame):
+                    raise SpecError("observable.steps.train_on", f"the stored activations are in '{gauge}', this "
+                                    f"run's model reads '{ctx.info.native_frame}'.",
+                                    fix="train on activations captured from this model.")
+                ctx.memo[key] = (sae, stats)
+        sae, stats = ctx.memo[key]
+        if sae.d_in != ctx.lm.d_model:
+            raise SpecError("observable.steps.path", f"the SAE reads d_in = {sae.d_in}, the site {p.site} of "
+                            f"'{ctx.lm.name}' has width {ctx.lm.d_model}.",
+                            fix="use an SAE trained on this model's activations at this site.")
+        return sae, stats
+
+    def run(self, ctx):
+        p = self.p
+        pidx = first_pairs(ctx) if p.quantity == "patch_effect" else list(range(len(ctx.encoded.pair_ids)))
+        sae, stats = self.sae(ctx)
+        X = self._acts(ctx)[pidx].astype(np.float64)                                  # pair × side × d
+        W = np.asarray(ctx.lm.head.W, np.float64)                                     # output × d
+        f = sae.encode(X)                                                             # pair × side × d_sae
+        df = f[:, 0] - f[:, 1]
+        wd = np.asarray(sae.W_dec, np.float64) @ W.T                                  # d_sae × output
+        feats = {"feature": list(range(sae.d_sae))}
+        if p.quantity == "activation_diff":
+            out = result(ctx, df[..., None], pidx, ("feature",), feats, "activation",
+                         f"SAE feature activation difference f(x_c) − f(x_r) at {self._where()}")
+        elif p.quantity in LINEAR:
+            contrib = df[..., None] * wd[None]                                        # pair × feature × output
+            e = sae.error(X)
+            err = (e[:, 0] - e[:, 1]) @ W.T                                           # pair × output
+            r = ctx.lm.head.rewards(ctx.capture.h[pidx]).astype(np.float64)
+            resid = float(np.abs(contrib.sum(1) + err - (r[:, 0] - r[:, 1])).max()) if pidx else 0.0
+            if p.quantity == "contribution":
+                out = result(ctx, contrib, pidx, ("feature",), feats, "reward",
+                             "margin contribution (f_i(h_c) − f_i(h_r))·(w·d_i) of each SAE feature at the readout")
+            else:
+                out = result(ctx, err, pidx, (), {}, "reward", "SAE reconstruction-error term w·(e_c − e_r) of "
+                             "the margin at the readout")
+            out.attrs["identity_residual"] = resid
+        else:
+            out = result(ctx, self._patch(ctx, sae, X, f, pidx), pidx, ("feature",), feats, "reward",
+                         f"margin change with one SAE feature {p.mode}ed at {self._where()} (exact re-run)")
+            out.attrs["mode"] = p.mode
+        out.attrs.update(sae=sae.digest(), site=self._where(), k=sae.k, d_sae=sae.d_sae,
+                         **({"train_fvu": round(stats["fvu"], 6)} if stats else {}))
+        return out
+
+    def _where(self) -> str:
+        return "readout" if self.p.site == "readout" else f"resid_post[{self.p.layer}]"
+
+    def _patch(self, ctx, sae, X, f, pidx):
+        from ..models.interventions import set_readout
+        p, D = self.p, np.asarray(sae.W_dec, np.float64)
+        key = ("sae_patch", astuple(p), len(pidx))
+        if key in ctx.memo:
+            return ctx.memo[key]
+        layer = ctx.lm.n_layers - 1 if p.site == "readout" else p.layer
+        targets = [(p.site, layer, 0)] * sae.d_sae
+        pos = {q: j for j, q in enumerate(pidx)}
+
+        def values(side, delta):
+            return lambda t, pairs: X[[pos[q] for q in pairs], side] + delta[[pos[q] for q in pairs], t, None] * D[t]
+        r = ctx.lm.head.rewards(ctx.capture.h[pidx]).astype(np.float64)              # pair × side × output
+        runs = [(1, f[:, 0] - f[:, 1])] if p.mode == "transplant" else [(0, -f[:, 0]), (1, -f[:, 1])]
+        got = {}
+        for side, delta in runs:
+            out, counts = set_readout(ctx.lm, ctx.encoded, ctx.capture, targets, values(side, delta), pidx,
+                                      base_side=side) if pidx else (np.zeros((0, sae.d_sae, r.shape[-1])), {})
+            ctx.add_counts(self.name, counts)
+            got[side] = out - r[:, side][:, None]                                     # pair × feature × output
+        ctx.memo[key] = got[1] if p.mode == "transplant" else got[0] - got[1]
+        return ctx.memo[key]
