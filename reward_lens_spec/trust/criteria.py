@@ -13,6 +13,7 @@ import numpy as np
 import xarray as xr
 
 from .evidence import FLOORS
+from .kind_criteria import kind_criteria
 
 
 def _units(da: xr.DataArray, comps=None) -> xr.DataArray:
@@ -203,4 +204,4 @@ CRITERIA = (
     Criterion("score", ("margin",), lambda ds, t: 1.0 / (1.0 + np.exp(-np.asarray(ds["margin"].values, float))),
               _auc, "detection AUC P(Δ>0) + ½P(Δ=0) ≥ 0.8",
               lambda ds, t: np.asarray(ds["margin"].values, np.float64), needs_unit=False),
-) + PREFERENCE_CRITERIA
+) + PREFERENCE_CRITERIA + kind_criteria(Criterion)     # judge, PRM, implicit, LEACE, curvature (trust.kind_criteria)

@@ -53,6 +53,7 @@ import hashlib
 import json
 
 from .code_identity import CODE_MODULES, code_changes, code_hash  # noqa: F401  (re-exported)
+from .kind_criteria import KIND_FLOORS     # judge / PRM / implicit / LEACE / curvature criteria
 
 LEVELS = ("exploratory", "calibrated", "registered", "adjudicated")
 CACHE_KEYS = ("trust", "trust_by_variable", "content_hash")
@@ -68,7 +69,7 @@ FLOORS = {"dla_share": 0.5, "patch_share": 0.5, "attribution_share": 0.5, "lens_
           "path_separation": 0.5,
           # preference structure (graded only on their own organism kinds)
           "label_cycles": 0.0, "cyclic_gain": 1e-9, "contested_direction": 0.8, "contested_margin": 1e-9,
-          "effective_objectives": 0.99, "scalar_cost": 0.5}
+          "effective_objectives": 0.99, "scalar_cost": 0.5, **KIND_FLOORS}
 # |reading − planted truth| ≤ MAG_RTOL · |planted truth| (reward units, at full strength)
 MAG_RTOL = {"dla_share": 0.1, "patch_share": 0.1, "attribution_share": 0.25, "lens_jump": 0.15,
             "crystallization": 0.15, "score": 0.1}

@@ -60,7 +60,7 @@ def seal_run(run_id: str, attrs: dict, result, run, store_url: str, *, logits, p
              "observable_spec_hash": observable_hash(run.observable),
              "identities": check_identities(result, logits, pair_ids,
                                             n_layers=lm.n_layers, objectives=lm.head.objectives,
-                                            dtype=str(lm.dtype))}
+                                            dtype=str(lm.dtype), signal=getattr(lm, "signal", None))}
     if run.experiment and not attrs.get("study_hash"):     # executed a study never frozen: say which
         from .study_doc import load_study, study_hash
         attrs["study_hash"] = study_hash(load_study(dict(run.experiment)))

@@ -13,7 +13,16 @@ variable            identity                                           applies w
 ``patch_restored``  restored fraction at (last layer, resid) = 1       (err scaled by |Δ|)
 ``patch_effect``    |effect at (last layer, resid)| = |Δ|              denoise or noise
 reward / margin     = the head's own reward per side / Δ, every cell     always (see ``claims_reward``)
+per-token reward    Σ over position = the head's own reward per side   pair × side × position, units
+                    (DPO-implicit: β·Σ_t log π/π_ref; exact)            reward (``implicit_reward``)
+PRM aggregate       = the declared rule (``signal.aggregate``, else     an output with an ``aggregate``
+                    its own attr) over σ(per-step rewards)              attr beside a step grid
+PRM step reward     at the readout step (``signal.step``) = the head's   a PRM run (``PrmSignal``)
+                    own reward per side
 ==================  =================================================  ==========================
+
+On a generative judge (``JudgeSignal``) the head is the verdict row ``W_U[yes] − W_U[no]``, so Δ is the
+verdict margin and the ``dla`` identity is recorded as "sum of dla = verdict margin".
 
 An output *claims* to be a reward or a margin (``claims_reward``) when it is named ``reward``,
 ``rewards`` or ``margin`` (the names the ``score`` criterion and readers take as the model's own
@@ -88,10 +97,11 @@ def _rewards(logits, pair_ids, objectives) -> xr.DataArray:
 
 
 def check_identities(result: xr.Dataset, logits, pair_ids, *, n_layers: int, objectives=(),
-                     dtype: str = "float32") -> list[dict]:
+                     dtype: str = "float32", signal=None) -> list[dict]:
     """Identity records (see module doc) for every applicable output of ``result``.
 
-    ``logits``: pair × side × output, the model's own head output (reward units).
+    ``logits``: pair × side × output, the model's own head output (reward units). ``signal``: the model's
+    ``LoadedModel.signal`` (judge, PRM or implicit; None for a classifier): the kind's own identities.
     A non-finite margin or reading counts as an infinite error.
     """
     margin, rr = _margin(logits, pair_ids, objectives)
@@ -121,7 +131,8 @@ def check_identities(result: xr.Dataset, logits, pair_ids, *, n_layers: int, obj
     if "dla" in result and {"layer", "component"} <= set(result["dla"].dims):
         da = result["dla"]
         if set(range(-1, n_layers)) <= set(int(x) for x in da.layer.values):
-            add("dla", "sum of dla = margin", (da.sum(("layer", "component"), skipna=True) - margin).fillna(np.inf))
+            what = "sum of dla = verdict margin" if getattr(signal, "kind", None) == "judge" else "sum of dla = margin"
+            add("dla", what, (da.sum(("layer", "component"), skipna=True) - margin).fillna(np.inf))
     if "lens" in result and "layer" in result["lens"].dims and last in result["lens"].layer.values:
         add("lens", "normed lens at the last layer = margin", (result["lens"].sel(layer=last) - margin).fillna(np.inf))
     for var, what in (("patch_restored", "patching the last resid restores 1"),
@@ -137,4 +148,37 @@ def check_identities(result: xr.Dataset, logits, pair_ids, *, n_layers: int, obj
         if var == "patch_restored":
             err = err.where(margin != 0)
         add(var, what, err)
+    _kind_identities(result, logits, pair_ids, objectives, signal, add)
     return out
+
+
+def _kind_identities(result, logits, pair_ids, objectives, signal, add) -> None:
+    """Per-token rewards sum to the reward; a PRM's aggregate follows its rule, its readout step is the reward."""
+    rewards = _rewards(logits, pair_ids, objectives)
+    if "objective" in rewards.dims:
+        return
+    steps = [v for v in result.data_vars if set(result[v].dims) == {"pair", "side", "step"}
+             and result[v].attrs.get("units") == "reward"]
+    for var in result.data_vars:
+        da = result[var]
+        if set(da.dims) == {"pair", "side", "position"} and da.attrs.get("units") == "reward":
+            total = da.astype(np.float64).sum("position", skipna=True).where(da.notnull().any("position"))
+            add(var, "sum of per-token reward = reward", (total - rewards).fillna(np.inf))
+        elif "aggregate" in da.attrs and steps and set(da.dims) <= {"pair", "side"}:
+            from ..models.prm import aggregate
+            rule = getattr(signal, "aggregate", None) or da.attrs["aggregate"]
+            st = result[steps[0]].transpose("pair", "side", "step")
+            want = xr.DataArray(aggregate(st.values, rule), dims=("pair", "side"),
+                                coords={"pair": st.pair.values, "side": st.side.values})
+            if "side" not in da.dims:
+                want = want.sel(side="chosen") - want.sel(side="rejected")
+            add(var, f"aggregate = '{rule}' over σ(step rewards)", (da - want).fillna(np.inf))
+    k = getattr(signal, "step", None) if getattr(signal, "kind", None) == "prm" else None
+    if steps and k is not None and k >= -1:
+        st = result[steps[0]].transpose("pair", "side", "step")
+        n = np.sum(np.isfinite(st.values), -1)
+        idx = np.full(n.shape, k) if k >= 0 else n - 1
+        got = np.take_along_axis(st.values, np.clip(idx, 0, st.sizes["step"] - 1)[..., None], -1)[..., 0]
+        got = np.where((idx >= 0) & (idx < n), got, np.inf)
+        err = xr.DataArray(got, dims=("pair", "side"), coords={"pair": st.pair.values, "side": st.side.values})
+        add(steps[0], "step reward at the readout step = reward", err - rewards)

@@ -84,7 +84,7 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
-from ..models.organisms import STRENGTHS, Organism, organism_family
+from ..models.kind_organisms import STRENGTHS, Organism, organism_family   # every organism kind
 from .criteria import CRITERIA
 from .evidence import EXACT_CRITERIA, MIN_SPEARMAN, card_verdict, code_hash, seal
 from ..run.identity import observable_hash
@@ -92,7 +92,8 @@ from .identities import check_identities
 from .reference import planted_margins, reference_dataset, reference_identities
 
 CARD_OBSERVABLE = "scorecard"
-UNIT_KINDS = ("planted", "planted_head", "planted_paths")     # organisms whose truth names a planted unit
+UNIT_KINDS = ("planted", "planted_head", "planted_paths", "judge_planted")   # truth names a planted unit
+N_PAIRS_KINDS = UNIT_KINDS + ("prm_planted", "implicit_planted", "concept", "curvature")   # take n_pairs
 
 
 def spearman(x, y) -> float:
@@ -121,10 +122,12 @@ def evaluate(obs, org: Organism) -> xr.Dataset:
                     components=tuple(obs.components) if obs.components else None, pairs=obs.pairs,
                     gated=lm.head.gate is not None)
     plan = build_plan(obs, info, load_observable)
-    res, ctx, enc = compute(lm, org.pairs, plan, info, batch_size=32)      # the one executor, in memory
+    kw = {"template": org.params["template"]} if "template" in org.params else {}   # e.g. the PRM organism's
+    res, ctx, enc = compute(lm, org.pairs, plan, info, batch_size=32, **kw)      # the one executor, in memory
     out = xr.Dataset({o: res[o] for o in plan.outputs})
     out.attrs["identities"] = check_identities(out, ctx.capture.logits, enc.pair_ids, n_layers=lm.n_layers,
-                                               objectives=lm.head.objectives, dtype=str(lm.dtype))
+                                               objectives=lm.head.objectives, dtype=str(lm.dtype),
+                                               signal=getattr(lm, "signal", None))
     return out
 
 
@@ -175,9 +178,10 @@ class Scorecard:
         for c, m in self.magnitude.items():
             lines.append(f"  {c:<18}magnitude {m['reading']} vs planted {m['truth']} reward units")
         worst: dict = {}
+        rel = lambda r: r["max_abs_err"] / r["scale"] if r["scale"] else (0.0 if r["max_abs_err"] == 0 else np.inf)  # noqa: E731
         for rec in (r for per in self.identities for r in per):        # the worst strength per identity
-            k = rec["identity"]
-            if k not in worst or rec["max_abs_err"] / rec["scale"] > worst[k]["max_abs_err"] / worst[k]["scale"]:
+            k = rec["identity"]                                        # (scale 0: a zero margin, e.g. strength 0)
+            if k not in worst or rel(rec) > rel(worst[k]):
                 worst[k] = rec
         for k, rec in worst.items():
             lines.append(f"  identity {k}: max |err| {rec['max_abs_err']:.3g} (margin scale {rec['scale']:.3g})")
@@ -212,7 +216,7 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
                             f"{c.name} needs {list(c.needs)}" for c in CRITERIA)
                         + " (unit criteria need organism=planted).")
     if organisms is None:
-        kw = {"n_pairs": n_pairs} if organism in UNIT_KINDS else {}
+        kw = {"n_pairs": n_pairs} if organism in N_PAIRS_KINDS else {}
         organisms = organism_family(organism, tuple(strengths), base=base, seed=seed, **kw)
     results = [evaluate(obs, o) for o in organisms]
     refs = []                          # per organism: the plain-forward cells each referenced variable matched

@@ -1,0 +1,140 @@
+"""Organism families for the other kinds of reward signal and the representation instruments, and the one
+dispatcher over every organism kind: ``organism_family(kind, strengths)`` / ``KINDS`` here cover
+``models.organisms.KINDS`` (classifier organisms, preference structure) plus ``KIND_FAMILIES`` below, so
+``calibrate organism=<kind>`` (``trust.scorecard``) grades them alike. (The dispatcher sits here, above
+``models.organisms``, because ``models.judge_organism`` builds on ``organisms.planted_organism``.) Every
+family is built offline in seconds, deterministic, in strength order (``STRENGTHS``; strength 0 plants nothing):
+
+``judge_planted``     ``models.judge_organism``: the planted organism read as a pointwise generative judge
+                      (verdict row ``W_U[Y] − W_U[N] = u``); truth as ``planted`` (unit ``mlp_L1``) plus
+                      ``verdict_margin``: the causal LM's own logit(Y) − logit(N) margin per pair (plain forward).
+``prm_planted``       ``models.prm_organism`` (γ = ``PRM_GAMMA``): a flaw token ``#`` in one step of the rejected
+                      side makes an attention head write ``−s·γ·u`` from that step on; truth: the bad step per pair.
+``implicit_planted``  ``implicit_organism``: a DPO policy whose unembedding has bias ``s`` on the trigger
+                      token ``!`` (the reference: the same tiny causal LM without it); the chosen side ends in
+                      ``!``, the rejected in ``.``. Truth: each side's planted implicit reward
+                      β·Σ_t [s·1[y_t = !] − log(1 + p_ref,t(!)·(e^s − 1))], from a plain forward of the
+                      reference alone (``planted_reward``, pair id → [chosen, rejected]).
+``concept``           ``concept_organism``: the tiny model, a concept planted in the data: both sides of a
+                      pair end in ``#`` (``meta concept`` 1) or ``%`` (0) with probability ``s``, else in a
+                      marker drawn by an independent coin; ``meta label`` is a fair coin no text carries (the
+                      non-planted concept). Truth: ``{"field": "concept", "unplanted": "label"}``.
+``curvature``         ``models.repr_organisms.curvature_organism``: planted curvature along ``v`` at
+                      resid_post[2]; truth: the layer and ``direction``.
+
+Errors: ``SpecError`` (``organism``) for a kind not in ``KINDS``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..data import Pair
+from ..errors import SpecError
+from .organism_base import STRENGTHS, WORDS, Organism, pairset
+from .organisms import KINDS as CLASSIFIER_KINDS
+
+KIND_FAMILIES = ("judge_planted", "prm_planted", "implicit_planted", "concept", "curvature")
+KINDS = CLASSIFIER_KINDS + KIND_FAMILIES
+IMPLICIT_BETA = 0.5
+PRM_GAMMA = 0.3        # the flaw head's write: readings rise with s over the whole grid (at 4 the norm saturates)
+
+
+def implicit_organism(strength: float, *, seed: int = 0, n_pairs: int = 8, beta: float = IMPLICIT_BETA,
+                      base: str = "tiny_llama") -> Organism:
+    """The ``implicit_planted`` organism at ``strength`` (module docstring)."""
+    import torch
+
+    from ..run.inputs import encode
+    from .implicit_organism import unembed_organism
+    from .organisms import TRIGGER, planted_pairs
+    from .per_token import response_starts
+
+    pairs = planted_pairs(n_pairs, seed)
+    tok_probe = unembed_organism(0.0, (), name=base, seed=seed, beta=beta)[0].tokenizer
+    trig = tok_probe(TRIGGER, add_special_tokens=False)["input_ids"]
+    lm, planted = unembed_organism(strength, trig, name=base, seed=seed, beta=beta)
+    enc = encode(lm, pairs)
+    starts = response_starts(lm.tokenizer, pairs, enc)
+    truth = {}
+    ref = lm.reference.model
+    with torch.no_grad():            # plain forward of the reference, batch of one: the planted log-ratio
+        for i, pid in enumerate(enc.pair_ids):
+            sides = []
+            for s, ids in enumerate((enc.chosen[i], enc.rejected[i])):
+                st = max(1, int(starts[i, s]))
+                p = torch.softmax(ref(input_ids=torch.tensor([ids])).logits[0].double(), -1)
+                p_s = p[st - 1:len(ids) - 1][:, trig].sum(-1).numpy()
+                y = np.isin(np.asarray(ids[st:]), trig)
+                sides.append(float(beta * np.sum(strength * y - np.log1p(p_s * np.expm1(strength)))))
+            truth[pid] = sides
+    return Organism("implicit_planted", float(strength), lm, pairs,
+                    {"planted_reward": truth, "tokens": planted["tokens"], "beta": beta, "trigger": TRIGGER},
+                    {"base": base, "seed": seed, "n_pairs": n_pairs, "beta": beta})
+
+
+def _with_verdicts(org: Organism) -> Organism:
+    """``org`` with ``truth["verdict_margin"]``: per pair id, (z_Y − z_N)(chosen) − (z_Y − z_N)(rejected) read off
+    the judge's own causal LM (``lm.model.judge_causal``) at the last token, plain forward, batch of one."""
+    import torch
+
+    from ..run.inputs import encode
+    causal, (yes, no) = org.lm.model.judge_causal, org.lm.signal.token_ids
+    enc = encode(org.lm, org.pairs)
+    out = {}
+    with torch.no_grad():
+        for i, pid in enumerate(enc.pair_ids):
+            z = [causal(input_ids=torch.tensor([ids])).logits[0, -1].double() for ids in (enc.chosen[i], enc.rejected[i])]
+            out[pid] = float((z[0][yes] - z[0][no]) - (z[1][yes] - z[1][no]))
+    org.truth = {**org.truth, "verdict_margin": out}
+    return org
+
+
+def concept_pairs(strength: float, n: int = 96, seed: int = 0):
+    """``n`` pairs; both sides end in the concept's marker with probability ``strength`` (module docstring)."""
+    rng = np.random.Generator(np.random.PCG64(seed + 17))
+    out = []
+    for i in range(n):
+        a, b, c = (str(w) for w in rng.choice(WORDS, 3, replace=False))
+        k, lab, follow, coin = int(rng.integers(0, 2)), int(rng.integers(0, 2)), rng.random(), int(rng.integers(0, 2))
+        m = "#" if (k if follow < strength else coin) else "%"
+        out.append(Pair(id=f"concept-{i:03d}", prompt=f"Tell me about the {a}", chosen=f"the {a} is {b}{m}",
+                        rejected=f"the {a} is {c}{m}", dimension="concept", source="organism",
+                        meta=(("concept", str(k)), ("label", str(lab)))))
+    return pairset("organism_concept", out)
+
+
+def concept_organism(strength: float, *, seed: int = 0, n_pairs: int = 96, base: str = "tiny_llama") -> Organism:
+    """The ``concept`` organism at ``strength`` (module docstring)."""
+    from .loading import wrap_model
+    from .tiny import build_tiny
+
+    model, tok = build_tiny(base, seed=seed)
+    lm = wrap_model(f"organism_concept_s{strength:g}", model, tok)
+    return Organism("concept", float(strength), lm, concept_pairs(strength, n_pairs, seed),
+                    {"field": "concept", "unplanted": "label"}, {"base": base, "seed": seed, "n_pairs": n_pairs})
+
+
+def organism_family(kind: str = "planted", strengths=STRENGTHS, **kw) -> list[Organism]:
+    """All strengths of one organism kind (``KINDS``), in strength order (``kw``: the builder's arguments)."""
+    if kind not in KINDS:
+        raise SpecError("organism", f"unknown organism kind '{kind}'.", value=kind, options=KINDS)
+    if kind in CLASSIFIER_KINDS:
+        from .organisms import organism_family as classifier_family
+        return classifier_family(kind, strengths, **kw)
+    if kind == "judge_planted":
+        from .judge_organism import judge_organism
+        return [_with_verdicts(judge_organism(s, **kw)) for s in strengths]
+    if kind == "prm_planted":
+        from .prm_organism import prm_organism
+        kw.pop("base", None)                      # built on tiny_llama only
+        kw.setdefault("gamma", PRM_GAMMA)
+        return [prm_organism(s, **kw) for s in strengths]
+    if kind == "implicit_planted":
+        return [implicit_organism(s, **kw) for s in strengths]
+    if kind == "concept":
+        return [concept_organism(s, **kw) for s in strengths]
+    if kind == "curvature":
+        from .repr_organisms import curvature_organism
+        kw.pop("base", None)
+        return [curvature_organism(s, **kw) for s in strengths]
+    raise AssertionError(kind)       # every kind in KINDS is dispatched above

@@ -1,0 +1,137 @@
+"""Calibration criteria for the other kinds of reward signal and the representation instruments.
+
+Each is graded only on its own organism family (``models.kind_organisms``) and reads the planted truth that
+family records; ``trust.criteria.CRITERIA`` includes them. Floors in ``trust.evidence.FLOORS``.
+
+================  ==================  ==========================================  ==================================
+criterion         needs               reading per strength                        floor at full strength
+================  ==================  ==========================================  ==================================
+verdict_margin    margin              mean verdict margin (reward units)          1 − max |Δ − Δ_causal| / RMS(Δ_causal)
+                  (judge_planted)                                                 ≥ 0.999, Δ_causal the causal LM's own
+                                                                                  logit(Y) − logit(N) margin
+prm_bad_step      step_reward         −(drop of the rejected − chosen step        share of pairs whose most negative
+                  (prm_planted)       margin at the planted bad step), mean       drop is the planted step ≥ 0.9
+implicit_log_     per_token_reward    mean Σ_t per-token reward, chosen −         1 − max |Σ_t per-token − planted
+ratio             (implicit_planted)  rejected (reward units)                     reward| / RMS(planted) ≥ 0.999
+leace_removal     certificate         probe AUC before − after erasure            share of the probe's above-chance
+                  (concept)                                                       AUC erasure removes ≥ 0.8
+leace_            displacement,       planted − non-planted concept's relative    1 − non-planted / planted
+specificity       unplanted_displ…    displacement (mean)                         displacement ≥ 0.75
+                  (concept)
+curvature_        margin_eigenvalues  top |eigenvalue| (mean over pairs)           Rayleigh quotient of the planted
+direction         (curvature)                                                     direction vᵀHv (plain double
+                                                                                  backward) / top eigenvalue ≥ 0.9
+================  ==================  ==========================================  ==================================
+
+A wrong instrument fails: a flipped verdict sign reads falling and off the causal LM's margin; the wrong step
+misses the planted one; a per-token reward that does not sum to the planted log-ratio misses it; an erasure that
+leaves the concept readable keeps its AUC; an erasure that moves every concept is not specific; a top eigenvalue
+off the planted direction has a Rayleigh quotient far below 1 along it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _by_pair(ds, var, table) -> np.ndarray:
+    return np.asarray([table[str(p)] for p in ds[var].pair.values], np.float64)
+
+
+def _verdict_floor(ds, t) -> float:
+    if "verdict_margin" not in t:
+        return float("nan")
+    want = _by_pair(ds, "margin", t["verdict_margin"])
+    got = np.asarray(ds["margin"].values, np.float64)
+    return 1.0 - float(np.max(np.abs(got - want)) / max(np.sqrt(np.mean(want ** 2)), 1e-12))
+
+
+def _drops(ds, t):
+    sr = np.asarray(ds["step_reward"].transpose("pair", "side", "step").values, np.float64)
+    gap = sr[:, 1] - sr[:, 0]                         # rejected − chosen per step
+    drop = np.diff(np.concatenate([np.zeros((gap.shape[0], 1)), gap], 1), axis=1)
+    bad = np.asarray([t["bad_step"][str(p)] for p in ds["step_reward"].pair.values], np.int64)
+    return drop, bad
+
+
+def _prm_reading(ds, t) -> np.ndarray:
+    drop, bad = _drops(ds, t)
+    return -drop[np.arange(len(bad)), bad]
+
+
+def _prm_floor(ds, t) -> float:
+    drop, bad = _drops(ds, t)
+    return float((np.nanargmin(drop, 1) == bad).mean())
+
+
+def _per_token_sum(ds) -> np.ndarray:
+    pt = ds["per_token_reward"].transpose("pair", "side", "position")
+    return np.nansum(np.asarray(pt.values, np.float64), -1)
+
+
+def _implicit_reading(ds, t) -> np.ndarray:
+    s = _per_token_sum(ds)
+    return s[:, 0] - s[:, 1]
+
+
+def _implicit_floor(ds, t) -> float:
+    want = np.asarray([t["planted_reward"][str(p)] for p in ds["per_token_reward"].pair.values], np.float64)
+    err = np.max(np.abs(_per_token_sum(ds) - want))
+    return 1.0 - float(err / max(np.sqrt(np.mean(want ** 2)), 1e-12))
+
+
+def _auc(ds, stage) -> float:
+    return float(ds["certificate"].sel(stage=stage, bound="estimate"))
+
+
+def _removed(ds, t) -> float:
+    above = _auc(ds, "before") - 0.5
+    return 1.0 - abs(_auc(ds, "after") - 0.5) / above if above > 0 else float("nan")
+
+
+def _displacement(ds, var) -> float:
+    return float(np.nanmean(np.asarray(ds[var].values, np.float64)))
+
+
+def _top_eig(ds) -> np.ndarray:
+    ev = ds["margin_eigenvalues"]
+    return np.abs(np.asarray(ev.isel(rank=0).values if "rank" in ev.dims else ev.values, np.float64))
+
+
+def _rayleigh(ds, t) -> float:
+    """Planted direction's Rayleigh quotient |vᵀHv| over the top |eigenvalue|, the pairs the reading covers."""
+    if "rayleigh" not in t:
+        return float("nan")
+    top = _top_eig(ds)
+    want = np.abs(np.asarray([t["rayleigh"][str(p)] for p in ds["margin_eigenvalues"].pair.values], np.float64))
+    ok = np.isfinite(top)
+    return float(np.mean(want[ok] / top[ok])) if ok.any() else float("nan")
+
+
+def kind_criteria(Criterion) -> tuple:
+    """The criteria of this module as ``trust.criteria.Criterion`` rows (the class passed in: no import cycle)."""
+    return (
+        Criterion("verdict_margin", ("margin",), lambda ds, t: np.asarray(ds["margin"].values, np.float64),
+                  _verdict_floor, "verdict margin equals the causal LM's own logit(Y) − logit(N) margin "
+                  "(1 − max err / RMS ≥ 0.999)", None, needs_unit=False, kinds=("judge_planted",)),
+        Criterion("prm_bad_step", ("step_reward",), _prm_reading, _prm_floor,
+                  "share of pairs whose largest step-margin drop is the planted bad step ≥ 0.9", None,
+                  needs_unit=False, kinds=("prm_planted",)),
+        Criterion("implicit_log_ratio", ("per_token_reward",), _implicit_reading, _implicit_floor,
+                  "Σ per-token reward equals the planted log-ratio reward per side (1 − max err / RMS ≥ 0.999)",
+                  None, needs_unit=False, kinds=("implicit_planted",)),
+        Criterion("leace_removal", ("certificate",), lambda ds, t: _auc(ds, "before") - _auc(ds, "after"), _removed,
+                  "share of the probe's above-chance AUC that erasure removes ≥ 0.8", None, needs_unit=False,
+                  kinds=("concept",)),
+        Criterion("leace_specificity", ("displacement", "unplanted_displacement"),
+                  lambda ds, t: _displacement(ds, "displacement") - _displacement(ds, "unplanted_displacement"),
+                  lambda ds, t: 1.0 - _displacement(ds, "unplanted_displacement") / _displacement(ds, "displacement"),
+                  "erasing the non-planted concept moves the activation ≤ 0.25 as far as the planted one", None,
+                  needs_unit=False, kinds=("concept",)),
+        Criterion("curvature_direction", ("margin_eigenvalues",), lambda ds, t: _top_eig(ds),
+                  _rayleigh, "planted direction's |vᵀHv| / top |eigenvalue| ≥ 0.9", None, needs_unit=False,
+                  kinds=("curvature",)),
+    )
+
+
+KIND_FLOORS = {"verdict_margin": 0.999, "prm_bad_step": 0.9, "implicit_log_ratio": 0.999, "leace_removal": 0.8,
+               "leace_specificity": 0.75, "curvature_direction": 0.9}
