@@ -253,3 +253,51 @@ def test_an_sae_trained_in_the_run_puts_the_top_attribution_on_the_planted_featu
     j = other[np.argmax(np.abs(ds["a"].values).mean(0)[other])]
     assert np.abs(ds["a"].values[:, j]).mean() > np.abs(ds["a"].values[:, top]).mean()   # it moves more …
     assert share[j] < 0.5 * share[top], (share[j], share[top])                     # … but carries less margin
+
+
+def test_top_features_per_dimension_match_a_pandas_groupby():
+    import pandas as pd
+    import xarray as xr
+    from reward_lens_spec.ops.top_features import TopFeatures, TopFeaturesParams
+    rng = np.random.default_rng(2)
+    vals = rng.normal(size=(30, 10)) * np.linspace(0.1, 2, 10)
+    vals[3, 4] = np.nan
+    dims = np.array(["a", "b", "c"])[rng.integers(0, 3, 30)]
+    x = xr.DataArray(vals, dims=("pair", "feature"), coords={"pair": [f"p{i}" for i in range(30)],
+                                                               "dimension": ("pair", dims), "feature": range(10)})
+    x.attrs = {"units": "reward", "gauge": "invariant"}
+    got = TopFeatures(TopFeaturesParams(k=3)).run(None, x)
+    assert got.dims == ("dimension", "rank") and got.attrs["units"] == "reward"
+    df = pd.DataFrame(vals).assign(dimension=dims)
+    for g, sub in df.groupby("dimension"):
+        sub = sub.drop(columns="dimension")
+        order = sub.abs().mean().sort_values(ascending=False, kind="stable").index[:3]
+        np.testing.assert_array_equal(got["feature_id"].sel(dimension=g).values, list(order))
+        np.testing.assert_allclose(got.sel(dimension=g).values, sub.mean()[order].values)
+    flat = TopFeatures(TopFeaturesParams(k=2, by=None)).run(None, x)
+    assert flat.dims == ("rank",) and list(flat["feature_id"].values) == [9, 8]
+
+
+def test_an_sae_trained_from_a_stored_capture_equals_one_trained_on_the_same_rows(tmp_path, monkeypatch):
+    """train_on: store:… streams a stored readout capture (a YAML run; then a second YAML run reads it)."""
+    from reward_lens_spec.run import execute
+    from reward_lens_spec.run.compose import compose_run
+    from reward_lens_spec.store import open_store
+    url = str(tmp_path / "s.zarr")
+    run, y = compose_run(["observable=score", "observable.outputs=[h,margin]", "dataset.limit=6"])
+    first = execute(run, resolved_yaml=y, base_dir=str(tmp_path), store_url=url, progress=False)
+    (tmp_path / "conf" / "observable").mkdir(parents=True)
+    (tmp_path / "conf" / "observable" / "sae_store.yaml").write_text(
+        "name: sae_store\nsteps:\n"
+        f"  - {{name: c, op: sae_attribution, train_on: 'store:{url}#{first.run_id}/score/h', d_sae: 8, k: 2,"
+        " epochs: 5, chunk: 4}\n  - {name: e, op: sae_attribution, quantity: error,"
+        f" train_on: 'store:{url}#{first.run_id}/score/h', d_sae: 8, k: 2, epochs: 5, chunk: 4}}\noutputs: [c, e]\n")
+    monkeypatch.setenv("REWARD_LENS_SPEC_CONFIG_PATH", str(tmp_path / "conf"))
+    run2, y2 = compose_run(["observable=sae_store", "dataset.limit=6"])
+    second = execute(run2, resolved_yaml=y2, base_dir=str(tmp_path), store_url=url, progress=False)
+    h = open_store(url).load(first.run_id, "score", lazy=False)["h"].transpose("pair", "side", "d_model").values
+    want, _ = train_sae(rows_of(h, 4), h.shape[-1], 8, 2, epochs=5, seed=0)
+    res = second.result
+    assert res["c"].attrs["sae"] == want.digest()                              # the same rows, in the same order
+    r = open_store(url).load(first.run_id, "score", lazy=False)["margin"].values
+    np.testing.assert_allclose(res["c"].sum("feature").values + res["e"].values, r, atol=1e-4)
