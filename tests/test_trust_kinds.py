@@ -23,15 +23,32 @@ S3 = (0.0, 0.5, 1.0)
 @pytest.fixture(scope="module")
 def families():
     """One small family per kind, built once (grading takes hand-made organisms)."""
-    return {k: organism_family(k, S3, n_pairs=4) for k in ("judge_planted", "prm_planted", "implicit_planted")}
+    fam = {k: organism_family(k, S3, n_pairs=4) for k in ("judge_planted", "prm_planted", "implicit_planted")}
+    fam["curvature"] = organism_family("curvature", S3, n_pairs=2)
+    fam["concept"] = organism_family("concept", S3, n_pairs=200)
+    return fam
+
+
+_REAL_EVALUATE = scorecard.evaluate
+_SEEN: dict = {}
+
+
+def _evaluate_once(obs, org):
+    """``scorecard.evaluate`` (the one executor), each (observable, organism) once per module: a tampered grading
+    reads the very outputs the honest one did."""
+    key = (obs.name, id(org))
+    if key not in _SEEN:
+        _SEEN[key] = (org, _REAL_EVALUATE(obs, org))      # the organism kept alive, so its id stays its own
+    ds = _SEEN[key][1]
+    return ds.copy(deep=True).assign_attrs(identities=list(ds.attrs["identities"]))
 
 
 def _grade(obs, orgs, tamper=None, monkeypatch=None):
     """``scorecard.grade`` on ``orgs``; ``tamper(ds)`` edits every organism's outputs (a broken instrument)."""
-    if tamper is not None:
-        real = scorecard.evaluate
-        monkeypatch.setattr(scorecard, "evaluate", lambda o, org: tamper(real(o, org)))
-    return scorecard.grade(obs, organisms=orgs)
+    import unittest.mock as um
+    fn = _evaluate_once if tamper is None else (lambda o, org: tamper(_evaluate_once(o, org)))
+    with um.patch.object(scorecard, "evaluate", fn):
+        return scorecard.grade(obs, organisms=orgs)
 
 
 def test_new_kinds_are_reachable_from_the_family_table():
@@ -202,3 +219,63 @@ def test_calibrate_prm_end_to_end_calibrates_the_graded_variables(tmp_path, caps
     t = open_store(store).trust(rid)
     assert t["trust_by_variable"]["step_reward"] == "calibrated" and t["trust_by_variable"]["margin"] == "calibrated"
     assert t["trust_by_variable"]["aggregate"] == "exploratory"
+
+
+# -- LEACE: the planted concept removed, the non-planted one left where it was ----------------------------
+
+LEACE_YAML = """name: leace_concept
+version: 1
+steps:
+  - {name: resid, op: capture, site: resid_post}
+  - {name: certificate, op: leace_certificate, input: resid, layer: 2, concept: "field:concept", resamples: 200}
+  - {name: displacement, op: leace, layer: 2, concept: "field:concept", quantity: displacement}
+  - {name: unplanted_displacement, op: leace, layer: 2, concept: "field:label", quantity: displacement}
+outputs: [certificate, displacement, unplanted_displacement]
+"""
+
+
+@pytest.fixture(scope="module")
+def leace_yaml(tmp_path_factory):
+    path = tmp_path_factory.mktemp("obs") / "leace_concept.yaml"
+    path.write_text(LEACE_YAML)
+    return str(path)
+
+
+def test_leace_card_removes_the_planted_concept_and_spares_the_other(families, leace_yaml):
+    card = _grade(leace_yaml, families["concept"])
+    assert card.passed, card.describe()
+    assert set(card.readings) == {"leace_removal", "leace_specificity"}
+    assert card.floors["leace_removal"]["value"] > 0.9 and card.floors["leace_specificity"]["value"] > 0.75
+
+
+def test_leace_that_does_not_erase_fails(families, leace_yaml, monkeypatch):
+    def keep(ds):                                    # "after" = "before": the probe still reads the concept
+        c = ds["certificate"].copy()
+        c.loc[dict(stage="after")] = c.sel(stage="before").values
+        return ds.assign(certificate=c)
+    card = _grade(leace_yaml, families["concept"], keep, monkeypatch)
+    assert not card.passed and not card.criteria_passed["leace_removal"]
+
+
+def test_leace_that_moves_every_concept_fails(families, leace_yaml, monkeypatch):
+    def blunt(ds):                                   # the non-planted concept's erasure moves as much as the planted
+        return ds.assign(unplanted_displacement=ds["displacement"].copy())
+    card = _grade(leace_yaml, families["concept"], blunt, monkeypatch)
+    assert not card.passed and not card.criteria_passed["leace_specificity"]
+
+
+# -- curvature: the top eigenvalue is the planted direction's --------------------------------------------
+
+def test_curvature_card_finds_the_planted_direction(families):
+    card = _grade("examples/curvature", families["curvature"])
+    assert card.passed, card.describe()
+    r = card.readings["curvature_direction"]
+    assert r[0] < r[1] < r[2] and r[2] > 20 * r[0]
+    assert card.floors["curvature_direction"]["value"] > 0.9
+
+
+def test_curvature_off_the_planted_direction_fails(families, monkeypatch):
+    """A top eigenvalue twice the planted direction's curvature: its eigenvector is not v (Rayleigh ≈ 0.5)."""
+    card = _grade("examples/curvature", families["curvature"],
+                  lambda ds: ds.assign(margin_eigenvalues=2.0 * ds["margin_eigenvalues"]), monkeypatch)
+    assert not card.passed and not card.criteria_passed["curvature_direction"]

@@ -20,7 +20,8 @@ family is built offline in seconds, deterministic, in strength order (``STRENGTH
                       marker drawn by an independent coin; ``meta label`` is a fair coin no text carries (the
                       non-planted concept). Truth: ``{"field": "concept", "unplanted": "label"}``.
 ``curvature``         ``models.repr_organisms.curvature_organism``: planted curvature along ``v`` at
-                      resid_post[2]; truth: the layer and ``direction``.
+                      resid_post[2]; truth: the layer, ``direction`` and ``rayleigh`` (vᵀHv per side and pair
+                      by a plain double backward).
 
 Errors: ``SpecError`` (``organism``) for a kind not in ``KINDS``.
 """
@@ -89,7 +90,40 @@ def _with_verdicts(org: Organism) -> Organism:
     return org
 
 
-def concept_pairs(strength: float, n: int = 96, seed: int = 0):
+def _with_rayleigh(org: Organism) -> Organism:
+    """``org`` with ``truth["rayleigh"]``: per pair id, ``[vᵀH_c v, vᵀH_r v]`` — the second derivative of each
+    side's reward along the planted direction ``v`` added to resid_post[layer] at the readout (last) token,
+    by double backward through a plain forward (batch of one, a forward hook; none of the Lanczos code)."""
+    import torch
+
+    from ..run.inputs import encode
+    model, layer = org.lm.model, org.truth["layer"]
+    v = torch.as_tensor(org.truth["direction"], dtype=torch.float32)
+    enc = encode(org.lm, org.pairs)
+    t = torch.zeros((), requires_grad=True)
+
+    def shift(mod, args, out):
+        h = out[0] if isinstance(out, tuple) else out
+        h = torch.cat([h[:, :-1], h[:, -1:] + t * v], 1)
+        return (h,) + tuple(out[1:]) if isinstance(out, tuple) else h
+    hook = model.model.layers[layer].register_forward_hook(shift)
+    out = {}
+    try:
+        for i, pid in enumerate(enc.pair_ids):
+            sides = []
+            for ids in (enc.chosen[i], enc.rejected[i]):
+                r = model(input_ids=torch.tensor([ids])).logits[0, 0]
+                (g,) = torch.autograd.grad(r, t, create_graph=True)
+                (h2,) = torch.autograd.grad(g, t)
+                sides.append(float(h2))
+            out[pid] = sides
+    finally:
+        hook.remove()
+    org.truth = {**org.truth, "rayleigh": out}
+    return org
+
+
+def concept_pairs(strength: float, n: int = 200, seed: int = 0):
     """``n`` pairs; both sides end in the concept's marker with probability ``strength`` (module docstring)."""
     rng = np.random.Generator(np.random.PCG64(seed + 17))
     out = []
@@ -103,7 +137,7 @@ def concept_pairs(strength: float, n: int = 96, seed: int = 0):
     return pairset("organism_concept", out)
 
 
-def concept_organism(strength: float, *, seed: int = 0, n_pairs: int = 96, base: str = "tiny_llama") -> Organism:
+def concept_organism(strength: float, *, seed: int = 0, n_pairs: int = 200, base: str = "tiny_llama") -> Organism:
     """The ``concept`` organism at ``strength`` (module docstring)."""
     from .loading import wrap_model
     from .tiny import build_tiny
@@ -136,5 +170,5 @@ def organism_family(kind: str = "planted", strengths=STRENGTHS, **kw) -> list[Or
     if kind == "curvature":
         from .repr_organisms import curvature_organism
         kw.pop("base", None)
-        return [curvature_organism(s, **kw) for s in strengths]
+        return [_with_rayleigh(curvature_organism(s, **kw)) for s in strengths]
     raise AssertionError(kind)       # every kind in KINDS is dispatched above

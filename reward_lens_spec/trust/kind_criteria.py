@@ -93,17 +93,21 @@ def _displacement(ds, var) -> float:
 
 
 def _top_eig(ds) -> np.ndarray:
+    """Top |eigenvalue| per pair (and side, for ``of: reward``)."""
     ev = ds["margin_eigenvalues"]
-    return np.abs(np.asarray(ev.isel(rank=0).values if "rank" in ev.dims else ev.values, np.float64))
+    ev = ev.isel(rank=0) if "rank" in ev.dims else ev
+    return np.abs(np.asarray(ev.transpose("pair", *(("side",) if "side" in ev.dims else ())).values, np.float64))
 
 
 def _rayleigh(ds, t) -> float:
-    """Planted direction's Rayleigh quotient |vᵀHv| over the top |eigenvalue|, the pairs the reading covers."""
+    """Planted direction's Rayleigh quotient |vᵀHv| over the top |eigenvalue|, mean over the pairs (and sides)
+    the reading covers; vᵀHv of the margin is vᵀH_c v − vᵀH_r v."""
     if "rayleigh" not in t:
         return float("nan")
     top = _top_eig(ds)
-    want = np.abs(np.asarray([t["rayleigh"][str(p)] for p in ds["margin_eigenvalues"].pair.values], np.float64))
-    ok = np.isfinite(top)
+    q = np.asarray([t["rayleigh"][str(p)] for p in ds["margin_eigenvalues"].pair.values], np.float64)
+    want = np.abs(q if top.ndim == 2 else q[:, 0] - q[:, 1])
+    ok = np.isfinite(top) & (top > 0)
     return float(np.mean(want[ok] / top[ok])) if ok.any() else float("nan")
 
 
@@ -127,7 +131,7 @@ def kind_criteria(Criterion) -> tuple:
                   lambda ds, t: 1.0 - _displacement(ds, "unplanted_displacement") / _displacement(ds, "displacement"),
                   "erasing the non-planted concept moves the activation ≤ 0.25 as far as the planted one", None,
                   needs_unit=False, kinds=("concept",)),
-        Criterion("curvature_direction", ("margin_eigenvalues",), lambda ds, t: _top_eig(ds),
+        Criterion("curvature_direction", ("margin_eigenvalues",), lambda ds, t: np.nanmean(_top_eig(ds)),
                   _rayleigh, "planted direction's |vᵀHv| / top |eigenvalue| ≥ 0.9", None, needs_unit=False,
                   kinds=("curvature",)),
     )
