@@ -1,6 +1,7 @@
 """``reward-lens-spec calibrate | freeze | adjudicate`` — key=value arguments, no Hydra.
 
-    calibrate  observable=NAME [organism=planted|trained_keyword|trained_length] [base=tiny_llama]
+    calibrate  observable=NAME [organism=planted|trained_keyword|trained_length|... (models.kind_organisms.KINDS:
+               also judge_planted, prm_planted, implicit_planted, concept, curvature)] [base=tiny_llama]
                [n_pairs=12] [seed=0] [store.url=PATH]
     freeze     experiment=NAME [amend=true] [store.url=PATH]
     adjudicate experiment=NAME [runs=ID,ID] [study_hash=PREFIX] [store.url=PATH]

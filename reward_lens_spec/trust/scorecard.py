@@ -45,6 +45,11 @@ on ``annotator_agreement``; ``effective_objectives`` (participation ratio within
 planted one) and ``scalar_cost`` (margin-weighted sign disagreement; floor: plain ≥ 0.5) on
 ``multi_objective``.
 
+Criteria of the other reward signals and the representation instruments (``trust.kind_criteria``) grade
+only their own organism kinds (``models.kind_organisms``): ``verdict_margin`` on ``judge_planted``,
+``prm_bad_step`` on ``prm_planted``, ``implicit_log_ratio`` on ``implicit_planted``, ``leace_removal`` and
+``leace_specificity`` on ``concept``, ``curvature_direction`` on ``curvature``.
+
 A criterion passes when its readings rise monotonically with strength —
 Spearman ρ(strength, reading) ≥ ``MIN_SPEARMAN`` (0.9; with 5 strengths one
 adjacent swap gives 0.9) — AND its floor holds at full strength AND, on a
@@ -214,7 +219,8 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
         raise SpecError("observable", f"'{obs.name}' outputs {outputs}: no calibration criterion reads them on "
                         f"organism '{organism}'.", fix="criteria: " + "; ".join(
                             f"{c.name} needs {list(c.needs)}" for c in CRITERIA)
-                        + " (unit criteria need organism=planted).")
+                        + " (unit criteria need organism=planted; judge/PRM/implicit/LEACE/curvature criteria "
+                        "their own organism kinds, trust.kind_criteria).")
     if organisms is None:
         kw = {"n_pairs": n_pairs} if organism in N_PAIRS_KINDS else {}
         organisms = organism_family(organism, tuple(strengths), base=base, seed=seed, **kw)
