@@ -301,3 +301,23 @@ def test_an_sae_trained_from_a_stored_capture_equals_one_trained_on_the_same_row
     assert res["c"].attrs["sae"] == want.digest()                              # the same rows, in the same order
     r = open_store(url).load(first.run_id, "score", lazy=False)["margin"].values
     np.testing.assert_allclose(res["c"].sum("feature").values + res["e"].values, r, atol=1e-4)
+
+
+def test_on_a_gated_head_the_frozen_gate_decomposition_sums_to_the_models_own_margin(tmp_path):
+    from reward_lens_spec.models.gated_head import attach_gated_head
+    from reward_lens_spec.models.loading import wrap_model
+    from reward_lens_spec.models.tiny import build_tiny
+    model, tok = build_tiny("tiny_llama", seed=1, num_labels=1)
+    attach_gated_head(model, 3, seed=1)
+    lm = wrap_model("gated", model, tok)
+    assert lm.head.gated
+    save_sae(random_sae(d_in=lm.d_model, k=5, seed=5), tmp_path)
+    kw = {"op": "sae_attribution", "path": str(tmp_path)}
+    ds, ctx = _compute(lm, [{"name": "c", **kw}, {"name": "e", "quantity": "error", **kw}])
+    enc = ctx.encoded
+    for p in range(len(enc.pair_ids)):
+        with torch.no_grad():
+            r = [float(lm.model(input_ids=torch.tensor([list(s)])).logits[0, 0])
+                 for s in (enc.chosen[p], enc.rejected[p])]
+        got = float(ds["c"].isel(pair=p).sum()) + float(ds["e"].isel(pair=p))
+        assert abs(got - (r[0] - r[1])) < 5e-5 * (1 + abs(r[0] - r[1])), (p, got, r)

@@ -31,10 +31,14 @@ At the readout the margin is linear in h — Δ = w·(h_c − h_r), w = W[k] the
                   resid_post it is the feature's causal effect through the layers above.
                   Only on the first ``observable.pairs`` pairs (NaN on the rest); the other quantities
                   need no re-run and cover every pair.
+Gated heads: the gate is frozen at each side's h (as ``project`` reads them), so the direction w_s differs
+by side and the exact form is Σ_i [f_i(h_c)(w_c·d_i) − f_i(h_r)(w_r·d_i)] + [w_c·e_c − w_r·e_r +
+(w_c − w_r)·b_dec] (the same numbers as above when w_c = w_r); patch_effect there is the model's own
+re-read (the gate moves with the edit), so it need not equal the contribution.
 Trust: exploratory (the default of every output; an attribution through a learned dictionary is not
 calibrated by construction — a feature is confirmed only by its ``patch_effect``). Gauge: invariant.
 Errors: ``SpecError`` for an unknown ``quantity``/``site``/``mode``/``train_on``, contribution or error
-asked at a site where Δ is not linear (``site``), a gated head, a layer out of range, non-positive
+asked at a site where Δ is not linear (``site``), a layer out of range, non-positive
 sizes, ``k`` > ``d_sae``, an unreadable or non-TopK SAE (``path``), or an SAE whose ``d_in`` is not the
 site's width (``path``).
 """
@@ -85,9 +89,6 @@ def check_params(p, info, where: str) -> None:
             raise SpecError(where + ".site", f"'{p.quantity}' is an exact linear decomposition of the margin; "
                             "the margin is linear in the activation only at the readout (after the final norm).",
                             fix="use site: readout, or quantity: patch_effect at resid_post.")
-    if info.gated:
-        raise SpecError(where, "sae_attribution reads one linear reward direction; this head is gated.",
-                        fix="use a model with a linear reward head.")
     if p.path is None:
         if not (p.train_on == "run" or (p.train_on.startswith("store:") and "#" in p.train_on
                                         and len(p.train_on.partition("#")[2].split("/")) == 3)):
@@ -190,19 +191,22 @@ class SaeAttribution(Operator):
         pidx = first_pairs(ctx) if p.quantity == "patch_effect" else list(range(len(ctx.encoded.pair_ids)))
         sae, stats = self.sae(ctx)
         X = self._acts(ctx)[pidx].astype(np.float64)                                  # pair × side × d
-        W = np.asarray(ctx.lm.head.W, np.float64)                                     # output × d
         f = sae.encode(X)                                                             # pair × side × d_sae
         df = f[:, 0] - f[:, 1]
-        wd = np.asarray(sae.W_dec, np.float64) @ W.T                                  # d_sae × output
         feats = {"feature": list(range(sae.d_sae))}
         if p.quantity == "activation_diff":
             out = result(ctx, df[..., None], pidx, ("feature",), feats, "activation",
                          f"SAE feature activation difference f(x_c) − f(x_r) at {self._where()}")
         elif p.quantity in LINEAR:
-            contrib = df[..., None] * wd[None]                                        # pair × feature × output
+            cap, D = ctx.capture, np.asarray(sae.W_dec, np.float64)
+            g = None if cap.gate is None else cap.gate[pidx]
+            w = np.asarray(ctx.lm.head.directions(cap.h[pidx], g), np.float64)      # pair × side × output × d
+            wd = np.einsum("psod,fd->psfo", w, D)                                     # w_side · d_i
+            contrib = f[:, 0, :, None] * wd[:, 0] - f[:, 1, :, None] * wd[:, 1]      # pair × feature × output
             e = sae.error(X)
-            err = (e[:, 0] - e[:, 1]) @ W.T                                           # pair × output
-            r = ctx.lm.head.rewards(ctx.capture.h[pidx]).astype(np.float64)
+            err = np.einsum("pod,pd->po", w[:, 0], e[:, 0]) - np.einsum("pod,pd->po", w[:, 1], e[:, 1]) \
+                + (w[:, 0] - w[:, 1]) @ np.asarray(sae.b_dec, np.float64)             # 0 for a linear head
+            r = ctx.lm.head.rewards(cap.h[pidx], g).astype(np.float64)
             resid = float(np.abs(contrib.sum(1) + err - (r[:, 0] - r[:, 1])).max()) if pidx else 0.0
             if p.quantity == "contribution":
                 out = result(ctx, contrib, pidx, ("feature",), feats, "reward",
