@@ -97,3 +97,48 @@ def test_the_key_covers_the_package_code(tmp_path, monkeypatch):
     assert k1 and k2 and k1 != k2
     assert reuse.reuse_key(run, y, str(tmp_path), "study-x") != k2   # and the study the run is registered under
     assert executor.reuse_key is reuse.reuse_key
+
+
+def test_a_description_is_remembered_per_checkpoint_bytes(tmp_path, monkeypatch):
+    from reward_lens_spec.models import describe
+    from reward_lens_spec.models.fingerprint_cache import cache_dir
+
+    run, _ = compose_run(["observable=score"])
+    first = describe.describe_model(run.model, str(tmp_path))
+    calls = []
+    real = describe.model_config
+    monkeypatch.setattr(describe, "model_config", lambda *a, **k: calls.append(1) or real(*a, **k))
+    again = describe.describe_model(run.model, str(tmp_path))
+    assert again[1:] == first[1:] and again[0].name == first[0].name and not calls      # no config read
+    (entry,) = (cache_dir() / "describe").glob("*.json")
+    entry.write_text(json.dumps({"model_type": "not_a_family", "n_layers": 99, "position_limit": None}))
+    assert describe.describe_model(run.model, str(tmp_path))[1] == first[1] and calls   # an untabled entry: read
+    other, _ = compose_run(["observable=score", "model.seed=3"])
+    calls.clear()
+    describe.describe_model(other.model, str(tmp_path))
+    assert calls                                                       # other weights, other key: read
+    small, _ = compose_run(["observable=score", "model.max_length=100000"])
+    with pytest.raises(Exception, match="model.max_length"):           # the limit is checked from the entry too
+        describe.describe_model(small.model, str(tmp_path))
+
+
+@pytest.mark.slow
+def test_a_rerun_imports_neither_torch_nor_transformers(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "REWARD_LENS_SPEC_CACHE": str(tmp_path / "cache")}
+    cmd = [sys.executable, "-m", "reward_lens_spec", "dataset.limit=4"]
+    first = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = subprocess.run([sys.executable, "-X", "importtime", *cmd[1:]], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "reused, not recomputed" in again.stdout, again.stderr[-2000:]
+    imported = {line.split("|")[-1].strip() for line in again.stderr.splitlines() if line.startswith("import time:")}
+    assert "reward_lens_spec.cli" in imported and not imported & {"torch", "transformers", "tokenizers"}
+    check = subprocess.run([sys.executable, "-X", "importtime", "-m", "reward_lens_spec", "validate",
+                            "dataset.limit=4"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert check.returncode == 0 and "plan OK" in check.stdout, check.stderr[-2000:]
+    imported = {line.split("|")[-1].strip() for line in check.stderr.splitlines() if line.startswith("import time:")}
+    assert not imported & {"torch", "transformers", "tokenizers"}

@@ -38,10 +38,10 @@ def position_limit(cfg) -> tuple[int, str] | None:
     return None
 
 
-def check_max_length(spec, cfg) -> None:
-    """``model.max_length`` must fit the model's positions (beyond them GPT-2's position lookup fails with an
-    ``IndexError`` and rotary models run outside their trained range). Raises ``SpecError`` naming both numbers."""
-    limit = position_limit(cfg)
+def check_max_length(spec, limit: tuple[int, str] | None) -> None:
+    """``model.max_length`` must fit the model's positions (``limit``: ``position_limit`` of its config; beyond
+    them GPT-2's position lookup fails with an ``IndexError`` and rotary models run outside their trained range).
+    Raises ``SpecError`` naming both numbers."""
     max_length = getattr(spec, "max_length", None)
     if limit is not None and isinstance(max_length, int) and max_length > limit[0]:
         raise SpecError("model.max_length", f"{max_length} is beyond the position limit of '{spec.name}' "
@@ -49,17 +49,46 @@ def check_max_length(spec, cfg) -> None:
                         fix=f"set model.max_length to at most {limit[0]}.")
 
 
+def _remembered(key: str | None):
+    """``(family, n_layers, position limit)`` a previous read of the same checkpoint bytes remembered, or ``None``
+    (no key, no entry, or an entry that does not name a tabled family and a positive depth)."""
+    from .families import FAMILIES, family_for
+    from .fingerprint_cache import cache_dir, read_entry
+
+    doc = read_entry(cache_dir() / "describe" / f"{key}.json") if key else None
+    if not isinstance(doc, dict):
+        return None
+    mt, n, lim = doc.get("model_type"), doc.get("n_layers"), doc.get("position_limit")
+    if not any(mt in f.model_types for f in FAMILIES.values()) or not isinstance(n, int) or n < 1:
+        return None
+    ok_lim = lim is None or (isinstance(lim, list) and len(lim) == 2 and isinstance(lim[0], int))
+    return (family_for(mt), n, tuple(lim) if lim else None) if ok_lim else None
+
+
 def describe_model(spec, base_dir=None) -> tuple:
     """``(family, n_layers, n_objectives)`` from the model config alone (no weights).
 
+    The config's model type, depth and position limit are remembered under the checkpoint's weights key
+    (``models.fingerprint_cache.weights_key``: its files' digests, or a built-in model's code), so describing
+    the same bytes again imports neither transformers nor torch; a discovered (untabled) family is always read.
     Raises ``SpecError`` (``model.max_length``) when ``model.max_length`` exceeds the model's position limit,
     (``model.head_init``) for an unknown ``model.head_init``.
     """
-    from .discover import family_or_discovered_config
+    from .fingerprint_cache import cache_dir, weights_key, write_entry
     from .head_init import check_head_init
 
     check_head_init(getattr(spec, "head_init", None))
-    cfg = model_config(spec, base_dir)
-    check_max_length(spec, cfg)
-    n_layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer")
-    return family_or_discovered_config(cfg), int(n_layers), int(spec.num_labels)
+    key = weights_key(spec, base_dir)
+    found = _remembered(key)
+    if found is None:
+        from .discover import family_or_discovered_config
+
+        cfg = model_config(spec, base_dir)
+        n_layers = int(getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer"))
+        found = (family_or_discovered_config(cfg), n_layers, position_limit(cfg))
+        if key and not found[0].name.startswith("discovered:"):
+            write_entry(cache_dir() / "describe" / f"{key}.json", {"model_type": cfg.model_type, "n_layers": n_layers,
+                                                                  "position_limit": found[2]})
+    family, n_layers, limit = found
+    check_max_length(spec, limit)
+    return family, n_layers, int(spec.num_labels)

@@ -19,14 +19,16 @@ lacks tensors outside the head is refused (``model.source``): those would be ran
 """
 from __future__ import annotations
 
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from ..errors import SpecError
 
 HEAD_INIT = ("seeded", "zeros")
 CONFIG_KEY = "reward_lens_head_init"
 SCALE = 0.02
+
+if TYPE_CHECKING:                  # torch is imported where a head is made: validating a config needs none
+    import torch
 
 
 def check_head_init(value) -> str | None:
@@ -40,6 +42,8 @@ def check_head_init(value) -> str | None:
 def head_modules(model) -> set[str]:
     """Names of the top-level modules that are the reward head: the family table's ``head`` where the
     model type has one, and every top-level ``Linear`` with ``num_labels`` outputs."""
+    from torch import nn
+
     from .families import FAMILIES
 
     names = {f.head for f in FAMILIES.values() if getattr(model.config, "model_type", None) in f.model_types}
@@ -48,13 +52,14 @@ def head_modules(model) -> set[str]:
     return names
 
 
-def draw_head(shape, seed: int) -> torch.Tensor:
+def draw_head(shape, seed: int) -> "torch.Tensor":
     """The ``seeded`` head weight: ``0.02 · N(0, 1)`` of ``shape`` from ``torch.Generator().manual_seed(seed)``."""
+    import torch
+
     g = torch.Generator().manual_seed(int(seed))
     return torch.randn(tuple(shape), generator=g, dtype=torch.float32) * SCALE
 
 
-@torch.no_grad()
 def init_missing_head(model, missing_keys, *, head_init: str | None, seed: int, source: str = "") -> str | None:
     """Make the head tensors in ``missing_keys`` deterministically (see module doc); return what was recorded
     in the config (``None`` when nothing was missing).
@@ -79,12 +84,15 @@ def init_missing_head(model, missing_keys, *, head_init: str | None, seed: int, 
                         "transformers would draw a new random one on every load.",
                         fix="set model.head_init=seeded (drawn from model.seed) or model.head_init=zeros, or point "
                             "model.source at a checkpoint with a fitted head (reward-lens-spec fit).")
-    for key in head_keys:
-        param = model.get_parameter(key)
-        if head_init == "zeros" or key.endswith("bias"):
-            param.zero_()
-        else:
-            param.copy_(draw_head(param.shape, seed).to(dtype=param.dtype, device=param.device))
+    import torch
+
+    with torch.no_grad():
+        for key in head_keys:
+            param = model.get_parameter(key)
+            if head_init == "zeros" or key.endswith("bias"):
+                param.zero_()
+            else:
+                param.copy_(draw_head(param.shape, seed).to(dtype=param.dtype, device=param.device))
     record = f"seeded:seed={int(seed)}" if head_init == "seeded" else "zeros"
     setattr(model.config, CONFIG_KEY, record)
     return record
