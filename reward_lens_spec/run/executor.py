@@ -3,7 +3,8 @@
 ``execute`` is the whole main job for one composed config: plan (every spec error before any model
 loads), inputs (``run.inputs``), identity (``run.identity``), then ``run.stream`` into the run's
 attempt. A complete run with the same id is found in the store and not recomputed unless
-``store.force``. ``compute`` runs a plan on pairs in memory — the same executor, streamed into an
+``store.force``: first from bytes alone (``run.reuse``: no torch, no tokenizer, no plan), else after
+tokenizing with a remembered fingerprint (no weights), else after loading. ``compute`` runs a plan on pairs in memory — the same executor, streamed into an
 in-memory store (``memory://``) and read back, so the two cannot drift.
 """
 from __future__ import annotations
