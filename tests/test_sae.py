@@ -155,8 +155,9 @@ def naive_reward_with(lm, ids, module, value):
 def loaded(tmp_path_factory):
     from tests.conftest import tiny_lm
     lm = tiny_lm("tiny_llama")
-    folder = save_sae(random_sae(d_in=lm.d_model, k=5, seed=4), tmp_path_factory.mktemp("sae"))
-    kw = {"op": "sae_attribution", "path": str(folder)}
+    sae = random_sae(d_in=lm.d_model, k=5, seed=4)
+    folder = save_sae(sae, tmp_path_factory.mktemp("sae"))
+    kw = {"op": "sae_attribution", "path": str(folder), "digest": sae.digest()}
     steps = [{"name": q, "quantity": q, **kw} for q in ("contribution", "error", "activation_diff", "patch_effect")]
     steps += [{"name": "zeroed", "quantity": "patch_effect", "mode": "zero", **kw},
               {"name": "deep", "quantity": "patch_effect", "site": "resid_post", "layer": 1, **kw}]
@@ -226,10 +227,20 @@ def test_plan_and_run_errors_name_the_field(tmp_path):
         with pytest.raises(SpecError, match=field.strip(".")) as e:
             build_plan(mk(**kw), info)
         assert field in str(e.value), (kw, str(e.value))
-    save_sae(random_sae(d_in=32), tmp_path)                                        # the model's width is 64
+    narrow = random_sae(d_in=32)
+    save_sae(narrow, tmp_path)                                                     # the model's width is 64
     with pytest.raises(SpecError, match="d_in = 32") as e:
-        _compute(lm, [{"name": "c", "op": "sae_attribution", "path": str(tmp_path)}])
+        _compute(lm, [{"name": "c", "op": "sae_attribution", "path": str(tmp_path), "digest": narrow.digest()}])
     assert "observable.steps.path" in str(e.value) and "train" in str(e.value)
+    # a loaded SAE is pinned by its digest (so the run id covers its weights): missing or stale is refused
+    with pytest.raises(SpecError, match="pinned") as e:
+        build_plan(mk(path=str(tmp_path)), info)
+    assert ".digest" in str(e.value) and f"digest: {narrow.digest()}" in str(e.value)
+    save_sae(random_sae(d_in=32, seed=9), tmp_path)                               # retrained in place
+    with pytest.raises(SpecError, match="changed") as e:
+        build_plan(mk(path=str(tmp_path), digest=narrow.digest()), info)
+    with pytest.raises(SpecError, match="no cfg.json"):
+        build_plan(mk(path=str(tmp_path / "nowhere"), digest="x"), info)
 
 
 # -- the planted sparse feature ------------------------------------------------------------------------------
@@ -311,8 +322,9 @@ def test_on_a_gated_head_the_frozen_gate_decomposition_sums_to_the_models_own_ma
     attach_gated_head(model, 3, seed=1)
     lm = wrap_model("gated", model, tok)
     assert lm.head.gated
-    save_sae(random_sae(d_in=lm.d_model, k=5, seed=5), tmp_path)
-    kw = {"op": "sae_attribution", "path": str(tmp_path)}
+    sae = random_sae(d_in=lm.d_model, k=5, seed=5)
+    save_sae(sae, tmp_path)
+    kw = {"op": "sae_attribution", "path": str(tmp_path), "digest": sae.digest()}
     ds, ctx = _compute(lm, [{"name": "c", **kw}, {"name": "e", "quantity": "error", **kw}])
     enc = ctx.encoded
     for p in range(len(enc.pair_ids)):

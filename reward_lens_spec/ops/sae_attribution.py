@@ -8,7 +8,10 @@ run, seeded (``d_sae``, ``k``, ``epochs``, ``lr``, ``batch``, ``seed``), on ``tr
                                                sides; the run is then one chunk, as for ``leace``)
   ``store:<url>#<run>/<observable>/<variable>``  activations saved by an earlier run (a ``capture`` step),
                                                streamed ``chunk`` pairs at a time, never held whole
-Steps with equal SAE params share one SAE (trained once per process). Its digest is in the ``sae`` attr.
+A loaded SAE is pinned by ``digest`` (sha256 of k and its float32 weights, ``TopKSAE.digest``), checked at
+plan time, so the run id — which hashes the params — covers the weights read from ``path``; the Fix of a
+missing or stale digest names the folder's. Steps with equal SAE params share one SAE (trained once per
+process). Its digest is in the ``sae`` attr.
 
 ``site``: ``readout`` (h, the final norm's output at the readout token) or ``resid_post`` with ``layer``.
 At the readout the margin is linear in h — Δ = w·(h_c − h_r), w = W[k] the reward direction (b cancels)
@@ -39,8 +42,8 @@ Trust: exploratory (the default of every output; an attribution through a learne
 calibrated by construction — a feature is confirmed only by its ``patch_effect``). Gauge: invariant.
 Errors: ``SpecError`` for an unknown ``quantity``/``site``/``mode``/``train_on``, contribution or error
 asked at a site where Δ is not linear (``site``), a layer out of range, non-positive
-sizes, ``k`` > ``d_sae``, an unreadable or non-TopK SAE (``path``), or an SAE whose ``d_in`` is not the
-site's width (``path``).
+sizes, ``k`` > ``d_sae``, an unreadable or non-TopK SAE (``path``), a missing or stale ``digest``, or an
+SAE whose ``d_in`` is not the site's width (``path``).
 """
 from __future__ import annotations
 
@@ -65,6 +68,7 @@ class SaeAttributionParams:
     site: str = "readout"              # readout | resid_post
     layer: Optional[int] = None        # resid_post only
     path: Optional[str] = None         # SAE-Lens folder; None: train one (below)
+    digest: Optional[str] = None       # with path: the SAE's sha256 (models.sae.TopKSAE.digest), pinned
     train_on: str = "run"              # run | store:<url>#<run>/<observable>/<variable>
     d_sae: int = 32
     k: int = 4
@@ -89,7 +93,15 @@ def check_params(p, info, where: str) -> None:
             raise SpecError(where + ".site", f"'{p.quantity}' is an exact linear decomposition of the margin; "
                             "the margin is linear in the activation only at the readout (after the final norm).",
                             fix="use site: readout, or quantity: patch_effect at resid_post.")
-    if p.path is None:
+    if p.path is not None:
+        from ..models.sae import load_sae
+        got = load_sae(p.path, where + ".path").digest()
+        if p.digest != got:
+            raise SpecError(where + ".digest", ("a loaded SAE is pinned by its digest, so the run id covers its "
+                            "weights; none given." if p.digest is None else
+                            f"the SAE at '{p.path}' has digest {got}, not {p.digest}: it changed."),
+                            fix=f"set digest: {got} (after checking this is the SAE you mean).")
+    else:
         if not (p.train_on == "run" or (p.train_on.startswith("store:") and "#" in p.train_on
                                         and len(p.train_on.partition("#")[2].split("/")) == 3)):
             raise SpecError(where + ".train_on", f"unknown source '{p.train_on}'.",
@@ -164,10 +176,14 @@ class SaeAttribution(Operator):
     def sae(self, ctx):
         from ..models.sae import load_sae, rows_of, train_sae
         p = self.p
-        key = ("sae", p.site, p.layer, p.path, p.train_on, p.d_sae, p.k, p.epochs, p.lr, p.batch, p.chunk, p.seed)
+        key = ("sae", p.site, p.layer, p.path, p.digest, p.train_on, p.d_sae, p.k, p.epochs, p.lr, p.batch, p.chunk, p.seed)
         if key not in ctx.memo:
             if p.path is not None:
-                ctx.memo[key] = (load_sae(p.path, "observable.steps.path"), {})
+                sae = load_sae(p.path, "observable.steps.path")
+                if sae.digest() != p.digest:                                      # changed since planning
+                    raise SpecError("observable.steps.digest", f"the SAE at '{p.path}' changed since the plan "
+                                    f"(digest {sae.digest()}, pinned {p.digest}).", fix="rerun.")
+                ctx.memo[key] = (sae, {})
             elif p.train_on == "run":
                 X = self._acts(ctx)
                 ctx.memo[key] = train_sae(rows_of(X, p.chunk), X.shape[-1], p.d_sae, p.k, epochs=p.epochs,
