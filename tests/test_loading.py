@@ -49,6 +49,7 @@ def test_pickle_checkpoints_need_an_explicit_opt_in(saved):
 
 def test_hub_id_offline_without_cache_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)   # read at import: the env var is late
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     with pytest.raises(SpecError, match="model.source"):
         load_model(ModelSpec(name="h", source="someone/no-such-reward-model"))
