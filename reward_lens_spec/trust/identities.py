@@ -13,8 +13,8 @@ variable            identity                                           applies w
 ``patch_restored``  restored fraction at (last layer, resid) = 1       (err scaled by |Δ|)
 ``patch_effect``    |effect at (last layer, resid)| = |Δ|              denoise or noise
 reward / margin     = the head's own reward per side / Δ, every cell     always (see ``claims_reward``)
-per-token reward    Σ over position = the head's own reward per side   pair × side × position, units
-                    (DPO-implicit: β·Σ_t log π/π_ref; exact)            reward (``implicit_reward``)
+per-token reward    Σ over position = the head's own reward per side   an implicit run: pair × side ×
+                    (DPO-implicit: β·Σ_t log π/π_ref; exact)            position, units reward
 PRM aggregate       = the declared rule (``signal.aggregate``, else     an output with an ``aggregate``
                     its own attr) over σ(per-step rewards)              attr beside a step grid
 PRM step reward     at the readout step (``signal.step``) = the head's   a PRM run (``PrmSignal``)
@@ -161,7 +161,8 @@ def _kind_identities(result, logits, pair_ids, objectives, signal, add) -> None:
              and result[v].attrs.get("units") == "reward"]
     for var in result.data_vars:
         da = result[var]
-        if set(da.dims) == {"pair", "side", "position"} and da.attrs.get("units") == "reward":
+        if (getattr(signal, "kind", None) == "implicit" and set(da.dims) == {"pair", "side", "position"}
+                and da.attrs.get("units") == "reward"):    # (a classifier's prefix_reward is per prefix, no sum)
             total = da.astype(np.float64).sum("position", skipna=True).where(da.notnull().any("position"))
             add(var, "sum of per-token reward = reward", (total - rewards).fillna(np.inf))
         elif "aggregate" in da.attrs and steps and set(da.dims) <= {"pair", "side"}:
