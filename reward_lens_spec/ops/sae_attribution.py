@@ -48,7 +48,6 @@ SAE whose ``d_in`` is not the site's width (``path``).
 from __future__ import annotations
 
 from dataclasses import astuple, dataclass
-from functools import lru_cache
 from typing import Optional
 
 import numpy as np
@@ -60,6 +59,8 @@ from .base import INVARIANT, Operator
 
 QUANTITIES = ("contribution", "error", "activation_diff", "patch_effect")
 LINEAR = ("contribution", "error")
+SAE_FIELDS = ("site", "layer", "path", "digest", "train_on", "d_sae", "k", "epochs", "lr", "batch", "chunk", "seed")
+_STORED: dict = {}                     # SAE params → SAE trained from a store (a few, per process)
 
 
 @dataclass(frozen=True)
@@ -109,14 +110,29 @@ def check_params(p, info, where: str) -> None:
         for f in ("d_sae", "k", "epochs", "batch", "chunk"):
             if not (isinstance(getattr(p, f), int) and getattr(p, f) >= 1):
                 raise SpecError(f"{where}.{f}", f"must be an integer >= 1, got {getattr(p, f)!r}.")
+        if not (isinstance(p.lr, (int, float)) and p.lr > 0):
+            raise SpecError(where + ".lr", f"must be a number > 0, got {p.lr!r}.")
         if p.k > p.d_sae:
             raise SpecError(where + ".k", f"k ({p.k}) exceeds d_sae ({p.d_sae}).", fix="set k <= d_sae.")
 
 
-@lru_cache(maxsize=4)
+def sae_key(p) -> tuple:
+    """The params an SAE depends on (steps that differ only in quantity or mode share one)."""
+    return tuple(getattr(p, f) for f in SAE_FIELDS)
+
+
 def _stored_sae(p: SaeAttributionParams):
-    """Train on a stored capture variable, streamed ``p.chunk`` pairs at a time (cached per params):
-    ``(sae, stats, the variable's gauge)``."""
+    """Train on a stored capture variable, streamed ``p.chunk`` pairs at a time, once per process and
+    params: ``(sae, stats, the variable's gauge)``."""
+    key = sae_key(p)
+    if key not in _STORED:
+        while len(_STORED) >= 4:
+            _STORED.pop(next(iter(_STORED)))
+        _STORED[key] = _train_stored(p)
+    return _STORED[key]
+
+
+def _train_stored(p):
     from ..models.sae import rows_of, train_sae
     from ..store import open_store
     url, _, ref = p.train_on.split(":", 1)[1].partition("#")
@@ -176,7 +192,7 @@ class SaeAttribution(Operator):
     def sae(self, ctx):
         from ..models.sae import load_sae, rows_of, train_sae
         p = self.p
-        key = ("sae", p.site, p.layer, p.path, p.digest, p.train_on, p.d_sae, p.k, p.epochs, p.lr, p.batch, p.chunk, p.seed)
+        key = ("sae",) + sae_key(p)
         if key not in ctx.memo:
             if p.path is not None:
                 sae = load_sae(p.path, "observable.steps.path")
