@@ -333,3 +333,21 @@ def test_on_a_gated_head_the_frozen_gate_decomposition_sums_to_the_models_own_ma
                  for s in (enc.chosen[p], enc.rejected[p])]
         got = float(ds["c"].isel(pair=p).sum()) + float(ds["e"].isel(pair=p))
         assert abs(got - (r[0] - r[1])) < 5e-5 * (1 + abs(r[0] - r[1])), (p, got, r)
+
+
+def test_a_multi_objective_head_gets_one_exact_split_per_objective_and_top_features_per_objective(tmp_path):
+    from tests.conftest import tiny_lm
+    lm = tiny_lm("tiny_llama", num_labels=3)
+    sae = random_sae(d_in=lm.d_model, k=5, seed=6)
+    save_sae(sae, tmp_path)
+    kw = {"op": "sae_attribution", "path": str(tmp_path), "digest": sae.digest()}
+    ds, ctx = _compute(lm, [{"name": "c", **kw}, {"name": "e", "quantity": "error", **kw},
+                            {"name": "t", "op": "top_features", "input": "c", "k": 2}])
+    assert ds["c"].dims == ("pair", "feature", "objective") and ds["t"].dims == ("dimension", "rank", "objective")
+    enc = ctx.encoded
+    for p in range(len(enc.pair_ids)):
+        with torch.no_grad():
+            r = [lm.model(input_ids=torch.tensor([list(s)])).logits[0].double().numpy()
+                 for s in (enc.chosen[p], enc.rejected[p])]
+        got = ds["c"].isel(pair=p).sum("feature").values + ds["e"].isel(pair=p).values
+        np.testing.assert_allclose(got, r[0] - r[1], atol=5e-5)
