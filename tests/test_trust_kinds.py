@@ -279,3 +279,27 @@ def test_curvature_off_the_planted_direction_fails(families, monkeypatch):
     card = _grade("examples/curvature", families["curvature"],
                   lambda ds: ds.assign(margin_eigenvalues=2.0 * ds["margin_eigenvalues"]), monkeypatch)
     assert not card.passed and not card.criteria_passed["curvature_direction"]
+
+
+def test_calibrate_implicit_end_to_end_with_a_base(tmp_path, capsys):
+    """``calibrate observable=implicit organism=implicit_planted base=tiny_llama``: the card passes and a DPO-implicit
+    run of that observable (model=tiny_implicit, same family) reads calibrated on the graded variables only."""
+    from reward_lens_spec.run import compose_run, execute
+    from reward_lens_spec.trust.cli import calibrate_main
+    store = str(tmp_path / "s.zarr")
+    assert calibrate_main(["observable=implicit", "organism=implicit_planted", "base=tiny_llama", "n_pairs=4",
+                           f"store.url={store}"]) == 0
+    assert "implicit_log_ratio" in capsys.readouterr().out
+    run, _ = compose_run(["model=tiny_implicit", "observable=implicit", "dataset.limit=3"])
+    rid = execute(run, resolved_yaml=OmegaConf.to_yaml(OmegaConf.structured(run)), base_dir=str(tmp_path),
+                  store_url=store, progress=False).run_id
+    by_var = open_store(store).trust(rid)["trust_by_variable"]
+    assert by_var == {"reward": "exploratory", "margin": "calibrated", "p_chosen": "exploratory",
+                      "per_token_reward": "calibrated"}
+
+
+def test_unknown_organism_kind_names_every_kind():
+    from reward_lens_spec.errors import SpecError
+    with pytest.raises(SpecError) as e:
+        organism_family("judge_plantd")
+    assert "judge_planted" in str(e.value)
