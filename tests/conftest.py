@@ -2,7 +2,9 @@
 
 Tiers: ``pytest -m "not slow"`` is the fast tier, run after every change; the slow tier is every test
 that starts another process (subprocess CLI, wheel, browser, launchers, S3 server), found here from the
-test's source and its fixtures' (``pytest_collection_modifyitems``), plus the real-model tests.
+test's source and its fixtures' (``pytest_collection_modifyitems``), the real-model tests, and the
+in-process tests a measured fast-tier run found slow (``slow_in_process.txt``, written by
+``benchmarks/split_tiers.py``; each test file keeps its fastest test in the fast tier).
 """
 from __future__ import annotations
 
@@ -142,12 +144,25 @@ def _is_test_code(fn) -> bool:
     return mod == "conftest" or mod.startswith(("tests.", "test_")) or mod.rpartition(".")[2].startswith("test_")
 
 
+def _measured_slow() -> frozenset:
+    """Node ids listed in ``slow_in_process.txt`` (one per line, then its measured seconds; ``#`` comments)."""
+    path = os.path.join(os.path.dirname(__file__), "slow_in_process.txt")
+    if not os.path.exists(path):
+        return frozenset()
+    with open(path, encoding="utf-8") as fh:
+        return frozenset(line.rsplit(" ", 1)[0] for line in fh if line.strip() and not line.startswith("#"))
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark slow every test that starts a process, directly, through a fixture or through a helper it
-    calls (its own module's or one imported from another test module, followed transitively), and every
-    test of ``SLOW_MODULES``."""
+    calls (its own module's or one imported from another test module, followed transitively), every
+    test of ``SLOW_MODULES``, and every test ``slow_in_process.txt`` lists."""
+    measured = _measured_slow()
     for item in items:
         if item.get_closest_marker("slow"):
+            continue
+        if item.nodeid in measured:
+            item.add_marker(pytest.mark.slow)
             continue
         mod = item.module
         fns = [item.function] + [d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]
