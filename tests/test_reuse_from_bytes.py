@@ -7,14 +7,11 @@ import json
 
 import pytest
 
+from test_reuse_without_weights import _go
+
 from reward_lens_spec.models import fingerprint_cache
 from reward_lens_spec.run import compose_run, execute
 from reward_lens_spec.run import executor
-
-
-def _go(tmp_path, *over):
-    run, y = compose_run(["observable=score", "dataset.limit=4", *over])
-    return execute(run, resolved_yaml=y, base_dir=str(tmp_path), store_url=str(tmp_path / "s.zarr"), progress=False)
 
 
 def _nothing_heavy(mp):
