@@ -5,7 +5,6 @@ truth for judges, PRMs, implicit rewards, LEACE and curvature (``models.kind_org
 when the instrument's reading is deliberately wrong (sign, step, scale, no erasure, wrong direction)."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
