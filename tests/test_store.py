@@ -89,14 +89,24 @@ if cfg.get("slow_marker"):  # sleep after the first observable's data is stored
     owner = Backend if cfg.get("slow_hook") == "put_many" else xr.Dataset
     name = cfg.get("slow_hook", "to_zarr")
     orig = getattr(owner, name)
-    def slow(self, *a, **k):
-        out = orig(self, *a, **k)
+    def pause():
         open(cfg["slow_marker"], "w").close()
         t0 = time.time()   # sleep 60 s, or until the file cfg["resume_on"] appears
         while time.time() - t0 < 60 and not os.path.exists(cfg.get("resume_on") or "/nonexistent"):
             time.sleep(0.01)
+    def slow(self, *a, **k):
+        out = orig(self, *a, **k)
+        pause()
         return out
     setattr(owner, name, slow)
+    if name == "to_zarr":   # in-memory outputs are written by store.zarr_io, not Dataset.to_zarr
+        from reward_lens_spec.store import zarr_io
+        direct = zarr_io.write_new_groups
+        def slow_direct(*a, **k):
+            out = direct(*a, **k)
+            pause()
+            return out
+        zarr_io.write_new_groups = slow_direct
 if cfg.get("barrier"):
     open(os.path.join(cfg["barrier"], "ready_" + cfg["run_id"]), "w").close()
     t0 = time.time()

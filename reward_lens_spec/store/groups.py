@@ -75,9 +75,14 @@ def write_labels(zstore, group: str, pair, labels: dict, *, mode: str = "w-") ->
     """
     if mode not in ("w-", "a"):
         raise ValueError(f"write_labels: mode {mode!r}; only 'w-' or 'a' (never one that deletes)")
+    ds = xr.Dataset(coords=_label_coords(pair, labels))
+    with_checksum(portable(ds)).to_zarr(zstore, group=group, mode=mode, **WRITE_KW)
+
+
+def _label_coords(pair, labels: dict) -> dict:
     coords = {"pair": pair} if pair is not None else {}
     coords.update({k: c.variable if isinstance(c, xr.DataArray) else c for k, c in labels.items()})
-    with_checksum(portable(xr.Dataset(coords=coords))).to_zarr(zstore, group=group, mode=mode, **WRITE_KW)
+    return coords
 
 
 def set_group_attrs(zstore, group: str, attrs: dict) -> None:
@@ -90,7 +95,7 @@ def set_group_attrs(zstore, group: str, attrs: dict) -> None:
 
 
 def write_variables(zstore, res, group: str, attrs: dict | None = None, *, labels: bool = True,
-                    mode: str = "w-") -> None:
+                    mode: str = "w-") -> dict | None:
     """Write every variable of ``res`` (Result or Dataset) as ``group/<variable>``, then ``group``'s attrs
     (``attrs`` plus ``output_variables``), so the listing is written last.
 
@@ -98,25 +103,61 @@ def write_variables(zstore, res, group: str, attrs: dict | None = None, *, label
     of each variable's group; ``False``: ``group`` exists (a streamed run's reduce stage), so only the
     labels it already holds are left out. ``mode``: ``"w-"`` creates every group exclusively, ``"a"``
     writes into existing ones; never a mode that deletes.
+
+    New groups of in-memory data (``labels`` and ``"w-"``, no dask array) are written in one concurrent
+    pass (``store.zarr_io``: the same bytes ``to_zarr`` writes); returns then ``{variable: its zarr chunk
+    shape}`` (for ``written_digests``), else None.
     """
     if mode not in ("w-", "a"):
         raise ValueError(f"write_variables: mode {mode!r}; only 'w-' or 'a' (never one that deletes)")
     res = Result.of(res)
+    direct = labels and mode == "w-" and not any(v.chunks is not None for v in res.values())
     if labels:
         pairs = [v["pair"].variable for v in res.values() if "pair" in v.dims and "pair" in v.coords]
         same = bool(pairs) and all(p.identical(pairs[0]) for p in pairs[1:])
         pair = pairs[0] if same else None             # the group's pair ids only when every variable agrees
         shared = shared_pair_labels(res) if same else {}    # labels go back by pair id
-        write_labels(zstore, group, pair, shared, mode=mode)
+        if not direct:
+            write_labels(zstore, group, pair, shared, mode=mode)
         drop = set(shared)
     else:
         drop = set(xr.open_zarr(zstore, group=group, chunks=None, **ZARR_KW).variables) - {"pair"}
-    for name, da in res.items():
-        if "pair" in da.dims:
-            da = da.drop_vars([k for k in drop if k in da.coords])
+    own = {name: da.drop_vars([k for k in drop if k in da.coords]) if "pair" in da.dims else da
+           for name, da in res.items()}
+    listing = None if attrs is None else {**attrs, VARIABLES: list(res)}
+    if direct:
+        from reward_lens_spec.store.zarr_io import write_new_groups
+
+        # shallow copies: the caller's variables keep their encoding
+        first = {group: with_checksum(xr.Dataset(coords=_label_coords(pair, shared)).copy(deep=False))}
+        then = {f"{group}/{n}": with_checksum(da.to_dataset(name=n).copy(deep=False)) for n, da in own.items()}
+        chunks = write_new_groups(zstore, first, then,
+                                  attrs_of=None if listing is None else (group, listing))
+        return {n: chunks[f"{group}/{n}"][n] for n in own}
+    for name, da in own.items():
         variable_dataset(da, name).to_zarr(zstore, group=f"{group}/{name}", mode=mode, **WRITE_KW)
-    if attrs is not None:
-        set_group_attrs(zstore, group, {**attrs, VARIABLES: list(res)})
+    if listing is not None:
+        set_group_attrs(zstore, group, listing)
+    return None
+
+
+def written_digests(res, chunks: dict) -> dict | None:
+    """``{variable: digest}`` (``store.digest``) of ``res`` as written by ``write_variables`` (``chunks``: what
+    it returned), decoded as a reader decodes the stored bytes (``zarr_io.decoded_as_read``), so equal to
+    reading them back; None where a reader would see other coords (a pair-dim variable with no ``pair``
+    index gets the group's): read them back then."""
+    from reward_lens_spec.store.digest import variable_digest
+    from reward_lens_spec.store.zarr_io import decoded_as_read
+
+    res = Result.of(res)
+    if any("pair" in v.dims and "pair" not in v.coords for v in res.values()):
+        return None
+    out = {}
+    for name, da in res.items():
+        coords = {k: decoded_as_read(str(k), c.variable) for k, c in da.coords.items()}
+        back = xr.DataArray(decoded_as_read(str(name), da.variable), coords=coords, name=name)
+        out[str(name)] = variable_digest(back, chunks=chunks[name])
+    return out
 
 
 def group_attrs(zstore, group: str) -> dict:
@@ -126,7 +167,7 @@ def group_attrs(zstore, group: str) -> dict:
 
 
 def open_variable(zstore, group: str, name: str, *, lazy: bool = True, labels=None, digest: dict | None = None,
-                  where: str = "") -> xr.DataArray:
+                  where: str = "", read: xr.Dataset | None = None, known: dict | None = None) -> xr.DataArray:
     """The variable stored at ``group/name``: its coords read into memory, its data dask-backed (in its
     zarr chunks) when ``lazy`` is True, read when False; an int ``lazy``: read if it holds at most that
     many bytes, else dask-backed. ``labels``: the group's shared pair labels (an
@@ -137,12 +178,14 @@ def open_variable(zstore, group: str, name: str, *, lazy: bool = True, labels=No
     ``digest``: the variable's sealed digest (``store.digest``): its coords are checked now, its data
     block by block as they are read (now, or when a dask block is computed); a mismatch raises
     ``store.digest.DigestError`` naming ``where`` (run, observable) and the variable.
+    ``read``: the variable's group as ``zarr_io.read_groups`` read it (data in memory), else opened here.
+    ``known``: digests of the group's labels (``{coord: hex}``), computed once for all its variables.
     """
     if labels is None:
         labels = _labels(zstore, group)
     shared = "pair" in labels.coords
-    ds = xr.open_zarr(zstore, group=f"{group}/{name}", chunks=None, drop_variables=["pair"] if shared else None,
-                      **ZARR_KW)
+    ds = read if read is not None else xr.open_zarr(zstore, group=f"{group}/{name}", chunks=None,
+                                                    drop_variables=["pair"] if shared else None, **ZARR_KW)
     v = ds[name]
     coords = {c: v[c].variable.load() for c in v.coords}
     if "pair" in v.dims and shared:
@@ -154,7 +197,12 @@ def open_variable(zstore, group: str, name: str, *, lazy: bool = True, labels=No
 
         label = f"{where or group}: variable {name}"
         check_header(v, digest, label)
-        check_coords(xr.DataArray(v.variable, coords=coords, name=name), digest, label)
+        rec = digest.get("coords") or {}
+        done = {k for k in coords if shared and k in labels.coords and (known or {}).get(k) == rec.get(str(k))
+                and set(map(str, coords)) == set(rec)}
+        rest = {k: c for k, c in coords.items() if k not in done}
+        check_coords(xr.DataArray(v.variable, coords=rest, name=name),
+                     {**digest, "coords": {k: h for k, h in rec.items() if k not in done}}, label)
     if lazy is True or (lazy is not False and v.nbytes > lazy):
         chunks = v.encoding.get("preferred_chunks") or {}
         sizes = {d: chunks.get(d, n) for d, n in v.sizes.items()}
@@ -180,7 +228,10 @@ def open_variable(zstore, group: str, name: str, *, lazy: bool = True, labels=No
 
 def _labels(zstore, group: str) -> xr.Dataset:
     """The group's shared pair labels, as coords (a coords-only group may read them back as data vars)."""
-    ds = xr.open_zarr(zstore, group=group, chunks=None, **ZARR_KW)
+    return _as_labels(xr.open_zarr(zstore, group=group, chunks=None, **ZARR_KW))
+
+
+def _as_labels(ds: xr.Dataset) -> xr.Dataset:
     ds = ds.set_coords([v for v in ds.data_vars if ds[v].dims == ("pair",)])
     return ds.assign_coords({c: ds[c].variable.load() for c in ds.coords})
 
@@ -206,8 +257,15 @@ def open_variables(zstore, group: str, names=None, *, lazy: bool = True, digests
         if not ds.data_vars:
             raise KeyError(f"group {group} lists no {VARIABLES} and holds no arrays of its own")
         return Result.of(ds if lazy else ds.load())
-    labels = _labels(zstore, group)
     want = list(listed if names is None else names)
+    read = {}
+    if lazy is not True:              # every small variable's arrays and the labels in one concurrent pass
+        from reward_lens_spec.store.zarr_io import read_groups
+
+        lab, read = read_groups(zstore, group, want, shared=("pair",), max_bytes=None if lazy is False else lazy)
+        labels = _as_labels(lab)
+    else:
+        labels = _labels(zstore, group)
     if digests is not None:
         from reward_lens_spec.store.digest import DigestError
 
@@ -215,6 +273,11 @@ def open_variables(zstore, group: str, names=None, *, lazy: bool = True, digests
         if missing or (names is None and set(digests) - set(want)):
             raise DigestError(f"{where or group}: variables {sorted(set(want) ^ set(digests))} are not those the "
                               "run's seal records; the stored data were changed after the run was written.")
-    return Result({n: open_variable(zstore, group, n, lazy=lazy, labels=labels,
+    known = None
+    if digests is not None and "pair" in labels.coords:
+        from reward_lens_spec.store.digest import values_digest
+
+        known = {k: values_digest(c.values) for k, c in labels.coords.items()}
+    return Result({n: open_variable(zstore, group, n, lazy=lazy, labels=labels, read=read.get(n), known=known,
                                     digest=None if digests is None else digests[n], where=where)
                    for n in want}, attrs)

@@ -35,7 +35,7 @@ from reward_lens_spec.store._attrs import attrs_problem, check_json_safe
 from reward_lens_spec.store._backend import (DOC, LAYOUT_KEY, LAYOUT_VERSION, RUNS, Backend,
                                              group_doc)
 from reward_lens_spec.store.attempts import Attempt, list_attempts
-from reward_lens_spec.store.groups import write_variables
+from reward_lens_spec.store.groups import write_variables, written_digests
 from reward_lens_spec.store.state import run_state  # noqa: F401  (defined in store.state; importable from here as before)
 
 RESERVED = ("run_id", "observables", "created", "complete", "store_write_s", "writer", "attempt", "data_digests")
@@ -136,9 +136,9 @@ def with_digests(attrs: dict, digests: dict) -> dict:
     return out
 
 
-def _write_observable(b: Backend, res, group: str, attrs: dict, zstore=None) -> None:
+def _write_observable(b: Backend, res, group: str, attrs: dict, zstore=None) -> dict | None:
     """Write one observable (``Result`` or Dataset) as the group ``group``, one subgroup per variable
-    (``store.groups``).
+    (``store.groups``); returns what ``write_variables`` returns (the chunk shapes of a direct write).
 
     Local stores and dask-backed (streamed) outputs are written in place. In-memory outputs bound
     for an object store are encoded into a memory store first and its objects uploaded in one
@@ -146,15 +146,15 @@ def _write_observable(b: Backend, res, group: str, attrs: dict, zstore=None) -> 
     """
     res = Result.of(res)
     if b.local or any(v.chunks is not None for v in res.values()):
-        write_variables(zstore or b.zarr_store(), res, group, attrs)
-        return
+        return write_variables(zstore or b.zarr_store(), res, group, attrs)
     import zarr.storage
 
     staged: dict = {}
-    write_variables(zarr.storage.MemoryStore(store_dict=staged), res, group, attrs)
+    chunks = write_variables(zarr.storage.MemoryStore(store_dict=staged), res, group, attrs)
     prefix = group + "/"
     files = {b.path(k): v.to_bytes() for k, v in staged.items() if k.startswith(prefix)}
     b.put_many(files)
+    return chunks
 
 
 def _now() -> str:
@@ -225,9 +225,11 @@ def write_run(url: str, run_id: str, results: dict, attrs: dict, *,
             att.fence("write")
             try:
                 res = Result.of(results[obs])
-                _write_observable(b, res, f"{att.prefix}/{obs}", observable_attrs(run_attrs, res),
-                                  att.zstore("write"))
-                digests[obs] = stored_digests(b.zarr_store(), f"{att.prefix}/{obs}")
+                chunks = _write_observable(b, res, f"{att.prefix}/{obs}", observable_attrs(run_attrs, res),
+                                           att.zstore("write"))
+                # digests of what was written, decoded as a reader decodes it; else read back
+                digests[obs] = ((written_digests(res, chunks) if chunks is not None else None)
+                                or stored_digests(b.zarr_store(), f"{att.prefix}/{obs}"))
             except Exception as e:
                 raise StoreError(f"store {url}: writing run {run_id} observable {obs} failed "
                                  f"({type(e).__name__}: {e}).") from e

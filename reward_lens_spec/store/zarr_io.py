@@ -1,0 +1,213 @@
+"""Many small in-memory Datasets written as new Zarr v3 groups in one pass of zarr's async API.
+
+Store layout 3 (``store.groups``) writes one group per output variable; through ``Dataset.to_zarr`` every
+array costs several blocking round trips to zarr's event loop (open the group, check what exists,
+create, set attrs, write), one after the other. ``write_new_groups`` makes the same arrays, encoded by
+xarray's own Zarr encoder (``encode_dataset_coordinates``, ``encode_zarr_variable``,
+``extract_zarr_variable_encoding``: CF encoding, fill values, chunks, ``dimension_names``, attrs) and
+created with the same ``create_array`` arguments ``to_zarr`` passes, but all groups and arrays concurrently
+in one call, so the bytes on disk are those ``to_zarr(mode="w-")`` writes (checked in
+``tests/test_store_direct.py``) and plain ``xr.open_zarr`` / ``xr.open_datatree`` read them.
+
+Only in-memory (numpy) data and exclusive creation: an existing group fails before anything is written
+(``mode="w-"``), nothing is ever deleted; dask-backed data and writes into existing groups go through
+``to_zarr``. The arrays are encoded into a ``MemoryStore`` first (no I/O, no blocking round trips), then
+the keys are copied into the target store concurrently, the group holding the listing last.
+
+``decoded_as_read`` gives a variable as a reader of those bytes decodes it (xarray's decoder applied to
+the encoded variable), so a writer can digest what it wrote without reading it back.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import xarray as xr
+from xarray import conventions
+from xarray.backends.zarr import (FillValueCoder, encode_zarr_attr_value, encode_zarr_variable,
+                                  extract_zarr_variable_encoding)
+from xarray.coding.strings import check_vlen_dtype
+
+
+def _array_args(name: str, var: xr.Variable, write_empty: bool) -> tuple[dict, object]:
+    """(``create_array`` keyword arguments, data) of one variable, as ``ZarrStore.set_variables`` makes them
+    for a new array in a Zarr v3 group (``use_zarr_fill_value_as_mask`` False, xarray's v3 default)."""
+    v = encode_zarr_variable(var, name=name, zarr_format=3)
+    attrs = v.attrs.copy()
+    fill_value = v.encoding.pop("fill_value", None)
+    if fill_value is None and v.dtype.kind == "f":
+        fill_value = np.nan                       # xarray's default for floats
+    if "_FillValue" in attrs:
+        fv = attrs.pop("_FillValue")
+        if fv is not None:
+            attrs["_FillValue"] = FillValueCoder.encode(fv, v.dtype)
+    if v.encoding.pop("_FillValue", None) is not None:
+        raise ValueError("Zarr does not support _FillValue in encoding.")
+    enc = extract_zarr_variable_encoding(v, raise_on_invalid=False, name=name, zarr_format=3)
+    config = {"write_empty_chunks": write_empty}
+    if "order" in enc:
+        config["order"] = enc.pop("order")
+    enc.pop("write_empty_chunks", None)
+    enc.pop("fill_value", None)
+    dtype = str if check_vlen_dtype(v.dtype) is str else v.dtype
+    kw = dict(enc, name=name, shape=v.shape, dtype=dtype, fill_value=fill_value, config=config,
+              dimension_names=v.dims, overwrite=False,
+              attributes={k: encode_zarr_attr_value(a) for k, a in attrs.items()})
+    return kw, v.data
+
+
+def encoded(ds: xr.Dataset, write_empty: bool = True) -> tuple[dict, list]:
+    """(group attrs, [(create_array kwargs, data), ...]) of ``ds`` as ``to_zarr`` encodes it, fixed-width
+    unicode written as variable-length strings (``store._attrs.portable``)."""
+    variables, attrs = conventions.encode_dataset_coordinates(ds)
+    arrays = [_array_args(str(k), _vlen(v), write_empty) for k, v in variables.items()]
+    return {k: encode_zarr_attr_value(a) for k, a in attrs.items()}, arrays
+
+
+def _vlen(v: xr.Variable) -> xr.Variable:
+    if v.dtype.kind != "U":
+        return v
+    return xr.Variable(v.dims, v.values.astype(object), v.attrs,            # fastpath: no pandas round trip
+                       {k: e for k, e in v.encoding.items() if k != "dtype"}, fastpath=True)
+
+
+async def _write_group(zstore, path: str, ds: xr.Dataset, write_empty: bool) -> dict:
+    import zarr.api.asynchronous as za
+
+    attrs, arrays = encoded(ds, write_empty)
+    group = await za.open_group(store=zstore, path=path, mode="w-", zarr_format=3, attributes=attrs)
+
+    async def one(kw, data):
+        arr = await group.create_array(**kw)
+        await arr.setitem(tuple(slice(None) for _ in arr.shape), np.asarray(data))
+        return kw["name"], tuple(arr.metadata.chunks)
+
+    return dict(await asyncio.gather(*(one(kw, data) for kw, data in arrays)))
+
+
+async def _stage(mem, first: dict, then: dict, write_empty: bool, attrs_of) -> dict:
+    out = {}
+    for batch in (first, then):
+        done = await asyncio.gather(*(_write_group(mem, p, ds, write_empty) for p, ds in batch.items()))
+        out.update(zip(batch, done))
+    if attrs_of is not None:
+        import zarr.api.asynchronous as za
+
+        g = await za.open_group(store=mem, path=attrs_of[0], mode="r+", zarr_format=3)
+        await g.update_attributes(attrs_of[1])
+    return out
+
+
+async def _upload(zstore, staged: dict, paths: list, last: str | None) -> None:
+    """Copy ``staged`` (key -> Buffer) into ``zstore``: first refuse when a group in ``paths`` exists (as
+    ``mode="w-"`` does), then every key under ``paths`` concurrently, ``last`` after them; keys above them
+    (parent groups zarr made implicitly) only where absent, so nothing stored is replaced."""
+    from zarr.errors import ContainsGroupError
+
+    found = await asyncio.gather(*(zstore.exists(f"{p}/zarr.json") for p in paths))
+    if any(found):
+        raise ContainsGroupError(f"a group exists at {[p for p, f in zip(paths, found) if f]}; "
+                                 "nothing was written there")
+    inside = tuple(f"{p}/" for p in paths)
+    ours = [k for k in staged if k.startswith(inside) and k != last]
+    parents = [k for k in staged if not k.startswith(inside) and k != last]
+    await asyncio.gather(*(zstore.set_if_not_exists(k, staged[k]) for k in parents))
+    await asyncio.gather(*(zstore.set(k, staged[k]) for k in ours))
+    if last is not None:
+        await zstore.set(last, staged[last])
+
+
+def write_new_groups(zstore, first: dict, then: dict, *, write_empty: bool = True,
+                     attrs_of: tuple[str, dict] | None = None) -> dict:
+    """Create the groups ``first`` (``{path: Dataset}``), then ``then`` (their children), then add
+    ``attrs_of = (path, attrs)`` to the attrs of one of them, whose document is stored last.
+
+    Encoded into a memory store (no I/O, one blocking call), then uploaded to ``zstore`` concurrently (a
+    second call). Every group is created exclusively (``mode="w-"``: ``ContainsGroupError`` when one
+    exists, before anything is written); never deletes. Returns ``{path: {array: chunk shape}}``.
+    """
+    from zarr.core.sync import sync
+    from zarr.storage import MemoryStore
+
+    staged: dict = {}
+    chunks = sync(_stage(MemoryStore(store_dict=staged), first, then, write_empty, attrs_of))
+    last = None if attrs_of is None else f"{attrs_of[0]}/zarr.json"
+    sync(_upload(zstore, staged, [*first, *then], last))
+    return chunks
+
+
+def decoded_as_read(name: str, var: xr.Variable) -> xr.Variable:
+    """``var`` as ``xr.open_zarr`` gives it back from the array ``write_new_groups`` stores (xarray's Zarr
+    encoding, then its CF decoding with ``open_zarr``'s defaults)."""
+    enc = encode_zarr_variable(var, name=name, zarr_format=3)
+    return conventions.decode_cf_variable(name, enc, concat_characters=True, mask_and_scale=True,
+                                          decode_times=True, decode_endianness=True)
+
+
+def _as_read(arr, data) -> xr.Variable:
+    """One stored array as ``ZarrStore.open_store_variable`` gives it (Zarr v3: dims from
+    ``dimension_names``, ``_FillValue`` attr decoded, xarray's encoding), its data ``data`` in memory."""
+    attrs = dict(arr.attrs)
+    chunks = tuple(arr.chunks)
+    dims = tuple(arr.metadata.dimension_names or ())
+    enc = {"chunks": chunks, "preferred_chunks": dict(zip(dims, chunks))}
+    if arr.dtype.kind == "T":
+        enc["dtype"] = arr.dtype
+    enc.update(compressors=arr.compressors, filters=arr.filters, shards=arr.shards, serializer=arr.serializer,
+               fill_value=arr.metadata.fill_value)
+    if "_FillValue" in attrs:
+        attrs["_FillValue"] = FillValueCoder.decode(attrs["_FillValue"], arr.dtype)
+    return xr.Variable(dims, data, attrs, enc)
+
+
+def _decoded(variables: dict, attrs: dict) -> xr.Dataset:
+    """``xr.open_zarr``'s decoding (its defaults) of variables read as ``_as_read``."""
+    from xarray.backends.memory import InMemoryDataStore
+    from xarray.backends.store import StoreBackendEntrypoint
+
+    attrs = {k: v for k, v in attrs.items() if not k.lower().startswith("_nc")}
+    return StoreBackendEntrypoint().open_dataset(InMemoryDataStore(variables, attrs), mask_and_scale=True,
+                                                 decode_times=True, concat_characters=True, decode_coords=True)
+
+
+def read_groups(zstore, group: str, children, *, shared=(), max_bytes: int | None = None
+                ) -> tuple[xr.Dataset, dict]:
+    """``group`` and its child groups ``children``, each as ``xr.open_zarr(..., chunks=None)`` decodes it
+    (the same variables, attrs and encoding; no default indexes built: a caller building DataArrays makes
+    its own) with its data read now: every metadata document and array in one concurrent pass.
+
+    ``shared``: names of arrays not read from a child when ``group`` holds one itself (the ``pair`` index
+    of store layout 3: ``open_zarr(..., drop_variables=["pair"])``). ``max_bytes``: a
+    child whose variable (the array named as the child) holds more is not read (None in the returned dict:
+    open it lazily instead). Returns ``(group's Dataset, {child: Dataset or None})``; ``KeyError`` for a child
+    that is not a group of arrays.
+    """
+    import zarr.api.asynchronous as za
+    from zarr.core.sync import sync
+
+    async def go():
+        root = await za.open_group(store=zstore, path=group, mode="r", zarr_format=3)
+        nodes = {p: n async for p, n in root.members(max_depth=1)}
+        picked = {"": {k: n for k, n in nodes.items() if "/" not in k and hasattr(n, "shape")}}
+        skip = set(shared) & set(picked[""])
+        for c in children:
+            if not hasattr(nodes.get(c), "members"):
+                raise KeyError(f"{group}/{c}: no such group")
+            arrays = {k.split("/", 1)[1]: n for k, n in nodes.items()
+                      if k.startswith(c + "/") and hasattr(n, "shape") and k.split("/", 1)[1] not in skip}
+            big = arrays.get(c)
+            if max_bytes is not None and big is not None and big.nbytes > max_bytes:
+                picked[c] = None
+            else:
+                picked[c] = arrays
+        reads = [(c, k, n) for c, arrays in picked.items() if arrays for k, n in arrays.items()]
+        data = await asyncio.gather(*(n.getitem(...) for _, _, n in reads))
+        got: dict = {c: ({} if arrays is not None else None) for c, arrays in picked.items()}
+        for (c, k, n), d in zip(reads, data):
+            got[c][k] = _as_read(n, np.asarray(d))
+        attrs = {"": root.attrs, **{c: nodes[c].attrs for c in children}}
+        return got, attrs
+
+    got, attrs = sync(go())
+    out = {c: None if v is None else _decoded(v, attrs[c]) for c, v in got.items()}
+    return out.pop(""), out
