@@ -1,0 +1,164 @@
+"""Store layout 3 written and read through ``store.zarr_io`` (one concurrent pass of zarr's async API):
+the same bytes as ``Dataset.to_zarr``, read by plain xarray exactly, digests equal to a read-back, a
+flipped bit still failing its crc32c checksum, and never writing over an existing group."""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import xarray as xr
+import zarr
+
+from reward_lens_spec.errors import StoreError
+from reward_lens_spec.result import Result
+from reward_lens_spec.store import open_store, write_run
+from reward_lens_spec.store.groups import (WRITE_KW, ZARR_KW, set_group_attrs, shared_pair_labels,
+                                           variable_dataset, write_labels, write_variables, written_digests)
+from reward_lens_spec.store.writer import stored_digests
+from reward_lens_spec.store.zarr_io import read_groups
+
+N = 12
+
+
+def mixed() -> Result:
+    """Every dtype a result holds: float32 with NaN, float64, int, bool, strings, a 0-d value, times; shared
+    pair labels (a string and a bool flag) and a label one variable lacks."""
+    rng = np.random.default_rng(3)
+    pair = [f"p{i:03d}" for i in range(N)]
+    lab = {"pair": pair, "dimension": ("pair", np.array(["helpful", "harmless"] * (N // 2))),
+           "flag": ("pair", np.arange(N) % 3 == 0)}
+    f = rng.standard_normal((N, 4)).astype(np.float32)
+    f[2, 1] = np.nan
+    out = {
+        "margin": xr.DataArray(rng.standard_normal(N), dims="pair", coords=lab,
+                               attrs={"units": "reward units", "gauge": "margin"}),
+        "lens": xr.DataArray(f, dims=("pair", "layer"), coords={**lab, "layer": np.arange(-1, 3)},
+                             attrs={"units": "reward units", "list": [1, 2]}),
+        "count": xr.DataArray(np.arange(N) % 4, dims="pair", coords={**lab, "extra": ("pair", np.arange(N) * 2.0)}),
+        "agree": xr.DataArray(np.arange(N) % 2 == 0, dims="pair", coords=lab),
+        "best": xr.DataArray(np.array([f"tok{i}" for i in range(N)]), dims="pair", coords=lab),
+        "total": xr.DataArray(np.float64(1.5), attrs={"units": "nats"}),
+        "when": xr.DataArray(np.array(["2026-01-01", "2026-06-01"], dtype="datetime64[ns]"), dims="t",
+                             coords={"t": ["a", "b"]}),
+    }
+    return Result(out, {"note": "mixed"})
+
+
+def files(root: str) -> dict:
+    out = {}
+    for d, _, names in os.walk(root):
+        for n in names:
+            p = os.path.join(d, n)
+            raw = open(p, "rb").read()
+            out[os.path.relpath(p, root)] = json.loads(raw) if n == "zarr.json" else raw
+    return out
+
+
+def xarray_layout(zs, res: Result, group: str, attrs: dict) -> None:
+    """Store layout 3 written variable by variable with ``Dataset.to_zarr`` (the path before zarr_io)."""
+    pair = next(v["pair"].variable for v in res.values() if "pair" in v.dims)
+    shared = shared_pair_labels(res)
+    write_labels(zs, group, pair, shared)
+    for name, da in res.items():
+        if "pair" in da.dims:
+            da = da.drop_vars([k for k in shared if k in da.coords])
+        variable_dataset(da, name).to_zarr(zs, group=f"{group}/{name}", mode="w-", **WRITE_KW)
+    set_group_attrs(zs, group, {**attrs, "output_variables": list(res)})
+
+
+def new_store(path) -> zarr.storage.LocalStore:
+    zs = zarr.storage.LocalStore(str(path))
+    zarr.open_group(zs, mode="w-", zarr_format=3)
+    return zs
+
+
+def test_same_bytes_as_to_zarr_and_plain_xarray_reads_it(tmp_path):
+    res, attrs = mixed(), {"run_id": "r", "trust": "exploratory"}
+    a, b = new_store(tmp_path / "a"), new_store(tmp_path / "b")
+    xarray_layout(a, res, "obs", attrs)
+    chunks = write_variables(b, res, "obs", attrs)
+    assert chunks is not None and set(chunks) == set(res)
+    fa, fb = files(str(tmp_path / "a")), files(str(tmp_path / "b"))
+    assert sorted(fa) == sorted(fb) and len(fa) > 30
+    for k in fa:
+        assert fa[k] == fb[k], k                       # every document and every encoded chunk
+    # every array carries the crc32c checksum codec
+    docs = [v for k, v in fb.items() if k.endswith("zarr.json") and v["node_type"] == "array"]
+    assert docs and all(any(c["name"] == "crc32c" for c in d["codecs"]) for d in docs)
+    # plain xarray: one variable by pair id, with its own coords, values and attrs
+    url = str(tmp_path / "b")
+    for name, da in res.items():
+        got = xr.open_zarr(url, group=f"obs/{name}", **ZARR_KW)[name].load()
+        assert got.dims == da.dims and got.attrs == da.attrs
+        np.testing.assert_array_equal(got.values, da.values)
+        for c in got.coords:
+            np.testing.assert_array_equal(got[c].values, da[c].values)
+    tree = xr.open_datatree(url, group="obs", engine="zarr", consolidated=False)
+    assert set(tree.children) == set(res)
+    assert tree.attrs["output_variables"] == list(res) and tree.attrs["trust"] == "exploratory"
+    np.testing.assert_array_equal(tree["flag"].values, res["margin"]["flag"].values)
+
+
+def test_read_groups_as_open_zarr_and_digests_as_read_back(tmp_path):
+    res = mixed()
+    zs = new_store(tmp_path / "s")
+    chunks = write_variables(zs, res, "obs", {"x": 1})
+    labels, read = read_groups(zs, "obs", list(res), shared=("pair",))
+    want = xr.open_zarr(zs, group="obs", chunks=None, **ZARR_KW).load()
+    assert labels.load().identical(want.drop_indexes(list(want.xindexes)))
+    for name in res:
+        ref = xr.open_zarr(zs, group=f"obs/{name}", chunks=None, drop_variables=["pair"], **ZARR_KW).load()
+        got = read[name].load()
+        assert set(got.variables) == set(ref.variables) and got.attrs == ref.attrs
+        for k in ref.variables:
+            assert got.variables[k].identical(ref.variables[k]), (name, k)
+            ea, eb = got[k].encoding, ref[k].encoding
+            assert set(ea) == set(eb), (name, k)
+            for e in ea:                         # fill values may be NaN
+                nan = isinstance(ea[e], (float, np.floating)) and math.isnan(ea[e]) and math.isnan(eb[e])
+                same = nan or ea[e] == eb[e]
+                assert same, (name, k, e)
+    # the digests sealed with the run: of the values written, equal to reading the stored arrays back
+    assert written_digests(res, chunks) == stored_digests(zs, "obs")
+    # a size limit leaves big variables to a lazy read
+    _, some = read_groups(zs, "obs", list(res), shared=("pair",), max_bytes=N * 8)
+    assert some["lens"] is None and some["margin"] is not None
+
+
+def test_loaded_run_equals_what_was_written_and_a_flipped_bit_fails(tmp_path):
+    url, res = str(tmp_path / "store.zarr"), mixed()
+    write_run(url, "r1", {"obs": res}, {"note": "t"})
+    store = open_store(url)
+    back = store.load("r1", "obs", lazy=False)
+    for name, da in res.items():
+        assert back[name].dims == da.dims
+        np.testing.assert_array_equal(back[name].values, da.values)
+        assert {c: list(np.asarray(back[name][c].values)) for c in back[name].coords} == \
+            {c: list(np.asarray(da[c].values)) for c in da.coords}
+    assert store.verify("r1")["status"] == "verified"
+    att = store.document("r1")["attempt"]
+    chunk = os.path.join(url, "runs", "r1", att, "obs", "lens", "lens", "c", "0", "0")
+    raw = bytearray(open(chunk, "rb").read())
+    raw[len(raw) // 2] ^= 0x01
+    open(chunk, "wb").write(bytes(raw))
+    with pytest.raises(Exception, match="(?i)checksum|crc"):      # plain xarray: the crc32c codec
+        xr.open_zarr(url, group=f"runs/r1/{att}/obs/lens", **ZARR_KW).load()
+    with pytest.raises(StoreError, match="(?i)checksum|crc"):
+        open_store(url).load("r1", "obs", lazy=False)
+    v = open_store(url).verify("r1")
+    assert not v["ok"] and v["status"] == "FAILED"
+
+
+def test_never_writes_over_an_existing_group(tmp_path):
+    zs = new_store(tmp_path / "s")
+    res = mixed()
+    write_variables(zs, res, "obs", {"x": 1})
+    before = files(str(tmp_path / "s"))
+    with pytest.raises(Exception, match="exists"):
+        write_variables(zs, res, "obs", {"x": 2})
+    assert files(str(tmp_path / "s")) == before
+    with pytest.raises(ValueError, match="never one that deletes"):
+        write_variables(zs, res, "obs2", mode="w")
