@@ -117,32 +117,106 @@ def _run_task(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.utils import get_original_cwd
 
+    base_dir = get_original_cwd()
+    _run_config(cfg, base_dir, list(HydraConfig.get().overrides.task), lambda: _store_url(cfg, base_dir),
+                multirun=HydraConfig.get().mode.name == "MULTIRUN")
+
+
+def _run_config(cfg, base_dir: str, typed: list[str], url, multirun: bool = False) -> None:
+    """The main job on a composed config (no ``hydra`` node): validate or execute, then print."""
     from .run.compose import finish
 
-    base_dir = get_original_cwd()
-    run, resolved_yaml = finish(cfg, list(HydraConfig.get().overrides.task))
+    run, resolved_yaml = finish(cfg, typed)
     if run.mode.value == "validate":
-        from .planning import plan_for, restricted_steps
-        plan, _ = plan_for(run, base_dir)
-        print(plan.describe())
-        for key, steps in restricted_steps(run.observable, plan).items():
-            print(f"observable.{key}={getattr(run.observable, key)} restricts: {', '.join(steps)}")
-        if run.frame.name.value != "native":
-            from .planning import frame_dependent
-            src = f"stored frame {run.frame.id}" if run.frame.id else "fitted at run time or reused from the store"
-            print(f"frame={run.frame.name.value} ({src}): outputs expressed in it: {frame_dependent(plan) or 'none'}")
-        from .run.inputs import load_dataset
-        pairs = load_dataset(run.dataset, base_dir)     # the data refusals of a real run, before any model
-        print(f"data OK: {len(pairs)} pairs from dataset={run.dataset.kind.value}"
-              + (f" ({run.dataset.path})" if run.dataset.path else ""))
-        print("plan OK (no model was loaded)")
-        return
-    from .report.summary import print_summary
+        return _validate(run, resolved_yaml, base_dir)
     from .run import execute
-    url = _store_url(cfg, base_dir)
-    multirun = HydraConfig.get().mode.name == "MULTIRUN"     # jobs share a console: each prints one block
-    out = execute(run, resolved_yaml=resolved_yaml, base_dir=base_dir, store_url=url, defer_lines=multirun)
-    print_summary(out)
+    out = execute(run, resolved_yaml=resolved_yaml, base_dir=base_dir, store_url=url(),
+                  defer_lines=multirun)                   # a multirun's jobs share a console: each prints one block
+    _print_summary(out)
+
+
+def _run_single(overrides: list[str]) -> bool:
+    """A plain single run (``run.compose.compose_app``) composed once and run here, as Hydra's runner would:
+    Hydra's logging set up from the composed ``hydra`` node, errors reported Hydra's way. ``False``: not plain,
+    Hydra runs it."""
+    from hydra._internal.utils import run_and_report
+    from hydra.core.utils import configure_log
+    from omegaconf import open_dict
+
+    from .run.compose import compose_app, store_url
+
+    cfg = compose_app(overrides)
+    if cfg is None:
+        return False
+    configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    base_dir = os.getcwd()
+    typed = [o for o in overrides if not o.startswith("hydra.searchpath=")]
+    run_and_report(lambda: _task_on(cfg, base_dir, typed, lambda: store_url(cfg.store.url, base_dir)))
+    return True
+
+
+def _task_on(cfg, base_dir, typed, url) -> None:
+    try:
+        _run_config(cfg, base_dir, typed, url)
+    except RewardLensError as exc:            # one clear line, as _task
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _validate(run, resolved_yaml: str, base_dir: str) -> None:
+    """Print the plan, the restrictions, the frame and the data check of a validated config (no model loaded).
+    The output is remembered (``signed_cache``) under ``run.reuse.validate_key``: the same bytes again print it
+    without planning; a refusal is never remembered."""
+    from .run.reuse import validate_key
+    from .signed_cache import read_signed, write_signed
+
+    key = validate_key(run, resolved_yaml, base_dir)
+    found = read_signed("validate", key) if key else None
+    if found is not None and isinstance(found.get("text"), str):
+        print(found["text"])
+        return
+    lines: list[str] = []
+
+    def say(line: str) -> None:                   # printed as it comes: a data refusal follows the plan
+        print(line)
+        lines.append(line)
+
+    from .planning import plan_for, restricted_steps
+    plan, _ = plan_for(run, base_dir)
+    say(plan.describe())
+    for k, steps in restricted_steps(run.observable, plan).items():
+        say(f"observable.{k}={getattr(run.observable, k)} restricts: {', '.join(steps)}")
+    if run.frame.name.value != "native":
+        from .planning import frame_dependent
+        src = f"stored frame {run.frame.id}" if run.frame.id else "fitted at run time or reused from the store"
+        say(f"frame={run.frame.name.value} ({src}): outputs expressed in it: {frame_dependent(plan) or 'none'}")
+    from .run.inputs import load_dataset
+    pairs = load_dataset(run.dataset, base_dir)     # the data refusals of a real run, before any model
+    say(f"data OK: {len(pairs)} pairs from dataset={run.dataset.kind.value}"
+        + (f" ({run.dataset.path})" if run.dataset.path else ""))
+    say("plan OK (no model was loaded)")
+    if key:
+        write_signed("validate", key, {"text": "\n".join(lines)})
+
+
+def _print_summary(out) -> None:
+    """``report.summary.print_summary``; for a run reused from bytes, its block from the provenance the reuse
+    read (``Outcome.provenance``: the store's JSON documents, no xarray), unless ``observable.pairs`` restricts
+    outputs, whose count needs the stored result."""
+    from .data.accounting import pairs_limit
+    from .report.summary import print_summary, run_line
+
+    prov = out.provenance
+    if not (out.reused and prov is not None and pairs_limit(prov) is None):
+        print_summary(out)
+        return
+    lines = ([out.pairs_line] if out.pairs_line else []) + [
+        f"store: {out.store_url}", run_line(out.run_id, prov, True), f"run id: {out.run_id}"]
+    sys.stdout.flush()
+    sys.stdout.write("\n".join(lines) + "\n")
+    sys.stdout.flush()
 
 
 def _hydra_main(argv: list[str]) -> None:
@@ -244,7 +318,8 @@ def main(argv: list[str] | None = None) -> None:
         argv = expand_checkpoints(argv)       # model.checkpoint=all: one multirun over the sequence
         argv = prepare(argv)                  # folders, files, safety, typos: run.compose, as every route
         os.environ.setdefault("HYDRA_FULL_ERROR", "0")
-        _hydra_main(argv)
+        if not _run_single(argv):             # composed once; else (sweeps, Hydra flags) Hydra's runner
+            _hydra_main(argv)
     except RewardLensError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

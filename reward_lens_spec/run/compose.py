@@ -9,20 +9,105 @@ after: the composed tree's safety checks and ``spec.validate``. The main app run
 ``hydra.main`` and ``finish`` in its task; ``compose_run`` runs both around Hydra's compose API for
 ``fit``, ``freeze``/``amend`` (a study's design), ``frames`` and the tests — so every route sees the
 same folders and the same rules.
+
+A command line whose checks passed is remembered (``signed_cache``, kind ``argv``) under a digest of
+everything those checks read (``checked_inputs``): the overrides, the working directory, every YAML
+file of every config folder, the files given by path as Hydra holds them, the package's code and the
+versions of Hydra, OmegaConf and PyYAML, and the Hydra plugins installed. The same command again skips
+the checks (no dry compose, no YAML read); any change to any of these runs all of them again, and a
+refusal is never remembered.
 """
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from ..config_safety import check_argv
 from ..overrides import precheck_overrides, prepare_overrides
 
 
+_CHECK_LIBRARIES = ("hydra-core", "omegaconf", "PyYAML", "antlr4-python3-runtime")
+
+
+def _yaml_files(root: Path) -> list[list[str]]:
+    return [[p.relative_to(root).as_posix(), hashlib.sha256(p.read_bytes()).hexdigest()]
+            for p in sorted(list(root.rglob("*.yaml")) + list(root.rglob("*.yml"))) if p.is_file()]
+
+
+def folders_digest(dirs: list | None = None) -> list:
+    """``[[folder, [[file, sha256], ...]], ...]`` of every YAML of the config folders (default: the built-in
+    tree, then the user's folders: ``paths.search_dirs``)."""
+    from ..paths import search_dirs
+
+    return [[str(Path(d).resolve()), _yaml_files(Path(d).resolve())] for d in (search_dirs() if dirs is None else dirs)]
+
+
+def _plugin_files() -> list[list]:
+    """Every file of the installed ``hydra_plugins`` namespace (path, size, mtime): a plugin can add configs."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("hydra_plugins")
+    except (ImportError, ValueError):
+        spec = None
+    out = []
+    for d in (list(spec.submodule_search_locations or ()) if spec else []):
+        for p in sorted(Path(d).rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts:
+                st = p.stat()
+                out.append([str(p), st.st_size, st.st_mtime_ns])
+    return out
+
+
+def checked_inputs(overrides: list[str]) -> str | None:
+    """sha256 of everything ``check_argv`` and ``precheck_overrides`` read for ``overrides`` (the output of
+    ``prepare_overrides``): see the module doc. ``None`` when some input cannot be read (then check)."""
+    import json
+    import os
+    import sys
+    from importlib import metadata
+
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    from ..overrides import _REGISTERED
+    from ..paths import ENV, conf_dir, user_dirs
+    from ..signed_cache import package_digest
+
+    dirs = [conf_dir()] + list(user_dirs())
+    for o in overrides:
+        if o.lstrip("+").startswith("hydra.searchpath="):
+            for e in o.partition("=")[2].strip().strip("[]").split(","):
+                e = e.strip().strip("'\"")
+                d = Path(e[len("file://"):] if e.startswith("file://") else e)
+                if "://" not in str(d) and d.is_dir():
+                    dirs.append(d)
+    try:
+        versions = {lib: metadata.version(lib) for lib in _CHECK_LIBRARIES}
+        registered = {f"{g}/{n}": OmegaConf.to_yaml(ConfigStore.instance().load(f"{g}/{n}.yaml").node)
+                      for g, names in sorted(_REGISTERED.items()) for n in sorted(names)}
+        doc = {"v": 1, "argv": list(overrides), "cwd": os.getcwd(), "python": sys.version, "env": os.environ.get(ENV),
+               "folders": folders_digest(dirs),
+               "registered": registered, "package": package_digest(), "libraries": versions,
+               "plugins": _plugin_files()}
+    except Exception:                                     # unreadable input: no digest, so the checks run
+        return None
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
 def prepare(argv: list[str]) -> list[str]:
-    """The overrides Hydra should compose for ``argv`` (see the module doc); ``SpecError`` on any refusal."""
+    """The overrides Hydra should compose for ``argv`` (see the module doc); ``SpecError`` on any refusal.
+    Checks that passed for exactly these inputs before are not run again (``checked_inputs``)."""
+    from ..signed_cache import read_signed, write_signed
+
     overrides = prepare_overrides(list(argv))
+    digest = checked_inputs(overrides)
+    if digest is not None and read_signed("argv", digest) is not None:
+        return overrides
     check_argv(overrides)
     precheck_overrides(overrides)
+    if digest is not None:
+        write_signed("argv", digest, {"checked": "check_argv, precheck_overrides"})
     return overrides
 
 
@@ -54,6 +139,35 @@ def compose_run(argv: list[str], *, typed: list[str] | None = None):
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
     return finish(cfg, argv if typed is None else typed)
+
+
+def compose_app(overrides: list[str]):
+    """The main app's config for ``overrides`` (the output of ``prepare``) composed once, with its ``hydra`` node,
+    when it is a plain single run that Hydra's own runner would only compose (twice) and call: no flag, no
+    ``hydra.*`` override but the search path, ``hydra.mode`` not MULTIRUN and no sweeper params. ``None``
+    otherwise, or when composing fails: then Hydra runs the app and reports as it always does."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from ..paths import conf_dir
+    from ..spec import register_configs
+
+    if any(o.startswith("-") or (o.lstrip("+~").startswith(("hydra.", "hydra/"))
+                                 and not o.startswith("hydra.searchpath=")) for o in overrides):
+        return None
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+    except Exception:
+        return None
+    finally:
+        GlobalHydra.instance().clear()
+    hc = cfg.hydra
+    if str(hc.mode) not in ("None", "RunMode.RUN", "RUN") or (hc.sweeper.get("params") or {}):
+        return None
+    return cfg
 
 
 def store_url(url: str | None, base_dir: str, sweep_dir: str | None = None) -> str:

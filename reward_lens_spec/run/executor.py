@@ -16,7 +16,6 @@ from datetime import datetime, timezone
 
 from typing import TYPE_CHECKING
 
-from ..store import is_complete, open_store
 from .reuse import remember_run, reuse_key, reused_run
 
 if TYPE_CHECKING:                     # the executor's heavy imports (torch, transformers) come after the reuse check
@@ -36,6 +35,7 @@ class Outcome:
     missing: tuple = ()              # "shard_done": the run's chunks not stored yet
     chunks: int = 0                  # "shard_done": chunks in the run
     pairs_line: str | None = None    # the pairs line, when ``execute(defer_lines=True)`` left it to the summary
+    provenance: dict | None = None   # a run reused from bytes: its stored provenance, trust derived (run.reuse)
 
 
 RESULT_IN_MEMORY = 256 * 2**20   # bytes: a larger stored result is handed back lazily, never loaded whole
@@ -76,7 +76,7 @@ def compute(lm, pairs, plan, info, *, fmt="plain", template="User: {prompt}\nAss
     """
     from ..errors import SpecError
     from ..spec import StoreSpec
-    from ..store import Backend
+    from ..store import Backend, open_store
     from ..store.writer import check_layout
     from .identity import declared_fields
     from .inputs import encode, ops_view
@@ -113,6 +113,7 @@ def _reused_without_weights(run, plan, base_dir, store_url, so, study_hash, prog
     from ..data.accounting import accounting, summary_line
     from ..models.fingerprint_cache import load_tokenizer_only, remembered, weights_key
     from ..planning import frame_dependent
+    from ..store import is_complete
     from .identity import identity_parts, run_id_of
     from .inputs import Inputs, encode, load_dataset
 
@@ -145,7 +146,7 @@ def _reused_outcome(run_id, prov, store_url, progress, defer_lines) -> Outcome:
     line = summary_line(acc, (prov.get("effective_n") or {}).get("n_scored")) if progress else None
     if line and not defer_lines:
         print(line)
-    return Outcome(run_id, store_url, True, None, None, pairs_line=line if defer_lines else None)
+    return Outcome(run_id, store_url, True, None, None, pairs_line=line if defer_lines else None, provenance=prov)
 
 
 def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress: bool = True,
@@ -155,11 +156,12 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     ``progress``: print the pairs line (and a chunk progress bar); ``defer_lines``: keep the pairs line in
     ``Outcome.pairs_line`` instead, for ``report.summary.print_summary`` to print in one block with the rest
     (a multirun's jobs share one console)."""
-    from ..trust.studies import check_run
-
     t0 = time.perf_counter()
     so = dict(run.store.storage_options)
-    study = check_run(run, store_url, storage_options=so)     # edited study: refused
+    study = None
+    if run.experiment:                                        # (trust.studies imports xarray: only for a study)
+        from ..trust.studies import check_run
+        study = check_run(run, store_url, storage_options=so)     # edited study: refused
     shash = study["study_hash"] if study else None
     key = reuse_key(run, resolved_yaml, base_dir, shash)
     found = reused_run(run, key, resolved_yaml, base_dir, store_url, so)
@@ -172,7 +174,7 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     from ..models.fingerprint import model_fingerprint
     from ..models.fingerprint_cache import remember, weights_key
     from ..planning import frame_dependent, plan_for
-    from ..store import Backend
+    from ..store import Backend, is_complete, open_store
     from ..store.writer import check_layout
     from ..trust.gates import seal_run
     from .identity import declared_fields, identity_parts, run_id_of

@@ -29,21 +29,9 @@ import json
 from importlib import metadata
 from pathlib import Path
 
+from ..signed_cache import _PACKAGE_DIGEST, package_digest  # noqa: F401  (importable from here as before)
+
 LIBRARIES = ("torch", "transformers", "tokenizers", "numpy")
-_PACKAGE_SUFFIXES = (".py", ".jsonl", ".json", ".yaml")
-_PACKAGE_DIGEST: dict = {}
-
-
-def package_digest() -> str:
-    """sha256 of every source and data file of the installed package (path and bytes), once per process."""
-    if "d" not in _PACKAGE_DIGEST:
-        root = Path(__file__).resolve().parent.parent
-        h = hashlib.sha256()
-        for p in sorted(root.rglob("*")):
-            if p.is_file() and p.suffix in _PACKAGE_SUFFIXES and "__pycache__" not in p.parts:
-                h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
-        _PACKAGE_DIGEST["d"] = h.hexdigest()
-    return _PACKAGE_DIGEST["d"]
 
 
 def _versions() -> dict:
@@ -90,6 +78,19 @@ def reuse_key(run, resolved_yaml: str, base_dir: str | None, study_hash: str | N
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def validate_key(run, resolved_yaml: str, base_dir: str | None) -> str | None:
+    """The key ``validate``'s output is remembered under (``signed_cache``, kind ``validate``): the reuse key's
+    inputs (config, data, weights, package, libraries) and every YAML of the config folders, which plan-time
+    readers search (an observable named by another); ``None`` where the run has no reuse key."""
+    from .compose import folders_digest
+
+    key = reuse_key(run, resolved_yaml, base_dir, None)
+    if key is None:
+        return None
+    doc = {"reuse_key": key, "folders": folders_digest(), "base_dir": base_dir}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
 def _entry(key: str) -> Path:
     from ..models.fingerprint_cache import cache_dir
     return cache_dir() / "runs" / f"{key}.json"
@@ -105,20 +106,27 @@ def remember_run(key: str | None, run_id: str) -> None:
 def reused_run(run, key: str | None, resolved_yaml: str, base_dir: str | None, store_url: str,
                storage_options: dict) -> tuple[str, dict] | None:
     """``(run id, its stored provenance)`` remembered under ``key`` when the store holds it complete with this
-    resolved config and the fingerprint remembered for these weights; else ``None`` (decide by loading)."""
+    resolved config and the fingerprint remembered for these weights; else ``None`` (decide by loading).
+    The provenance is read from the store's JSON documents (``store.run_doc``: no xarray), or through the
+    reader where those do not suffice."""
     from ..models.fingerprint_cache import read_entry, remembered, weights_key
-    from ..store import is_complete, open_store
+    from ..store.run_doc import complete_provenance
 
     if key is None:
         return None
     doc = read_entry(_entry(key))
     run_id = doc.get("run_id") if isinstance(doc, dict) else None
-    if not isinstance(run_id, str) or not is_complete(store_url, run_id, storage_options=storage_options):
+    if not isinstance(run_id, str):
         return None
-    try:
-        prov = open_store(store_url, storage_options=storage_options).provenance(run_id)
-    except Exception:                                   # unreadable: decide by loading
-        return None
+    prov = complete_provenance(store_url, run_id, storage_options=storage_options)
+    if prov is None:
+        from ..store import is_complete, open_store
+        try:
+            if not is_complete(store_url, run_id, storage_options=storage_options):
+                return None
+            prov = open_store(store_url, storage_options=storage_options).provenance(run_id)
+        except Exception:                               # unreadable: decide by loading
+            return None
     fp = remembered(weights_key(run.model, base_dir))
     if prov.get("config_yaml") != resolved_yaml or fp is None or prov.get("model_fingerprint") != fp:
         return None

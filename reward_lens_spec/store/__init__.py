@@ -11,12 +11,19 @@ Layout (``reward_lens_spec_layout: 3`` in the root attrs)::
                                                  this package: xarray.open_zarr(url, group=...)
 
 Writers go skeleton -> data -> completion document (see ``writer``); readers
-list only complete runs (see ``reader``). Nothing here imports torch.
+list only complete runs (see ``reader``). Nothing here imports torch. The names below are imported on
+first use, so reading the JSON documents alone (``state``, ``log``, ``run_doc``) imports no xarray.
 """
-from reward_lens_spec.store._attrs import decode_json_attrs
-from reward_lens_spec.store._backend import LAYOUT_KEY, LAYOUT_VERSION, Backend
-from reward_lens_spec.store.reader import COLUMNS, Store, open_store
-from reward_lens_spec.store.writer import is_complete, migrate, write_run
+from importlib import import_module
 
+_WHERE = {"decode_json_attrs": "_attrs", "LAYOUT_KEY": "_backend", "LAYOUT_VERSION": "_backend",
+          "Backend": "_backend", "COLUMNS": "reader", "Store": "reader", "open_store": "reader",
+          "is_complete": "writer", "migrate": "writer", "write_run": "writer"}
 __all__ = ["write_run", "is_complete", "open_store", "Store", "migrate", "decode_json_attrs",
            "COLUMNS", "LAYOUT_KEY", "LAYOUT_VERSION", "Backend"]
+
+
+def __getattr__(name):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'reward_lens_spec.store' has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)
