@@ -1,4 +1,4 @@
-"""Turn preference pairs into token ids, one list per side, ready for padding.
+"""Turn preference pairs into token ids per side (stored flat, ``models.token_rows``), ready for padding.
 
 Rules (``encode_pairs``):
 
@@ -41,6 +41,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import CaptureError, SpecError
+from .token_rows import TokenRows
 
 FORMATS = ("plain", "chat_template")
 TRUNCATED_RESPONSES = ("exclude", "keep")
@@ -69,6 +70,11 @@ class EncodedPairs:
     prompt_truncated: list[str] = field(default_factory=list)
     template: str = ""          # the plain template used (response starts: models.per_token)
 
+    def __post_init__(self):
+        for side in ("chosen", "rejected"):       # stored flat (models.token_rows): 4 bytes per token
+            if not isinstance(getattr(self, side), TokenRows):
+                object.__setattr__(self, side, TokenRows(getattr(self, side)))
+
     def digest(self) -> str:
         """sha256 hex of exactly what the model sees: for every kept pair, in order, its id and the
         token ids of its chosen and rejected side (after formatting and truncation).
@@ -84,10 +90,7 @@ class EncodedPairs:
 
     def lengths(self) -> np.ndarray:
         """Token counts, shape ``(n_pairs, 2)`` (dims: pair, side=[chosen, rejected]), int64."""
-        out = np.zeros((len(self.pair_ids), 2), dtype=np.int64)
-        for i, (c, r) in enumerate(zip(self.chosen, self.rejected)):
-            out[i] = (len(c), len(r))
-        return out
+        return np.stack([self.chosen.lengths(), self.rejected.lengths()], axis=1).astype(np.int64)
 
 
 def _ids(result: Any) -> list[int]:
@@ -161,6 +164,39 @@ def _truncate(ids: list[int], bos: int, max_length: int) -> list[int]:
     return ids[:bos] + ids[len(ids) - (max_length - bos):]
 
 
+def _encode_slice(tokenizer, pairs, fmt, template, max_length, bos_id, model_name, bos_seen) -> list[tuple]:
+    """``(pair id, chosen ids, rejected ids, chosen prompt part, rejected prompt part)`` of each of ``pairs``
+    (the prompt part measured only for a side longer than ``max_length``); adds each side's count of leading
+    BOS tokens to ``bos_seen``. Raises ``CaptureError`` for an empty side or a doubled BOS."""
+    texts = [(prompt, resp, other) for pair in pairs for prompt, resp, other in (
+        (pair.prompt, pair.chosen, pair.rejected),
+        (pair.prompt_rejected if getattr(pair, "prompt_rejected", None) is not None else pair.prompt, pair.rejected,
+         pair.chosen))]
+    all_ids = _encode_all(tokenizer, texts, fmt, template)
+    long = [k for k, ids in enumerate(all_ids) if len(ids) > max_length]     # their prompt part is measured
+    prompt_only = dict(zip(long, _encode_all(tokenizer, [(texts[k][0], "", "") for k in long], fmt, template)))
+    raw, k = [], 0
+    for pair in pairs:
+        sides = []
+        for _ in range(2):
+            ids = all_ids[k]
+            if not ids:
+                raise CaptureError(f"model {model_name!r}: pair {pair.id!r} encodes to no tokens; "
+                                   "there is no readout token. Fix: drop empty pairs or use a template.")
+            nb = _leading(ids, bos_id)
+            if nb > 1:
+                raise CaptureError(
+                    f"model {model_name!r}: pair {pair.id!r} starts with {nb} BOS tokens (id {bos_id}). "
+                    "The template already contains the BOS and the tokenizer adds another. Fix: remove "
+                    "the BOS from the template (plain) or use model.format=chat_template, which "
+                    "tokenizes the template once.")
+            bos_seen.add(nb)
+            sides.append((ids, _common_prefix(prompt_only[k], ids) if k in prompt_only else 0))
+            k += 1
+        raw.append((str(pair.id), sides[0][0], sides[1][0], sides[0][1], sides[1][1]))
+    return raw
+
+
 def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
                  template: str = "User: {prompt}\nAssistant: {response}", max_length: int = 512,
                  model_name: str = "model", truncated_responses: str = "exclude") -> EncodedPairs:
@@ -180,67 +216,50 @@ def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
         raise SpecError("model.max_length", f"must be an integer >= 2, got {max_length!r}.", value=max_length)
     bos_id = getattr(tokenizer, "bos_token_id", None)
     pairs = list(pairs)
-
-    raw: list[tuple[str, list[int], list[int], int, int]] = []
     bos_seen: set[int] = set()
-    texts = [(prompt, resp, other) for pair in pairs for prompt, resp, other in (
-        (pair.prompt, pair.chosen, pair.rejected),
-        (pair.prompt_rejected if getattr(pair, "prompt_rejected", None) is not None else pair.prompt, pair.rejected,
-         pair.chosen))]
-    all_ids = _encode_all(tokenizer, texts, fmt, template)
-    long = [k for k, ids in enumerate(all_ids) if len(ids) > max_length]     # their prompt part is measured
-    prompt_only = dict(zip(long, _encode_all(tokenizer, [(texts[k][0], "", "") for k in long], fmt, template)))
-    k = 0
-    for pair in pairs:
-        sides = []
-        for _ in range(2):
-            ids = all_ids[k]
-            if not ids:
-                raise CaptureError(f"model {model_name!r}: pair {pair.id!r} encodes to no tokens; "
-                                   "there is no readout token. Fix: drop empty pairs or use a template.")
-            nb = _leading(ids, bos_id)
-            if nb > 1:
-                raise CaptureError(
-                    f"model {model_name!r}: pair {pair.id!r} starts with {nb} BOS tokens (id {bos_id}). "
-                    "The template already contains the BOS and the tokenizer adds another. Fix: remove "
-                    "the BOS from the template (plain) or use model.format=chat_template, which "
-                    "tokenizes the template once.")
-            bos_seen.add(nb)
-            sides.append((ids, _common_prefix(prompt_only[k], ids) if k in prompt_only else 0))
-            k += 1
-        raw.append((str(pair.id), sides[0][0], sides[1][0], sides[0][1], sides[1][1]))
-    if len(bos_seen) > 1:
-        raise CaptureError(f"model {model_name!r}: some sequences start with a BOS and some do not. "
-                           "Fix: check for texts that begin with the literal BOS token string.")
-    bos = bos_seen.pop() if bos_seen else (1 if bos_id is not None and getattr(tokenizer, "add_bos_token", False) else 0)
-
-    ids_out, chosen, rejected = [], [], []
+    ids_out: list[str] = []
+    chosen, rejected = [], []            # TokenRows per slice of pairs: no list of every pair's ids is built
     identical: list[str] = []
     resp_cut: list[str] = []
     prompt_cut: list[str] = []
     dropped_cut: list[str] = []
     n_trunc = 0
-    for pid, c, r, pc, pr_len in raw:
-        tc, tr = _truncate(c, bos, max_length), _truncate(r, bos, max_length)
-        cut_response = False
-        if len(c) > max_length or len(r) > max_length:
-            n_trunc += 1
-            sides = [(len(s) - max_length, p - bos) for s, p in ((c, pc), (r, pr_len)) if len(s) > max_length]
-            if any(prompt_part > 0 for _, prompt_part in sides):
-                prompt_cut.append(pid)
-            # dropped tokens beyond the prompt part (after the BOS) reach into the response
-            cut_response = any(dropped > prompt_part for dropped, prompt_part in sides)
-            if cut_response:
-                resp_cut.append(pid)
-        if c != r and tc == tr:
-            identical.append(pid)
-            continue
-        if cut_response and truncated_responses == "exclude":
-            dropped_cut.append(pid)
-            continue
-        ids_out.append(pid)
-        chosen.append(tc)
-        rejected.append(tr)
+    step = max(1, ENCODE_SLICE // 2)
+    for first in range(0, len(pairs), step):
+        raw = _encode_slice(tokenizer, pairs[first:first + step], fmt, template, max_length, bos_id, model_name,
+                            bos_seen)
+        if len(bos_seen) > 1:
+            raise CaptureError(f"model {model_name!r}: some sequences start with a BOS and some do not. "
+                               "Fix: check for texts that begin with the literal BOS token string.")
+        bos = next(iter(bos_seen))
+        kept_c, kept_r = [], []
+        for pid, c, r, pc, pr_len in raw:
+            tc, tr = _truncate(c, bos, max_length), _truncate(r, bos, max_length)
+            cut_response = False
+            if len(c) > max_length or len(r) > max_length:
+                n_trunc += 1
+                sides = [(len(s) - max_length, p - bos) for s, p in ((c, pc), (r, pr_len)) if len(s) > max_length]
+                if any(prompt_part > 0 for _, prompt_part in sides):
+                    prompt_cut.append(pid)
+                # dropped tokens beyond the prompt part (after the BOS) reach into the response
+                cut_response = any(dropped > prompt_part for dropped, prompt_part in sides)
+                if cut_response:
+                    resp_cut.append(pid)
+            if c != r and tc == tr:
+                identical.append(pid)
+                continue
+            if cut_response and truncated_responses == "exclude":
+                dropped_cut.append(pid)
+                continue
+            ids_out.append(pid)
+            kept_c.append(tc)
+            kept_r.append(tr)
+        chosen.append(TokenRows(kept_c))
+        rejected.append(TokenRows(kept_r))
+        del raw, kept_c, kept_r
+    if not bos_seen:                     # no pair at all
+        bos_seen.add(1 if bos_id is not None and getattr(tokenizer, "add_bos_token", False) else 0)
+    bos = next(iter(bos_seen))
     if identical:
         warnings.warn(f"model {model_name!r}: {len(identical)} pair(s) became identical after truncation "
                       f"to max_length={max_length} and were excluded: {identical[:5]}", stacklevel=2)
@@ -250,7 +269,7 @@ def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
         warnings.warn(f"model {model_name!r}: {len(resp_cut)} pair(s) do not fit max_length={max_length} even "
                       f"without their prompt, so their response start was cut ({resp_cut[:5]}); {what}. Fix: "
                       "raise model.max_length (up to the model's position limit).", stacklevel=2)
-    return EncodedPairs(pair_ids=ids_out, chosen=chosen, rejected=rejected,
+    return EncodedPairs(pair_ids=ids_out, chosen=TokenRows.concat(chosen), rejected=TokenRows.concat(rejected),
                         excluded={"identical_after_truncation": identical, "response_truncated": dropped_cut},
                         n_truncated=n_trunc, bos_count=bos, max_length=max_length, fmt=fmt,
                         response_truncated=resp_cut, prompt_truncated=prompt_cut,

@@ -45,6 +45,11 @@ def build_tiny_tokenizer(*, add_bos: bool = True, pad_token: str | None = "<pad>
         pad_token=pad_token, padding_side=padding_side)
     if chat_template:
         fast.chat_template = CHAT_TEMPLATE
+    # no merges and no pre-tokenizer split: BPE's word cache would hold whole texts, up to 10,000 of them
+    # (37 MB over the pairs of benchmarks/memory.py) and save nothing; off (``tokenizers``' cache resize)
+    resize = getattr(getattr(fast.backend_tokenizer, "model", None), "_resize_cache", None)
+    if callable(resize):
+        resize(0)
     return fast
 
 

@@ -1,0 +1,110 @@
+"""Token ids of many sequences, stored flat: the memory of a tokenized dataset is its tokens.
+
+``TokenRows`` holds ``n`` sequences of token ids as one ``int32`` array (dims: token, all rows
+concatenated) and ``n + 1`` offsets (row ``i`` is ``flat[off[i]:off[i+1]]``). A Python list of
+int lists costs 8 bytes per token for the pointer, a list header per row, and a 28-byte int object
+per token id above 256; this costs 4 bytes per token and 8 per row. A run over many pairs keeps
+the encoded pairs for its whole length (chunks are cut from them), so this is most of what a
+streamed run holds per pair (``benchmarks/results.md`` §12).
+
+It reads as a sequence of ``list[int]``: ``rows[i]`` is a fresh list, ``rows[a:b]`` a ``TokenRows``
+view sharing the flat array, iteration yields lists, and it compares equal to any sequence of the
+same rows. Token ids must fit ``int32`` (every vocabulary does); a negative or larger id is a
+``ValueError``.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import chain
+
+import numpy as np
+
+_MAX = np.iinfo(np.int32).max
+
+
+class TokenRows(Sequence):
+    """``n`` token-id sequences in one flat ``int32`` array; see the module doc."""
+
+    __slots__ = ("_flat", "_off")
+
+    def __init__(self, rows=()):
+        if isinstance(rows, TokenRows):
+            self._flat, self._off = rows._flat, rows._off
+            return
+        rows = [r if isinstance(r, (list, tuple, np.ndarray)) else list(r) for r in rows]
+        lengths = np.fromiter((len(r) for r in rows), np.int64, count=len(rows))
+        off = np.zeros(len(rows) + 1, np.int64)
+        np.cumsum(lengths, out=off[1:])
+        flat = np.fromiter(chain.from_iterable(rows), np.int64, count=int(off[-1]))
+        if flat.size and (flat.min() < 0 or flat.max() > _MAX):
+            raise ValueError(f"TokenRows: token ids must lie in [0, {_MAX}]; got {flat.min()}..{flat.max()}")
+        self._flat, self._off = flat.astype(np.int32), off
+
+    @classmethod
+    def _view(cls, flat: np.ndarray, off: np.ndarray) -> "TokenRows":
+        out = cls.__new__(cls)
+        out._flat, out._off = flat, off
+        return out
+
+    @classmethod
+    def concat(cls, parts) -> "TokenRows":
+        """One ``TokenRows`` of the rows of ``parts`` (``TokenRows``), in order."""
+        parts = [p if isinstance(p, TokenRows) else TokenRows(p) for p in parts]
+        if not parts:
+            return cls()
+        flats = [p._flat[p._off[0]:p._off[-1]] for p in parts]
+        lengths = np.concatenate([np.diff(p._off) for p in parts])
+        off = np.zeros(lengths.size + 1, np.int64)
+        np.cumsum(lengths, out=off[1:])
+        return cls._view(np.concatenate(flats).astype(np.int32, copy=False), off)
+
+    def __len__(self) -> int:
+        return self._off.size - 1
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            a, b, step = i.indices(len(self))
+            if step == 1:
+                return TokenRows._view(self._flat, self._off[a:max(a, b) + 1])
+            return TokenRows(self[k] for k in range(a, b, step))
+        n = len(self)
+        k = int(i)
+        if k < 0:
+            k += n
+        if not 0 <= k < n:
+            raise IndexError(f"TokenRows index {i} out of range for {n} rows")
+        return self._flat[self._off[k]:self._off[k + 1]].tolist()
+
+    def __iter__(self):
+        flat, off = self._flat, self._off
+        for k in range(off.size - 1):
+            yield flat[off[k]:off[k + 1]].tolist()
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, TokenRows):
+            return (len(self) == len(other) and np.array_equal(self.lengths(), other.lengths())
+                    and np.array_equal(self._flat[self._off[0]:self._off[-1]],
+                                       other._flat[other._off[0]:other._off[-1]]))
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)) or len(other) != len(self):
+            return NotImplemented if not isinstance(other, Sequence) else False
+        return all(a == list(b) for a, b in zip(self, other))
+
+    __hash__ = None
+
+    def lengths(self) -> np.ndarray:
+        """Tokens per row, shape ``(n,)``, int64."""
+        return np.diff(self._off)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the rows' tokens (only those this view spans are counted) and its offsets."""
+        return int(4 * (self._off[-1] - self._off[0]) + self._off.nbytes) if self._off.size else 0
+
+    def __getstate__(self):
+        return {"flat": self._flat[self._off[0]:self._off[-1]].copy(), "off": self._off - self._off[0]}
+
+    def __setstate__(self, state):
+        self._flat, self._off = state["flat"], state["off"]
+
+    def __repr__(self) -> str:
+        return f"TokenRows({len(self)} rows, {int(self._off[-1] - self._off[0])} tokens)"

@@ -1,0 +1,84 @@
+"""``TokenRows``: a tokenized dataset stored flat reads exactly as the list of lists it replaces."""
+from __future__ import annotations
+
+import hashlib
+import pickle
+import struct
+
+import numpy as np
+import pytest
+
+from reward_lens_spec.models.formatting import EncodedPairs, encode_pairs
+from reward_lens_spec.models.tiny_tokenizer import build_tiny_tokenizer
+from reward_lens_spec.models.token_rows import TokenRows
+from reward_lens_spec.run.stream import subset
+
+ROWS = [[1, 5, 9], [], [70000, 2], [3], [0, 0, 0, 0]]
+
+
+def test_reads_as_the_list_of_lists():
+    t = TokenRows(ROWS)
+    assert len(t) == 5 and list(t) == ROWS and t == ROWS and ROWS == list(t)
+    assert [t[i] for i in range(5)] == ROWS and t[-1] == ROWS[-1] and isinstance(t[0], list)
+    assert t[1:4] == ROWS[1:4] and isinstance(t[1:4], TokenRows) and t[::2] == ROWS[::2]
+    assert t[3:1] == [] and t[1:4][1:] == ROWS[2:4]
+    assert t.lengths().tolist() == [len(r) for r in ROWS]
+    assert t != ROWS[:4] and t != [r + [1] for r in ROWS] and TokenRows(ROWS[::-1]) != t
+    with pytest.raises(IndexError):
+        t[5]
+    assert t.nbytes == 4 * sum(map(len, ROWS)) + 8 * 6
+
+
+def test_a_slice_is_a_view_and_pickles_alone():
+    t = TokenRows([[i] * 100 for i in range(50)])
+    view = t[10:12]
+    assert np.shares_memory(view._flat, t._flat)                 # no copy of the dataset per chunk
+    back = pickle.loads(pickle.dumps(view))
+    assert back == [[10] * 100, [11] * 100] and back._flat.size == 200 and back._off.tolist() == [0, 100, 200]
+
+
+def test_concat_and_bad_ids():
+    assert TokenRows.concat([TokenRows(ROWS[:2]), TokenRows(ROWS[2:])[0:3]]) == ROWS
+    assert TokenRows.concat([]) == [] and len(TokenRows()) == 0
+    with pytest.raises(ValueError, match="token ids"):
+        TokenRows([[1, -1]])
+    with pytest.raises(ValueError, match="token ids"):
+        TokenRows([[2 ** 31]])
+
+
+def test_encoded_pairs_store_flat_with_the_same_digest():
+    """The digest (what a run id covers) is unchanged by the storage: recomputed here by hand from lists."""
+    chosen, rejected = [[1, 2, 3], [4, 5]], [[1, 9], [4, 5, 6, 7]]
+    enc = EncodedPairs(pair_ids=["a", "b"], chosen=chosen, rejected=rejected, excluded={}, n_truncated=0,
+                       bos_count=0, max_length=8, fmt="plain")
+    assert isinstance(enc.chosen, TokenRows) and enc.chosen == chosen and enc.rejected == rejected
+    h = hashlib.sha256(b"reward_lens_spec.encoded.v1")
+    for pid, c, r in zip(["a", "b"], chosen, rejected):
+        for part in (pid.encode(), np.asarray(c, "<i8").tobytes(), np.asarray(r, "<i8").tobytes()):
+            h.update(struct.pack("<Q", len(part)) + part)
+    assert enc.digest() == h.hexdigest()
+    assert enc.lengths().tolist() == [[3, 2], [2, 4]]
+    part = subset(enc, slice(1, 2))
+    assert part.chosen == [[4, 5]] and part.rejected == [[4, 5, 6, 7]] and part.pair_ids == ["b"]
+
+
+class _P:
+    def __init__(self, i):
+        self.id, self.prompt, self.chosen, self.rejected = f"p{i}", f"q{i % 13}", "x" * (i % 7 + 1), f"n{i}"
+        self.prompt_rejected = None
+
+
+def test_many_pairs_encode_in_slices_as_one_call_per_text(monkeypatch):
+    """Across slice boundaries (slices of 3 pairs here), every side is what the tokenizer gives for its text
+    alone, truncation included (max_length 6 cuts most sides: BOS kept, the end kept)."""
+    import reward_lens_spec.models.formatting as fmt
+
+    monkeypatch.setattr(fmt, "ENCODE_SLICE", 6)
+    tok = build_tiny_tokenizer()
+    pairs = [_P(i) for i in range(20)]
+    enc = encode_pairs(tok, pairs, template="{prompt}|{response}", max_length=6, truncated_responses="keep")
+    want = {p.id: [tok(f"{p.prompt}|{s}")["input_ids"] for s in (p.chosen, p.rejected)] for p in pairs}
+    cut = {k: [ids if len(ids) <= 6 else ids[:1] + ids[len(ids) - 5:] for ids in v] for k, v in want.items()}
+    assert enc.pair_ids == [p.id for p in pairs if cut[p.id][0] != cut[p.id][1] or want[p.id][0] == want[p.id][1]]
+    for pid, c, r in zip(enc.pair_ids, enc.chosen, enc.rejected):
+        assert [c, r] == cut[pid]
