@@ -146,17 +146,25 @@ def written_digests(res, chunks: dict) -> dict | None:
     it returned), decoded as a reader decodes the stored bytes (``zarr_io.decoded_as_read``), so equal to
     reading them back; None where a reader would see other coords (a pair-dim variable with no ``pair``
     index gets the group's): read them back then."""
-    from reward_lens_spec.store.digest import variable_digest
+    from reward_lens_spec.store.digest import values_digest, variable_digest
     from reward_lens_spec.store.zarr_io import decoded_as_read
 
     res = Result.of(res)
     if any("pair" in v.dims and "pair" not in v.coords for v in res.values()):
         return None
+    seen: dict = {}                      # coord name -> (variable, digest): the shared labels digested once
+
+    def coord_digest(k, c: xr.Variable) -> str:
+        if k in seen and (seen[k][0] is c or seen[k][0].identical(c)):
+            return seen[k][1]
+        seen[k] = (c, values_digest(decoded_as_read(str(k), c).values))
+        return seen[k][1]
+
     out = {}
     for name, da in res.items():
-        coords = {k: decoded_as_read(str(k), c.variable) for k, c in da.coords.items()}
-        back = xr.DataArray(decoded_as_read(str(name), da.variable), coords=coords, name=name)
-        out[str(name)] = variable_digest(back, chunks=chunks[name])
+        d = variable_digest(xr.DataArray(decoded_as_read(str(name), da.variable), name=name), chunks=chunks[name])
+        d["coords"] = {str(k): coord_digest(k, c.variable) for k, c in da.coords.items()}
+        out[str(name)] = d
     return out
 
 
@@ -182,7 +190,7 @@ def open_variable(zstore, group: str, name: str, *, lazy: bool = True, labels=No
     ``known``: digests of the group's labels (``{coord: hex}``), computed once for all its variables.
     """
     if labels is None:
-        labels = _labels(zstore, group)
+        labels = group_labels(zstore, group)
     shared = "pair" in labels.coords
     ds = read if read is not None else xr.open_zarr(zstore, group=f"{group}/{name}", chunks=None,
                                                     drop_variables=["pair"] if shared else None, **ZARR_KW)
@@ -226,7 +234,7 @@ def open_variable(zstore, group: str, name: str, *, lazy: bool = True, labels=No
     return out
 
 
-def _labels(zstore, group: str) -> xr.Dataset:
+def group_labels(zstore, group: str) -> xr.Dataset:
     """The group's shared pair labels, as coords (a coords-only group may read them back as data vars)."""
     return _as_labels(xr.open_zarr(zstore, group=group, chunks=None, **ZARR_KW))
 
@@ -237,7 +245,7 @@ def _as_labels(ds: xr.Dataset) -> xr.Dataset:
 
 
 def open_variables(zstore, group: str, names=None, *, lazy: bool = True, digests: dict | None = None,
-                   where: str = "") -> Result:
+                   where: str = "", labels: xr.Dataset | None = None) -> Result:
     """The observable stored at ``group`` as a ``Result`` (attrs: the group's, less ``output_variables``).
 
     ``names``: only these variables (default: the group's ``variables`` listing). A group written
@@ -245,7 +253,8 @@ def open_variables(zstore, group: str, names=None, *, lazy: bool = True, digests
     Raises ``FileNotFoundError`` / ``KeyError`` for a missing group or variable, and ``KeyError`` for a
     group with neither a listing nor arrays of its own. ``digests``: ``{variable: sealed digest}``
     (``store.digest``), checked as each variable is read (``open_variable``); a variable it lacks, or a
-    listed variable missing from it, raises ``DigestError``.
+    listed variable missing from it, raises ``DigestError``. ``labels``: the group's pair labels
+    (``group_labels``) when the caller read them already (a streamed run opens its groups several times).
     """
     if names is not None and not list(names):
         return Result({})
@@ -258,14 +267,6 @@ def open_variables(zstore, group: str, names=None, *, lazy: bool = True, digests
             raise KeyError(f"group {group} lists no {VARIABLES} and holds no arrays of its own")
         return Result.of(ds if lazy else ds.load())
     want = list(listed if names is None else names)
-    read = {}
-    if lazy is not True:              # every small variable's arrays and the labels in one concurrent pass
-        from reward_lens_spec.store.zarr_io import read_groups
-
-        lab, read = read_groups(zstore, group, want, shared=("pair",), max_bytes=None if lazy is False else lazy)
-        labels = _as_labels(lab)
-    else:
-        labels = _labels(zstore, group)
     if digests is not None:
         from reward_lens_spec.store.digest import DigestError
 
@@ -273,6 +274,14 @@ def open_variables(zstore, group: str, names=None, *, lazy: bool = True, digests
         if missing or (names is None and set(digests) - set(want)):
             raise DigestError(f"{where or group}: variables {sorted(set(want) ^ set(digests))} are not those the "
                               "run's seal records; the stored data were changed after the run was written.")
+    read = {}
+    if lazy is not True:              # every small variable's arrays and the labels in one concurrent pass
+        from reward_lens_spec.store.zarr_io import read_groups
+
+        lab, read = read_groups(zstore, group, want, shared=("pair",), max_bytes=None if lazy is False else lazy)
+        labels = _as_labels(lab) if labels is None else labels
+    elif labels is None:
+        labels = group_labels(zstore, group)
     known = None
     if digests is not None and "pair" in labels.coords:
         from reward_lens_spec.store.digest import values_digest
