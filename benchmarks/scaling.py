@@ -61,7 +61,8 @@ def store_throughput(work: Path, n: int, repeats: int = 3) -> list:
         mb = ds.nbytes / 1e6
         rows.append({"what": what, "mb": mb, "write_s": med(tw), "read_s": med(tr),
                      "write_mbs": mb / med(tw), "read_mbs": mb / med(tr), "variables": len(ds.data_vars),
-                     "one_write_s": med(ow), "one_read_s": med(orr)})
+                     "one_write_s": med(ow), "one_read_s": med(orr), "write_ratio": med(tw) / med(ow),
+                     "read_ratio": med(tr) / med(orr), "load": [round(x, 2) for x in os.getloadavg()]})
         shutil.rmtree(url, ignore_errors=True)
     return rows
 

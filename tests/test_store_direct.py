@@ -162,3 +162,23 @@ def test_never_writes_over_an_existing_group(tmp_path):
     assert files(str(tmp_path / "s")) == before
     with pytest.raises(ValueError, match="never one that deletes"):
         write_variables(zs, res, "obs2", mode="w")
+
+
+def test_skeleton_of_dask_arrays_as_to_zarr_compute_false(tmp_path):
+    """A streamed run's skeleton (dask zeros on the run's pair chunks): created, chunk grid as the dask
+    chunks, coords written, data chunks not written; the same documents as ``to_zarr(compute=False)``."""
+    import dask.array as dsk
+
+    from reward_lens_spec.store.zarr_io import write_new_groups
+
+    pair = [f"p{i}" for i in range(N)]
+    tmpl = xr.DataArray(dsk.zeros((N, 3), chunks=(5, 3), dtype=np.float32), dims=("pair", "layer"),
+                        coords={"pair": pair, "layer": [0, 1, 2]}, attrs={"units": "nats"})
+    a, b = new_store(tmp_path / "a"), new_store(tmp_path / "b")
+    variable_dataset(tmpl, "lens").to_zarr(a, group="obs/lens", mode="w-", compute=False, **WRITE_KW)
+    zarr.open_group(b, path="obs", mode="w-", zarr_format=3)
+    got = write_new_groups(b, {}, {"obs/lens": variable_dataset(tmpl, "lens")})
+    assert got["obs/lens"]["lens"] == (5, 3)
+    fa, fb = files(str(tmp_path / "a")), files(str(tmp_path / "b"))
+    assert sorted(fa) == sorted(fb) and not any(k.startswith("obs/lens/lens/c") for k in fb)
+    assert all(fa[k] == fb[k] for k in fa)

@@ -9,8 +9,9 @@ created with the same ``create_array`` arguments ``to_zarr`` passes, but all gro
 in one call, so the bytes on disk are those ``to_zarr(mode="w-")`` writes (checked in
 ``tests/test_store_direct.py``) and plain ``xr.open_zarr`` / ``xr.open_datatree`` read them.
 
-Only in-memory (numpy) data and exclusive creation: an existing group fails before anything is written
-(``mode="w-"``), nothing is ever deleted; dask-backed data and writes into existing groups go through
+A dask-backed variable's array is created and not written, as ``to_zarr(compute=False)`` does (a streamed
+run's skeleton, whose regions are written later). Exclusive creation only: an existing group fails before
+anything is written (``mode="w-"``), nothing is ever deleted; writes into existing groups go through
 ``to_zarr``. The arrays are encoded into a ``MemoryStore`` first (no I/O, no blocking round trips), then
 the keys are copied into the target store concurrently, the group holding the listing last.
 
@@ -27,6 +28,7 @@ from xarray import conventions
 from xarray.backends.zarr import (FillValueCoder, encode_zarr_attr_value, encode_zarr_variable,
                                   extract_zarr_variable_encoding)
 from xarray.coding.strings import check_vlen_dtype
+from xarray.namedarray.pycompat import is_chunked_array
 
 
 def _array_args(name: str, var: xr.Variable, write_empty: bool) -> tuple[dict, object]:
@@ -79,7 +81,8 @@ async def _write_group(zstore, path: str, ds: xr.Dataset, write_empty: bool) -> 
 
     async def one(kw, data):
         arr = await group.create_array(**kw)
-        await arr.setitem(tuple(slice(None) for _ in arr.shape), np.asarray(data))
+        if not is_chunked_array(data):     # as to_zarr(compute=False): a dask array is created, not written
+            await arr.setitem(tuple(slice(None) for _ in arr.shape), np.asarray(data))
         return kw["name"], tuple(arr.metadata.chunks)
 
     return dict(await asyncio.gather(*(one(kw, data) for kw, data in arrays)))
