@@ -141,16 +141,14 @@ def _run_single(overrides: list[str]) -> bool:
     Hydra runs it."""
     from hydra._internal.utils import run_and_report
     from hydra.core.utils import configure_log
-    from omegaconf import open_dict
 
     from .run.compose import compose_app, store_url
 
-    cfg = compose_app(overrides)
-    if cfg is None:
+    composed = compose_app(overrides)
+    if composed is None:
         return False
-    configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)
-    with open_dict(cfg):
-        del cfg["hydra"]
+    cfg, hydra_logging, verbose = composed
+    configure_log(hydra_logging, verbose)
     base_dir = os.getcwd()
     typed = [o for o in overrides if not o.startswith("hydra.searchpath=")]
     run_and_report(lambda: _task_on(cfg, base_dir, typed, lambda: store_url(cfg.store.url, base_dir)))

@@ -21,8 +21,9 @@ def _as_hydra_composes(overrides):
 
 
 def _body(cfg) -> str:
-    with open_dict(cfg):
-        del cfg["hydra"]
+    if "hydra" in cfg:
+        with open_dict(cfg):
+            del cfg["hydra"]
     return OmegaConf.to_yaml(cfg)
 
 
@@ -33,8 +34,28 @@ def _body(cfg) -> str:
 ])
 def test_the_config_is_the_one_hydras_runner_composes(argv):
     overrides = prepare(argv + ["mode=validate"])
-    cfg = compose_app(overrides)
-    assert cfg is not None and _body(cfg) == _body(_as_hydra_composes(overrides))
+    want = _body(_as_hydra_composes(overrides))
+    cfg, logging_cfg, verbose = compose_app(overrides)
+    assert _body(cfg) == want and logging_cfg.root.level == "INFO" and verbose is False
+
+
+def test_a_composed_config_is_remembered_for_the_inputs_its_checks_passed_on(tmp_path, monkeypatch):
+    import hydra
+
+    user = tmp_path / "mine"
+    (user / "dataset").mkdir(parents=True)
+    own = user / "dataset" / "my_pairs.yaml"
+    own.write_text("name: my_pairs\nkind: diagnostic\nlimit: 3\n")
+    argv = ["--config-dir", str(user), "dataset=my_pairs", "mode=validate"]
+    first, _, _ = compose_app(prepare(list(argv)))
+    calls = []
+    real = hydra.compose
+    monkeypatch.setattr(hydra, "compose", lambda *a, **k: calls.append(1) or real(*a, **k))
+    again, logging_cfg, _ = compose_app(prepare(list(argv)))
+    assert not calls and _body(again) == _body(first) and logging_cfg.root.level == "INFO"
+    own.write_text("name: my_pairs\nkind: diagnostic\nlimit: 2\n")             # another input: composed again
+    changed, _, _ = compose_app(prepare(list(argv)))
+    assert calls and changed.dataset.limit == 2
 
 
 @pytest.mark.parametrize("argv", [

@@ -102,13 +102,17 @@ def prepare(argv: list[str]) -> list[str]:
 
     overrides = prepare_overrides(list(argv))
     digest = checked_inputs(overrides)
-    if digest is not None and read_signed("argv", digest) is not None:
-        return overrides
-    check_argv(overrides)
-    precheck_overrides(overrides)
+    if digest is None or read_signed("argv", digest) is None:
+        check_argv(overrides)
+        precheck_overrides(overrides)
+        if digest is not None:
+            write_signed("argv", digest, {"checked": "check_argv, precheck_overrides"})
     if digest is not None:
-        write_signed("argv", digest, {"checked": "check_argv, precheck_overrides"})
+        _PASSED[tuple(overrides)] = digest
     return overrides
+
+
+_PASSED: dict[tuple, str] = {}      # overrides -> the digest of the inputs their checks passed on (this process)
 
 
 def finish(cfg, typed: list[str]):
@@ -142,32 +146,58 @@ def compose_run(argv: list[str], *, typed: list[str] | None = None):
 
 
 def compose_app(overrides: list[str]):
-    """The main app's config for ``overrides`` (the output of ``prepare``) composed once, with its ``hydra`` node,
-    when it is a plain single run that Hydra's own runner would only compose (twice) and call: no flag, no
-    ``hydra.*`` override but the search path, ``hydra.mode`` not MULTIRUN and no sweeper params. ``None``
-    otherwise, or when composing fails: then Hydra runs the app and reports as it always does."""
+    """The main app's config for ``overrides`` (the output of ``prepare``) composed once, when it is a plain
+    single run that Hydra's own runner would only compose (twice) and call: no flag, no ``hydra.*`` override
+    but the search path, ``hydra.mode`` not MULTIRUN and no sweeper params. Returns ``(config without its
+    hydra node, hydra.hydra_logging, hydra.verbose)``, or ``None`` (not plain, or composing fails: then
+    Hydra runs the app and reports as it always does).
+
+    The composed config is remembered (``signed_cache``, kind ``compose``) under the digest ``prepare``'s
+    checks passed on (``checked_inputs``: every input of the composition), when its YAML reads back to the
+    same YAML; the same inputs again skip Hydra (no plugin scan, no schema registration, no compose)."""
+    from omegaconf import OmegaConf, open_dict
+
+    from ..signed_cache import read_signed, write_signed
+
+    if any(o.startswith("-") or (o.lstrip("+~").startswith(("hydra.", "hydra/"))
+                                 and not o.startswith("hydra.searchpath=")) for o in overrides):
+        return None
+    digest = _PASSED.get(tuple(overrides))
+    found = read_signed("compose", digest) if digest else None
+    if found is not None and isinstance(found.get("yaml"), str) and isinstance(found.get("hydra_logging"), dict):
+        return OmegaConf.create(found["yaml"]), OmegaConf.create(found["hydra_logging"]), found.get("verbose")
+    cfg = _compose_with_hydra_node(overrides)
+    if cfg is None:
+        return None
+    hc = cfg.hydra
+    if str(hc.mode) not in ("None", "RunMode.RUN", "RUN") or (hc.sweeper.get("params") or {}):
+        return None
+    logging_cfg = OmegaConf.to_container(hc.hydra_logging, resolve=True)
+    verbose = OmegaConf.to_container(hc.verbose) if OmegaConf.is_config(hc.verbose) else hc.verbose
+    with open_dict(cfg):
+        del cfg["hydra"]
+    text = OmegaConf.to_yaml(cfg)
+    if digest and OmegaConf.to_yaml(OmegaConf.create(text)) == text:
+        write_signed("compose", digest, {"yaml": text, "hydra_logging": logging_cfg, "verbose": verbose})
+    return cfg, OmegaConf.create(logging_cfg), verbose
+
+
+def _compose_with_hydra_node(overrides: list[str]):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     from ..paths import conf_dir
     from ..spec import register_configs
 
-    if any(o.startswith("-") or (o.lstrip("+~").startswith(("hydra.", "hydra/"))
-                                 and not o.startswith("hydra.searchpath=")) for o in overrides):
-        return None
     register_configs()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+            return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
     except Exception:
         return None
     finally:
         GlobalHydra.instance().clear()
-    hc = cfg.hydra
-    if str(hc.mode) not in ("None", "RunMode.RUN", "RUN") or (hc.sweeper.get("params") or {}):
-        return None
-    return cfg
 
 
 def store_url(url: str | None, base_dir: str, sweep_dir: str | None = None) -> str:
