@@ -24,6 +24,7 @@ def test_reads_as_the_list_of_lists():
     assert t[3:1] == [] and t[1:4][1:] == ROWS[2:4]
     assert t.lengths().tolist() == [len(r) for r in ROWS]
     assert t != ROWS[:4] and t != [r + [1] for r in ROWS] and TokenRows(ROWS[::-1]) != t
+    assert t + t[:2] == ROWS + ROWS[:2] and ROWS[:1] + t == ROWS[:1] + ROWS and isinstance(t + t, list)
     with pytest.raises(IndexError):
         t[5]
     assert t.nbytes == 4 * sum(map(len, ROWS)) + 8 * 6

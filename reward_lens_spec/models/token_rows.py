@@ -8,9 +8,9 @@ the encoded pairs for its whole length (chunks are cut from them), so this is mo
 streamed run holds per pair (``benchmarks/results.md`` §12).
 
 It reads as a sequence of ``list[int]``: ``rows[i]`` is a fresh list, ``rows[a:b]`` a ``TokenRows``
-view sharing the flat array, iteration yields lists, and it compares equal to any sequence of the
-same rows. Token ids must fit ``int32`` (every vocabulary does); a negative or larger id is a
-``ValueError``.
+view sharing the flat array, iteration yields lists, it compares equal to any sequence of the same
+rows, and ``a + b`` is the list of both's rows. Token ids must fit ``int32`` (every vocabulary
+does); a negative or larger id is a ``ValueError``.
 """
 from __future__ import annotations
 
@@ -90,6 +90,13 @@ class TokenRows(Sequence):
         return all(a == list(b) for a, b in zip(self, other))
 
     __hash__ = None
+
+    def __add__(self, other) -> list:
+        """``rows + other``: the rows of both as one list of lists, as for the lists this replaces."""
+        return list(self) + list(other)
+
+    def __radd__(self, other) -> list:
+        return list(other) + list(self)
 
     def lengths(self) -> np.ndarray:
         """Tokens per row, shape ``(n,)``, int64."""
