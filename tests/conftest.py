@@ -22,6 +22,9 @@ from reward_lens_spec.models.tiny import TINY_CONFIGS, build_tiny
 
 FAMILIES = [n for n in TINY_CONFIGS if n != "tiny"]
 
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):     # pytest -n K: the cores shared among the K workers
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 
 @pytest.fixture(autouse=True)
 def _fresh_fingerprint_cache(tmp_path_factory, monkeypatch):
