@@ -96,15 +96,20 @@ def test_validate_again_prints_the_same_without_planning_until_the_data_change(t
     first = _validate(capsys, *over)
     assert "data OK: 3 pairs" in first and "plan OK" in first
 
+    planned = []
+
     def refuse(*a, **k):
+        planned.append(a)
         raise AssertionError("planned again")
     with monkeypatch.context() as mp:
         mp.setattr("reward_lens_spec.planning.plan_for", refuse)
-        assert _validate(capsys, *over) == first
+        assert _validate(capsys, *over) == first and not planned
         data.write_text(data.read_text() + json.dumps({"prompt": "q3", "chosen": "yes", "rejected": "no"}) + "\n")
-        with pytest.raises(SystemExit):                                          # other data bytes: planned
+        # other data bytes: planned. Hydra's run_and_report exits 1, or re-raises where a trace function is set
+        # (it takes coverage, as `pytest --cov` runs, for a debugger)
+        with pytest.raises((SystemExit, AssertionError)):
             _validate(capsys, *over)
-        assert "planned again" in capsys.readouterr().err
+        assert len(planned) == 1
     assert "data OK: 4 pairs" in _validate(capsys, *over)
     data.write_text(data.read_text() + "{not json\n")                          # a refusal is printed every time
     for _ in range(2):
