@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import uuid
 
@@ -31,6 +32,7 @@ LAYOUT_KEY = "reward_lens_spec_layout"
 LAYOUT_VERSION = 3
 RUNS = "runs"
 DOC = "zarr.json"
+RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,199}$")   # a run id or observable name (``writer.check_name``)
 
 
 def group_doc(attributes: dict) -> bytes:

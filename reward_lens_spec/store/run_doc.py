@@ -9,14 +9,11 @@ through ``reader.Store`` imports xarray and pandas, which cost more than the res
 """
 from __future__ import annotations
 
-import re
 from concurrent.futures import ThreadPoolExecutor
 
 from reward_lens_spec.errors import StoreError
-from reward_lens_spec.store._backend import DOC, LAYOUT_KEY, LAYOUT_VERSION, Backend
+from reward_lens_spec.store._backend import DOC, LAYOUT_KEY, LAYOUT_VERSION, RUN_NAME, Backend
 from reward_lens_spec.store.state import run_state
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,199}$")    # a run id as ``writer.check_name`` accepts it
 
 
 def complete_provenance(url: str, run_id: str, *, storage_options: dict | None = None) -> dict | None:
@@ -26,7 +23,7 @@ def complete_provenance(url: str, run_id: str, *, storage_options: dict | None =
     from reward_lens_spec.store.log import read_log
     from reward_lens_spec.trust.evidence import Evidence
 
-    if not isinstance(run_id, str) or not _NAME.match(run_id):
+    if not isinstance(run_id, str) or not RUN_NAME.match(run_id):
         return None
     try:
         b = Backend(url, storage_options)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from datetime import datetime, timezone
 
@@ -32,19 +31,18 @@ import xarray as xr
 from reward_lens_spec.errors import StoreError
 from reward_lens_spec.result import Result
 from reward_lens_spec.store._attrs import attrs_problem, check_json_safe
-from reward_lens_spec.store._backend import (DOC, LAYOUT_KEY, LAYOUT_VERSION, RUNS, Backend,
+from reward_lens_spec.store._backend import (DOC, LAYOUT_KEY, LAYOUT_VERSION, RUN_NAME, RUNS, Backend,
                                              group_doc)
 from reward_lens_spec.store.attempts import Attempt, list_attempts
 from reward_lens_spec.store.groups import write_variables, written_digests
 from reward_lens_spec.store.state import run_state  # noqa: F401  (defined in store.state; importable from here as before)
 
 RESERVED = ("run_id", "observables", "created", "complete", "store_write_s", "writer", "attempt", "data_digests")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,199}$")
 
 
 def check_name(kind: str, name) -> str:
     """Return ``name`` if it is a safe single path segment, else raise StoreError."""
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not RUN_NAME.match(name):
         raise StoreError(f"{kind} {name!r} is not a valid name: use letters, digits and "
                          "'._=+-' (no '/', not starting with '.' or '_').")
     return name
