@@ -16,18 +16,18 @@ from reward_lens_spec.store import catalog_cli
 
 ARGS = ["observable=dla", "dataset.limit=8", "store.chunk_pairs=2", "model.batch_size=2"]
 LEASE_S = "3"
-# the run command, stopping itself (SIGSTOP) on its first write of the skeleton's pair labels: after it
+# the run command, stopping itself (SIGSTOP) on its one-pass skeleton write (pair labels and arrays): after it
 # passed its fence, before any array is created (the worst moment)
 STOPPING = """
 import os, signal, sys
 import reward_lens_spec.run.stream as s
-orig = s.write_labels
+orig = s.write_new_groups
 def stopping(*a, **k):
     if not os.environ.get("STOPPED"):
         os.environ["STOPPED"] = "1"
         os.kill(os.getpid(), signal.SIGSTOP)
     return orig(*a, **k)
-s.write_labels = stopping
+s.write_new_groups = stopping
 from reward_lens_spec.cli import main
 main(sys.argv[1:])
 """
@@ -43,7 +43,7 @@ def _stopped(pid) -> bool:
 
 
 def test_stalled_skeleton_writer_cannot_wipe_a_completed_run(tmp_path):
-    # one round: A stops itself at a fixed point (its first write_labels), so more rounds repeat one interleaving
+    # one round: A stops itself at a fixed point (its first write_new_groups), so more rounds repeat one interleaving
     url = str(tmp_path / "s.zarr")
     a = subprocess.Popen([sys.executable, "-c", STOPPING, *ARGS, f"store.url={url}"], cwd=tmp_path,
                          env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)

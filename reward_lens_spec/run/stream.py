@@ -46,10 +46,11 @@ from ..errors import SpecError, StoreError
 from ..planning import passes, stages
 from ..result import Result
 from ..store.attempts import PREFIX, Attempt, list_attempts
-from ..store.groups import (VARIABLES, WRITE_KW, open_variable, open_variables, set_group_attrs, variable_dataset,
-                           write_labels, write_variables)
-from ..store.digest import KEY as DIGESTS, values_digest
-from ..store.writer import check_storable, discard_unstarted, observable_attrs, stored_digests, with_digests
+from ..store.digest import KEY as DIGESTS, result_digests, values_digest
+from ..store.groups import (ONE_PASS_BYTES, VARIABLES, WRITE_KW, group_labels, label_dataset, open_variable,
+                           open_variables, set_group_attrs, variable_dataset, write_labels, write_variables)
+from ..store.writer import check_storable, discard_unstarted, observable_attrs, with_digests
+from ..store.zarr_io import write_new_groups
 
 SCRATCH = "_stage"           # not a valid observable name (store.writer.check_name), so no clash
 READOUT_H = "readout_h"
@@ -176,8 +177,9 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     keep = {s.name for s in plan.steps if st[s.name] == "pair" and (s.name in plan.outputs or s.name in later)}
     need_h = any(s.op.reads_capture for s in plan.steps if st[s.name] == "reduce")
     full_coords = RunContext(lm=lm, pairs=pairs, encoded=enc, capture=None, info=info).pair_coords()
-    shared = dict(b=b, lm=lm, pairs=pairs, enc=enc, plan=plan, info=info, st=st, ps=ps, slices=slices,
-                  keep=keep, capture_kw=capture_kw, frame=frame, need_h=need_h, full_coords=full_coords,
+    labels = _group_labels(b)
+    shared = dict(labels=labels, b=b, lm=lm, pairs=pairs, enc=enc, plan=plan, info=info, st=st, ps=ps,
+                  slices=slices, keep=keep, capture_kw=capture_kw, frame=frame, need_h=need_h, full_coords=full_coords,
                   groups=(out_g, scr_g), size=store_spec.chunk_pairs, keep_context=keep_context)
     done = att.chunks_done()
     ours = [k for k in range(len(slices)) if k % store_spec.shards == store_spec.shard]
@@ -218,14 +220,15 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
                 _add(counts, (att.marker(f"pass{p}.chunk.{k}") or {}).get("counts") or {})
         _add(counts, _reduce(att, b, lm, pairs, enc, plan, info, st,
                              [s for s in plan.steps if st[s.name] == "reduce" and ps[s.name] == p],
-                             out_g, scr_g, frame, need_h, full_coords, reduced))
+                             out_g, scr_g, frame, need_h, full_coords, reduced, labels))
     chunk_info = {"n": len(slices), "chunk_pairs": store_spec.chunk_pairs, "shards": store_spec.shards,
                   "by_writer": by_writer}
-    stored = open_variables(b.zarr_store(), out_g, plan.outputs)
-    logits = np.asarray(open_variable(b.zarr_store(), scr_g, HEAD_LOGITS, lazy=False).values)
+    zs = b.zarr_store()                         # the outputs as stored: small ones read in one pass, big ones lazily
+    stored = open_variables(zs, out_g, plan.outputs, lazy=ONE_PASS_BYTES, labels=labels(out_g))
+    logits = np.asarray(open_variable(zs, scr_g, HEAD_LOGITS, lazy=False, labels=labels(scr_g)).values)
     attrs = run_attrs(counts, chunk_info, stored, logits)
     if DIGESTS not in attrs:                    # seal_run puts them under the seal; other callers: here
-        attrs = with_digests(attrs, {plan.observable: stored_digests(b.zarr_store(), out_g, plan.outputs)})
+        attrs = with_digests(attrs, {plan.observable: result_digests(stored)})
     att.fence("reduce")
     _label_group(att.zstore("reduce"), out_g, observable_attrs(attrs, stored), plan.outputs)
     won = att.complete(attrs, "reduce", force=store_spec.force)
@@ -234,6 +237,18 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
         _add(contexts[-1].counts, {k: v for k, v in counts.items() if k not in contexts[-1].counts})
     return Streamed("complete", att.aid if won else "", len(slices), len(mine),
                     contexts[-1] if keep_context and contexts else None)
+
+
+def _group_labels(b):
+    """``labels(group)``: the group's stored pair labels (``store.groups.group_labels``), read once per run:
+    every later open of the group's variables is given them."""
+    memo = {}
+
+    def labels(group):
+        if group not in memo:
+            memo[group] = group_labels(b.zarr_store(), group)
+        return memo[group]
+    return labels
 
 
 def _add(total: dict, counts: dict) -> dict:
@@ -269,7 +284,7 @@ def _chunk_loop(att, role, p, ks, reduced, sh, progress) -> list:
                     given[i] = reduced[i]
                 elif ps[i] < p:
                     group = out_g if i in plan.outputs else scr_g
-                    v = open_variable(b.zarr_store(), group, i).isel(pair=sl).load()
+                    v = open_variable(b.zarr_store(), group, i, labels=sh["labels"](group)).isel(pair=sl).load()
                     given[i] = v
         ds_out, ds_scr, counts, ctx = _pair_chunk(sh["lm"], sh["pairs"], subset(sh["enc"], sl), plan, steps,
                                                   replace(info, pairs=lim), sh["keep"], sh["capture_kw"],
@@ -309,7 +324,7 @@ def _unverified(att, sh, p, marks: dict) -> set:
             group, _, name = path.rpartition("/")
             try:
                 if path not in cache:
-                    cache[path] = open_variable(b.zarr_store(), group, name)
+                    cache[path] = open_variable(b.zarr_store(), group, name, labels=sh["labels"](group))
                 v = cache[path].isel(pair=sl)
                 got = values_digest((v.coords[coord] if coord else v).values)
             except Exception:                    # missing array, a chunk failing its checksum, ...
@@ -365,8 +380,6 @@ def _ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skelet
     """Create every run array of one pass once per attempt (full pair length, zarr chunks = run chunks):
     each group holds the run's pair labels once (written with the first pass's skeleton, ``labels``),
     each variable its own group (``store.groups``) with its own coords; then marker ``marker``."""
-    import dask.array as da
-
     while att.marker(marker) is None:
         if not att.claim(marker):
             att.fence(role)
@@ -376,29 +389,56 @@ def _ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skelet
         # writes into what it left (never deleting: the stalled one may resume, and is fenced out per key)
         mode = "w-" if att.generation(marker) == 0 else "a"
         zs = att.zstore(marker)
-        for group, res, pair_coords in groups:
+        made = {group: _skeleton(res, pair_coords, n, size, run_names) for group, res, pair_coords in groups}
+        if mode == "w-":        # every group and array in one concurrent pass (store.zarr_io), fenced per key
             att.fence(marker)
-            if labels:
-                write_labels(zs, group, pair_coords["pair"],      # the run's pair labels, once
-                             {k: c for k, c in pair_coords.items() if k != "pair"}, mode=mode)
-            for name, v in res.items():
-                shape = tuple(n if d == "pair" else v.sizes[d] for d in v.dims)
-                chunks = tuple(size if d == "pair" else v.sizes[d] for d in v.dims)
-                coords = {k: c.variable for k, c in v.coords.items() if "pair" not in c.dims}
-                if "pair" in v.dims:
-                    coords["pair"] = pair_coords["pair"]
-                for k in _op_pair_coords(v, run_names):      # an operator's own per-pair labels: regions too
-                    c = v.coords[k]
-                    cshape = tuple(n if d == "pair" else c.sizes[d] for d in c.dims)
-                    cchunks = tuple(size if d == "pair" else c.sizes[d] for d in c.dims)
-                    coords[k] = xr.Variable(c.dims, da.zeros(cshape, chunks=cchunks, dtype=c.dtype), attrs=c.attrs)
-                tmpl = xr.DataArray(da.zeros(shape, chunks=chunks, dtype=v.dtype), dims=v.dims, coords=coords,
-                                    attrs=v.attrs)
+            first = {group: label_dataset(pair_coords["pair"], _labels_of(pair_coords))
+                     for group, _, pair_coords in groups} if labels else {}
+            write_new_groups(zs, first, {f"{group}/{name}": variable_dataset(tmpl, name)
+                                         for group, tmpls in made.items() for name, tmpl in tmpls.items()})
+        else:
+            for group, res, pair_coords in groups:
                 att.fence(marker)
-                variable_dataset(tmpl, name).to_zarr(zs, group=f"{group}/{name}", mode=mode,
-                                                     compute=False, **WRITE_KW)
+                if labels:
+                    write_labels(zs, group, pair_coords["pair"], _labels_of(pair_coords), mode=mode)
+                for name, tmpl in made[group].items():
+                    att.fence(marker)
+                    variable_dataset(tmpl, name).to_zarr(zs, group=f"{group}/{name}", mode=mode, compute=False,
+                                                         **WRITE_KW)
         att.mark(marker, {"writer": att.writer}, marker)
         att.release(marker)
+
+
+def _labels_of(pair_coords) -> dict:
+    return {k: c for k, c in pair_coords.items() if k != "pair"}
+
+
+def _skeleton(res, pair_coords, n, size, run_names) -> dict:
+    """``{name: template}``: each variable of one chunk's ``res`` as a dask-zeros DataArray of the run's full
+    pair length (zarr chunks = the run's chunks), the run's ``pair`` index and the operator's own per-pair
+    coords (dask zeros too: written by region) on it."""
+    out = {}
+    for name, v in res.items():
+        shape = tuple(n if d == "pair" else v.sizes[d] for d in v.dims)
+        chunks = tuple(size if d == "pair" else v.sizes[d] for d in v.dims)
+        coords = {k: c.variable for k, c in v.coords.items() if "pair" not in c.dims}
+        if "pair" in v.dims:
+            coords["pair"] = pair_coords["pair"]
+        for k in _op_pair_coords(v, run_names):      # an operator's own per-pair labels: regions too
+            c = v.coords[k]
+            cshape = tuple(n if d == "pair" else c.sizes[d] for d in c.dims)
+            cchunks = tuple(size if d == "pair" else c.sizes[d] for d in c.dims)
+            coords[k] = xr.Variable(c.dims, _zeros(cshape, cchunks, c.dtype, f"{name}.{k}"), attrs=c.attrs)
+        out[name] = xr.DataArray(_zeros(shape, chunks, v.dtype, name), dims=v.dims, coords=coords, attrs=v.attrs)
+    return out
+
+
+def _zeros(shape, chunks, dtype, label):
+    """Dask zeros standing for an array whose regions are written later (never computed): named, so dask
+    does not hash the call to name it."""
+    import dask.array as da
+
+    return da.zeros(shape, chunks=chunks, dtype=dtype, name=f"skeleton-{label}-{shape}-{chunks}-{dtype}")
 
 
 def _label_group(zstore, group, attrs: dict, variables) -> None:
@@ -432,7 +472,7 @@ def _write_region(zstore, group, res, sl, run_names) -> dict:
 
 
 def _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, frame, need_h, pair_coords,
-            reduced) -> dict:
+            reduced, labels) -> dict:
     """One pass's reductions on the stored per-pair arrays (opened lazily) and the earlier passes'
     reductions (``reduced``, updated in place); write the outputs among them into the run's group."""
     from ..context import RunContext
@@ -443,10 +483,11 @@ def _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, 
         return {}
     pair_inputs = {i for s in reduce_steps for i in s.inputs if st[i] == "pair"}
     in_out = [i for i in pair_inputs if i in plan.outputs]
-    stored = {**dict(open_variables(b.zarr_store(), scr_g, sorted(pair_inputs - set(in_out)))),
-              **dict(open_variables(b.zarr_store(), out_g, in_out))}       # lazy (dask); coords in memory
+    zs = b.zarr_store()
+    stored = {**dict(open_variables(zs, scr_g, sorted(pair_inputs - set(in_out)), labels=labels(scr_g))),
+              **dict(open_variables(zs, out_g, in_out, labels=labels(out_g)))}   # lazy (dask); coords in memory
     if need_h:
-        stored[READOUT_H] = open_variable(b.zarr_store(), scr_g, READOUT_H)
+        stored[READOUT_H] = open_variable(zs, scr_g, READOUT_H, labels=labels(scr_g))
     ctx = RunContext(lm=lm, pairs=pairs, encoded=enc, info=info,
                      capture=_Readout(stored.get(READOUT_H) if need_h else None))
     values = {name: stored[name].assign_coords(pair_coords)       # pair labels as the chunks had them

@@ -78,14 +78,15 @@ def write_labels(zstore, group: str, pair, labels: dict, *, mode: str = "w-") ->
     """
     if mode not in ("w-", "a"):
         raise ValueError(f"write_labels: mode {mode!r}; only 'w-' or 'a' (never one that deletes)")
-    ds = xr.Dataset(coords=_label_coords(pair, labels))
-    with_checksum(portable(ds)).to_zarr(zstore, group=group, mode=mode, **WRITE_KW)
+    label_dataset(pair, labels).to_zarr(zstore, group=group, mode=mode, **WRITE_KW)
 
 
-def _label_coords(pair, labels: dict) -> dict:
+def label_dataset(pair, labels: dict) -> xr.Dataset:
+    """The coords-only Dataset a group's shared pair labels are stored as: the ``pair`` index (when not
+    None) and ``labels`` (name -> DataArray or Variable along ``pair``), strings portable, checksummed."""
     coords = {"pair": pair} if pair is not None else {}
     coords.update({k: c.variable if isinstance(c, xr.DataArray) else c for k, c in labels.items()})
-    return coords
+    return with_checksum(portable(xr.Dataset(coords=coords)))
 
 
 def set_group_attrs(zstore, group: str, attrs: dict) -> None:
@@ -132,7 +133,7 @@ def write_variables(zstore, res, group: str, attrs: dict | None = None, *, label
         from reward_lens_spec.store.zarr_io import write_new_groups
 
         # shallow copies: the caller's variables keep their encoding
-        first = {group: with_checksum(xr.Dataset(coords=_label_coords(pair, shared)).copy(deep=False))}
+        first = {group: label_dataset(pair, shared)}
         then = {f"{group}/{n}": with_checksum(da.to_dataset(name=n).copy(deep=False)) for n, da in own.items()}
         chunks = write_new_groups(zstore, first, then,
                                   attrs_of=None if listing is None else (group, listing))
