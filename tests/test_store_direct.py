@@ -182,3 +182,71 @@ def test_skeleton_of_dask_arrays_as_to_zarr_compute_false(tmp_path):
     fa, fb = files(str(tmp_path / "a")), files(str(tmp_path / "b"))
     assert sorted(fa) == sorted(fb) and not any(k.startswith("obs/lens/lens/c") for k in fb)
     assert all(fa[k] == fb[k] for k in fa)
+
+
+def test_group_labels_read_in_one_pass_equal_open_zarr(tmp_path):
+    """A group's shared pair labels (``group_labels``: the group's own arrays in one concurrent read) are what
+    plain ``xr.open_zarr`` of the group gives: every label, its values, dtype and attrs, in pair order."""
+    from reward_lens_spec.store.groups import group_labels
+
+    zs = new_store(tmp_path / "s")
+    res = mixed()
+    write_variables(zs, res, "obs", {"x": 1})
+    got = group_labels(zs, "obs")
+    want = xr.open_zarr(zs, group="obs", chunks=None, **ZARR_KW)
+    want = want.set_coords(list(want.data_vars)).load()
+    assert set(got.coords) == set(want.coords) == {"pair", "dimension", "flag"}
+    for k in want.coords:
+        assert got[k].dims == want[k].dims and got[k].attrs == want[k].attrs, k
+        np.testing.assert_array_equal(got[k].values, want[k].values, err_msg=k)
+        assert got[k].dtype == want[k].dtype, k
+    assert list(got["pair"].values) == [f"p{i:03d}" for i in range(N)]
+
+
+def test_region_writes_in_one_pass_as_to_zarr_region(tmp_path):
+    """A streamed chunk's regions (``zarr_io.write_regions``: float with NaN, int, bool, an operator's own
+    per-pair coord) give the same stored bytes as ``to_zarr(region=...)`` into the same skeleton, the last
+    chunk partial; a string or CF-encoded variable is refused before anything is written."""
+    import dask.array as dsk
+
+    from reward_lens_spec.store.zarr_io import plain_region, write_regions
+
+    rng = np.random.default_rng(5)
+    f = rng.standard_normal((N, 3)).astype(np.float32)
+    f[4, 2] = np.nan
+    full = {"lens": xr.DataArray(f, dims=("pair", "layer"), coords={"n_tok": ("pair", np.arange(N) * 3)}),
+            "flag": xr.DataArray(np.arange(N) % 3 == 0, dims="pair"),
+            "count": xr.DataArray(np.arange(N, dtype=np.int64) * 7, dims="pair")}
+    trees = {}
+    for way in ("xarray", "one_pass"):
+        zs = new_store(tmp_path / way)
+        for name, v in full.items():
+            coords = {k: xr.Variable(c.dims, dsk.zeros(c.shape, chunks=5, dtype=c.dtype)) for k, c in v.coords.items()}
+            tmpl = xr.DataArray(dsk.zeros(v.shape, chunks=(5,) + v.shape[1:], dtype=v.dtype), dims=v.dims,
+                                coords=coords)
+            variable_dataset(tmpl, name).to_zarr(zs, group=f"obs/{name}", mode="w-", compute=False, **WRITE_KW)
+        for a in range(0, N, 5):
+            sl = slice(a, min(a + 5, N))
+            for name, v in full.items():
+                part = v.isel(pair=sl)
+                if way == "xarray":
+                    part.to_dataset(name=name).to_zarr(zs, group=f"obs/{name}", region={"pair": sl}, **WRITE_KW)
+                else:
+                    own = [(name, part.variable), *((c, part.coords[c].variable) for c in part.coords)]
+                    assert all(plain_region(x) for _, x in own)
+                    write_regions(zs, [(f"obs/{name}/{k}", (sl,) + (slice(None),) * (x.ndim - 1), x)
+                                       for k, x in own])
+        trees[way] = files(str(tmp_path / way))
+    assert sorted(trees["xarray"]) == sorted(trees["one_pass"])
+    assert any(k.startswith("obs/lens/lens/c") for k in trees["one_pass"])
+    assert all(trees["xarray"][k] == trees["one_pass"][k] for k in trees["xarray"]), \
+        [k for k in trees["xarray"] if trees["xarray"][k] != trees["one_pass"][k]]
+    back = xr.open_zarr(str(tmp_path / "one_pass"), group="obs/lens", chunks=None, **ZARR_KW)
+    np.testing.assert_array_equal(back["lens"].values, f)
+    zs = zarr.storage.LocalStore(str(tmp_path / "one_pass"))
+    s = xr.Variable("pair", np.array(["a"] * 5, dtype=object))
+    before = files(str(tmp_path / "one_pass"))
+    with pytest.raises(ValueError, match="to_zarr"):
+        write_regions(zs, [("obs/count/count", (slice(0, 5),), full["count"].variable[:5]),
+                           ("obs/flag/flag", (slice(0, 5),), s)])
+    assert files(str(tmp_path / "one_pass")) == before

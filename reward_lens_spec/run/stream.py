@@ -50,7 +50,7 @@ from ..store.digest import KEY as DIGESTS, result_digests, values_digest
 from ..store.groups import (ONE_PASS_BYTES, VARIABLES, WRITE_KW, group_labels, label_dataset, open_variable,
                            open_variables, set_group_attrs, variable_dataset, write_labels, write_variables)
 from ..store.writer import check_storable, discard_unstarted, observable_attrs, with_digests
-from ..store.zarr_io import write_new_groups
+from ..store.zarr_io import plain_region, write_new_groups, write_regions
 
 SCRATCH = "_stage"           # not a valid observable name (store.writer.check_name), so no clash
 READOUT_H = "readout_h"
@@ -457,17 +457,24 @@ def _write_region(zstore, group, res, sl, run_names) -> dict:
     """Write one chunk's pair rows ``sl`` of every variable of ``res`` into its group (``zstore``: the
     writer's fenced store); return the digest of every region written (``"<group>/<name>"``, and
     ``"<group>/<name>:<coord>"`` for an operator's own per-pair coords) for the chunk's marker."""
-    digests = {}
+    digests, plain = {}, []
     for name, v in res.items():
         if "pair" not in v.dims:
             raise StoreError(f"pair-stage output {name!r} has no pair dim; it cannot be written by chunk.")
         v = v.drop_vars([k for k in v.coords if k not in _op_pair_coords(v, run_names)])
         v.attrs = {}
-        v.to_dataset(name=name).to_zarr(zstore, group=f"{group}/{name}", region={"pair": sl}, **WRITE_KW)
+        own = [(name, v.variable), *((c, v.coords[c].variable) for c in v.coords)]
+        if all(plain_region(x) for _, x in own):        # numbers and flags: every array in one pass below
+            plain += [(f"{group}/{name}/{k}", tuple(sl if d == "pair" else slice(None) for d in x.dims), x)
+                      for k, x in own]
+        else:                                           # strings, times, CF-encoded values: xarray's writer
+            v.to_dataset(name=name).to_zarr(zstore, group=f"{group}/{name}", region={"pair": sl}, **WRITE_KW)
         digests[f"{group}/{name}"] = values_digest(v.values)
         for c in v.coords:
             if c != "pair":
                 digests[f"{group}/{name}:{c}"] = values_digest(v.coords[c].values)
+    if plain:
+        write_regions(zstore, plain)
     return digests
 
 

@@ -239,8 +239,11 @@ def open_variable(zstore, group: str, name: str, *, lazy: bool = True, labels=No
 
 
 def group_labels(zstore, group: str) -> xr.Dataset:
-    """The group's shared pair labels, as coords (a coords-only group may read them back as data vars)."""
-    return _as_labels(xr.open_zarr(zstore, group=group, chunks=None, **ZARR_KW))
+    """The group's shared pair labels, as coords (a coords-only group may read them back as data vars): its
+    own arrays, read in one concurrent pass (``zarr_io.read_groups``), decoded as ``xr.open_zarr`` does."""
+    from reward_lens_spec.store.zarr_io import read_groups
+
+    return _as_labels(read_groups(zstore, group, ())[0])
 
 
 def _as_labels(ds: xr.Dataset) -> xr.Dataset:

@@ -15,6 +15,9 @@ anything is written (``mode="w-"``), nothing is ever deleted; writes into existi
 ``to_zarr``. The arrays are encoded into a ``MemoryStore`` first (no I/O, no blocking round trips), then
 the keys are copied into the target store concurrently, the group holding the listing last.
 
+``write_regions`` writes a streamed chunk's regions of existing arrays (numbers and flags; a string or
+CF-encoded variable goes through ``to_zarr(region=...)``) in one concurrent pass, the same bytes.
+
 ``decoded_as_read`` gives a variable as a reader of those bytes decodes it (xarray's decoder applied to
 the encoded variable), so a writer can digest what it wrote without reading it back.
 """
@@ -139,6 +142,44 @@ def write_new_groups(zstore, first: dict, then: dict, *, write_empty: bool = Tru
     return chunks
 
 
+PLAIN_KINDS = "fiub"           # dtypes whose Zarr encoding is the values as they are (no units, no strings)
+
+
+def plain_region(var: xr.Variable) -> bool:
+    """Whether ``var`` (data or coord of a region write) encodes statelessly: a plain numeric or bool dtype and
+    no CF encoding in its attrs or encoding (``_FillValue``, ``scale_factor``, ``add_offset``, ``units``), so
+    ``write_regions`` writes what ``to_zarr(region=...)`` writes."""
+    cf = ("_FillValue", "missing_value", "scale_factor", "add_offset", "units", "calendar", "dtype")
+    return var.dtype.kind in PLAIN_KINDS and not any(k in var.attrs or k in var.encoding for k in cf)
+
+
+def write_regions(zstore, writes) -> None:
+    """Write regions of existing arrays in one concurrent pass: ``writes`` is ``[(array path, region (a tuple
+    of slices), Variable)]``, each Variable encoded by xarray's Zarr encoder (a bool as the int8 xarray stores)
+    and written with ``setitem``, every chunk stored even when it equals the fill value (write-once arrays,
+    as ``WRITE_KW``). Only for variables ``plain_region`` accepts (others go through
+    ``to_zarr(region=...)``): raises ``ValueError`` for another before anything is written, and zarr's error
+    for a missing array or a region outside it. Same bytes as ``to_zarr(region=...)``
+    (``tests/test_store_direct.py``)."""
+    import zarr.api.asynchronous as za
+    from zarr.core.sync import sync
+
+    bad = [path for path, _, var in writes if not plain_region(var)]
+    if bad:
+        raise ValueError(f"write_regions: {bad} need CF encoding; write them with to_zarr(region=...)")
+
+    async def one(path, region, var):
+        arr = (await za.open_array(store=zstore, path=path, mode="r+", zarr_format=3)).with_config(
+            {"write_empty_chunks": True})
+        enc = encode_zarr_variable(var, name=path.rsplit("/", 1)[-1], zarr_format=3)
+        await arr.setitem(region, np.asarray(enc.data))
+
+    async def go():
+        await asyncio.gather(*(one(*w) for w in writes))
+
+    sync(go())
+
+
 def decoded_as_read(name: str, var: xr.Variable) -> xr.Variable:
     """``var`` as ``xr.open_zarr`` gives it back from the array ``write_new_groups`` stores (xarray's Zarr
     encoding, then its CF decoding with ``open_zarr``'s defaults)."""
@@ -190,7 +231,7 @@ def read_groups(zstore, group: str, children, *, shared=(), max_bytes: int | Non
 
     async def go():
         root = await za.open_group(store=zstore, path=group, mode="r", zarr_format=3)
-        nodes = {p: n async for p, n in root.members(max_depth=1)}
+        nodes = {p: n async for p, n in root.members(max_depth=1 if children else 0)}
         picked = {"": {k: n for k, n in nodes.items() if "/" not in k and hasattr(n, "shape")}}
         skip = set(shared) & set(picked[""])
         for c in children:
