@@ -47,7 +47,7 @@ from ..planning import passes, stages
 from ..result import Result
 from ..store.attempts import PREFIX, Attempt, list_attempts
 from ..store.digest import KEY as DIGESTS, result_digests, values_digest
-from ..store.groups import (ONE_PASS_BYTES, VARIABLES, WRITE_KW, group_labels, label_dataset, open_variable,
+from ..store.groups import (VARIABLES, WRITE_KW, group_labels, label_dataset, open_variable,
                            open_variables, set_group_attrs, variable_dataset, write_labels, write_variables)
 from ..store.writer import check_storable, discard_unstarted, observable_attrs, with_digests
 from ..store.zarr_io import plain_region, write_new_groups, write_regions
@@ -55,6 +55,7 @@ from ..store.zarr_io import plain_region, write_new_groups, write_regions
 SCRATCH = "_stage"           # not a valid observable name (store.writer.check_name), so no clash
 READOUT_H = "readout_h"
 HEAD_LOGITS = "head_logits"
+EAGER_BYTES = 2**20         # an output up to this size is read whole when the run completes; a bigger one lazily
 KEEP_PREFIX_MAX = 64         # patched rows whose prefix KV cache a capture keeps (capture(keep_prefix=))  # the model's own head output per pair (pair × side × output): the identities' reference
 
 
@@ -223,8 +224,8 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
                              out_g, scr_g, frame, need_h, full_coords, reduced, labels))
     chunk_info = {"n": len(slices), "chunk_pairs": store_spec.chunk_pairs, "shards": store_spec.shards,
                   "by_writer": by_writer}
-    zs = b.zarr_store()                         # the outputs as stored: small ones read in one pass, big ones lazily
-    stored = open_variables(zs, out_g, plan.outputs, lazy=ONE_PASS_BYTES, labels=labels(out_g))
+    zs = b.zarr_store()       # the outputs as stored: small ones read in one pass, bigger ones block by block
+    stored = open_variables(zs, out_g, plan.outputs, lazy=EAGER_BYTES, labels=labels(out_g))
     logits = np.asarray(open_variable(zs, scr_g, HEAD_LOGITS, lazy=False, labels=labels(scr_g)).values)
     attrs = run_attrs(counts, chunk_info, stored, logits)
     if DIGESTS not in attrs:                    # seal_run puts them under the seal; other callers: here
