@@ -20,7 +20,7 @@ LEASE_S = "3"
 # passed its fence, before any array is created (the worst moment)
 STOPPING = """
 import os, signal, sys
-import reward_lens_spec.run.stream as s
+import reward_lens_spec.run.stream_arrays as s
 orig = s.write_new_groups
 def stopping(*a, **k):
     if not os.environ.get("STOPPED"):

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -47,16 +46,15 @@ from ..planning import passes, stages
 from ..result import Result
 from ..store.attempts import PREFIX, Attempt, list_attempts
 from ..store.digest import KEY as DIGESTS, result_digests, values_digest
-from ..store.groups import (VARIABLES, WRITE_KW, group_labels, label_dataset, open_variable,
-                           open_variables, set_group_attrs, variable_dataset, write_labels, write_variables)
+from ..store.groups import open_variable, open_variables, write_variables
 from ..store.writer import check_storable, discard_unstarted, observable_attrs, with_digests
-from ..store.zarr_io import plain_region, write_new_groups, write_regions
+from .stream_arrays import ensure_skeleton, label_group, labels_once, write_region
 
 SCRATCH = "_stage"           # not a valid observable name (store.writer.check_name), so no clash
 READOUT_H = "readout_h"
-HEAD_LOGITS = "head_logits"
+HEAD_LOGITS = "head_logits"  # the model's own head output (pair × side × output): the identities' reference
 EAGER_BYTES = 2**20         # an output up to this size is read whole when the run completes; a bigger one lazily
-KEEP_PREFIX_MAX = 64         # patched rows whose prefix KV cache a capture keeps (capture(keep_prefix=))  # the model's own head output per pair (pair × side × output): the identities' reference
+KEEP_PREFIX_MAX = 64         # patched rows whose prefix KV cache a capture keeps (capture(keep_prefix=))
 
 
 @dataclass
@@ -178,7 +176,7 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     keep = {s.name for s in plan.steps if st[s.name] == "pair" and (s.name in plan.outputs or s.name in later)}
     need_h = any(s.op.reads_capture for s in plan.steps if st[s.name] == "reduce")
     full_coords = RunContext(lm=lm, pairs=pairs, encoded=enc, capture=None, info=info).pair_coords()
-    labels = _group_labels(b)
+    labels = labels_once(b)
     shared = dict(labels=labels, b=b, lm=lm, pairs=pairs, enc=enc, plan=plan, info=info, st=st, ps=ps,
                   slices=slices, keep=keep, capture_kw=capture_kw, frame=frame, need_h=need_h, full_coords=full_coords,
                   groups=(out_g, scr_g), size=store_spec.chunk_pairs, keep_context=keep_context)
@@ -231,25 +229,13 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     if DIGESTS not in attrs:                    # seal_run puts them under the seal; other callers: here
         attrs = with_digests(attrs, {plan.observable: result_digests(stored)})
     att.fence("reduce")
-    _label_group(att.zstore("reduce"), out_g, observable_attrs(attrs, stored), plan.outputs)
+    label_group(att.zstore("reduce"), out_g, observable_attrs(attrs, stored), plan.outputs)
     won = att.complete(attrs, "reduce", force=store_spec.force)
     att.release("reduce")
     if keep_context and contexts:
         _add(contexts[-1].counts, {k: v for k, v in counts.items() if k not in contexts[-1].counts})
     return Streamed("complete", att.aid if won else "", len(slices), len(mine),
                     contexts[-1] if keep_context and contexts else None)
-
-
-def _group_labels(b):
-    """``labels(group)``: the group's stored pair labels (``store.groups.group_labels``), read once per run:
-    every later open of the group's variables is given them."""
-    memo = {}
-
-    def labels(group):
-        if group not in memo:
-            memo[group] = group_labels(b.zarr_store(), group)
-        return memo[group]
-    return labels
 
 
 def _add(total: dict, counts: dict) -> dict:
@@ -293,13 +279,13 @@ def _chunk_loop(att, role, p, ks, reduced, sh, progress) -> list:
         check_storable(Result({**ds_out, **ds_scr}), plan.observable, {s.name: s.op.name for s in plan.steps},
                        att.run_id)
         marker = "skeleton" if p == 0 else f"pass{p}.skeleton"
-        _ensure_skeleton(att, role, b, [(out_g, ds_out, sh["full_coords"]), (scr_g, ds_scr, sh["full_coords"])],
+        ensure_skeleton(att, role, b, [(out_g, ds_out, sh["full_coords"]), (scr_g, ds_scr, sh["full_coords"])],
                          n, sh["size"], run_names, marker=marker, labels=p == 0)
         digests = {}
         for group, res in ((out_g, ds_out), (scr_g, ds_scr)):
             if res:
                 att.fence(role)
-                digests.update(_write_region(att.zstore(role), group, res, sl, run_names))
+                digests.update(write_region(att.zstore(role), group, res, sl, run_names))
         att.mark(f"chunk.{k}" if p == 0 else f"pass{p}.chunk.{k}",
                  {"writer": att.writer, "counts": counts, "digests": digests}, role)
         if sh["keep_context"]:
@@ -375,108 +361,6 @@ def _pair_chunk(lm, pairs, enc_k, plan, steps, info_k, keep, capture_kw, frame, 
         scratch[READOUT_H] = xr.DataArray(cap.h, dims=("pair", "side", "d_model"),
                                           coords={**coords, "side": ["chosen", "rejected"]})
     return ds_out, Result(scratch), ctx.counts, ctx
-
-
-def _ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skeleton", labels=True):
-    """Create every run array of one pass once per attempt (full pair length, zarr chunks = run chunks):
-    each group holds the run's pair labels once (written with the first pass's skeleton, ``labels``),
-    each variable its own group (``store.groups``) with its own coords; then marker ``marker``."""
-    while att.marker(marker) is None:
-        if not att.claim(marker):
-            att.fence(role)
-            time.sleep(0.2)                        # another job is creating it
-            continue
-        # the first holder creates every group exclusively; one taking over from a dead or stalled holder
-        # writes into what it left (never deleting: the stalled one may resume, and is fenced out per key)
-        mode = "w-" if att.generation(marker) == 0 else "a"
-        zs = att.zstore(marker)
-        made = {group: _skeleton(res, pair_coords, n, size, run_names) for group, res, pair_coords in groups}
-        if mode == "w-":        # every group and array in one concurrent pass (store.zarr_io), fenced per key
-            att.fence(marker)
-            first = {group: label_dataset(pair_coords["pair"], _labels_of(pair_coords))
-                     for group, _, pair_coords in groups} if labels else {}
-            write_new_groups(zs, first, {f"{group}/{name}": variable_dataset(tmpl, name)
-                                         for group, tmpls in made.items() for name, tmpl in tmpls.items()})
-        else:
-            for group, res, pair_coords in groups:
-                att.fence(marker)
-                if labels:
-                    write_labels(zs, group, pair_coords["pair"], _labels_of(pair_coords), mode=mode)
-                for name, tmpl in made[group].items():
-                    att.fence(marker)
-                    variable_dataset(tmpl, name).to_zarr(zs, group=f"{group}/{name}", mode=mode, compute=False,
-                                                         **WRITE_KW)
-        att.mark(marker, {"writer": att.writer}, marker)
-        att.release(marker)
-
-
-def _labels_of(pair_coords) -> dict:
-    return {k: c for k, c in pair_coords.items() if k != "pair"}
-
-
-def _skeleton(res, pair_coords, n, size, run_names) -> dict:
-    """``{name: template}``: each variable of one chunk's ``res`` as a dask-zeros DataArray of the run's full
-    pair length (zarr chunks = the run's chunks), the run's ``pair`` index and the operator's own per-pair
-    coords (dask zeros too: written by region) on it."""
-    out = {}
-    for name, v in res.items():
-        shape = tuple(n if d == "pair" else v.sizes[d] for d in v.dims)
-        chunks = tuple(size if d == "pair" else v.sizes[d] for d in v.dims)
-        coords = {k: c.variable for k, c in v.coords.items() if "pair" not in c.dims}
-        if "pair" in v.dims:
-            coords["pair"] = pair_coords["pair"]
-        for k in _op_pair_coords(v, run_names):      # an operator's own per-pair labels: regions too
-            c = v.coords[k]
-            cshape = tuple(n if d == "pair" else c.sizes[d] for d in c.dims)
-            cchunks = tuple(size if d == "pair" else c.sizes[d] for d in c.dims)
-            coords[k] = xr.Variable(c.dims, _zeros(cshape, cchunks, c.dtype, f"{name}.{k}"), attrs=c.attrs)
-        out[name] = xr.DataArray(_zeros(shape, chunks, v.dtype, name), dims=v.dims, coords=coords, attrs=v.attrs)
-    return out
-
-
-def _zeros(shape, chunks, dtype, label):
-    """Dask zeros standing for an array whose regions are written later (never computed): named, so dask
-    does not hash the call to name it."""
-    import dask.array as da
-
-    return da.zeros(shape, chunks=chunks, dtype=dtype, name=f"skeleton-{label}-{shape}-{chunks}-{dtype}")
-
-
-def _label_group(zstore, group, attrs: dict, variables) -> None:
-    """Put what a plain-xarray reader needs (``store.writer.observable_attrs``) and the variable listing
-    on the observable group (``zstore``: the completing writer's fenced store)."""
-    set_group_attrs(zstore, group, {**attrs, VARIABLES: list(variables)})
-
-
-def _op_pair_coords(v, run_names) -> list[str]:
-    """Coords along ``pair`` that an operator made (e.g. a side's response length), beyond the run's own
-    (``run_names``: pair, dimension, prompt_id, the pair flags)."""
-    return [k for k, c in v.coords.items() if "pair" in c.dims and k not in run_names]
-
-
-def _write_region(zstore, group, res, sl, run_names) -> dict:
-    """Write one chunk's pair rows ``sl`` of every variable of ``res`` into its group (``zstore``: the
-    writer's fenced store); return the digest of every region written (``"<group>/<name>"``, and
-    ``"<group>/<name>:<coord>"`` for an operator's own per-pair coords) for the chunk's marker."""
-    digests, plain = {}, []
-    for name, v in res.items():
-        if "pair" not in v.dims:
-            raise StoreError(f"pair-stage output {name!r} has no pair dim; it cannot be written by chunk.")
-        v = v.drop_vars([k for k in v.coords if k not in _op_pair_coords(v, run_names)])
-        v.attrs = {}
-        own = [(name, v.variable), *((c, v.coords[c].variable) for c in v.coords)]
-        if all(plain_region(x) for _, x in own):        # numbers and flags: every array in one pass below
-            plain += [(f"{group}/{name}/{k}", tuple(sl if d == "pair" else slice(None) for d in x.dims), x)
-                      for k, x in own]
-        else:                                           # strings, times, CF-encoded values: xarray's writer
-            v.to_dataset(name=name).to_zarr(zstore, group=f"{group}/{name}", region={"pair": sl}, **WRITE_KW)
-        digests[f"{group}/{name}"] = values_digest(v.values)
-        for c in v.coords:
-            if c != "pair":
-                digests[f"{group}/{name}:{c}"] = values_digest(v.coords[c].values)
-    if plain:
-        write_regions(zstore, plain)
-    return digests
 
 
 def _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, frame, need_h, pair_coords,

@@ -1,0 +1,136 @@
+"""A streamed run's arrays in the store (``run.stream``): the skeleton every chunk writes into, each chunk's
+regions, the groups' pair labels read once per run, and the observable group's attrs.
+
+The skeleton: every output and scratch variable of one pass as an array of the run's full pair length, zarr
+chunks = the run's chunks (``store.chunk_pairs``), created once per attempt — by its first holder in one
+concurrent pass (``store.zarr_io.write_new_groups``), by a writer taking over a dead holder's skeleton through
+``to_zarr`` into what it left (never deleting). A chunk's regions of numbers and flags are written in one
+concurrent pass (``zarr_io.write_regions``), strings and CF-encoded values through ``to_zarr(region=...)``;
+the digest of every region written goes to the chunk's marker. Every write goes through the attempt's fenced
+store (``store.attempts``).
+"""
+from __future__ import annotations
+
+import time
+
+import xarray as xr
+
+from ..errors import StoreError
+from ..store.digest import values_digest
+from ..store.groups import (VARIABLES, WRITE_KW, group_labels, label_dataset, set_group_attrs, variable_dataset,
+                           write_labels)
+from ..store.zarr_io import plain_region, write_new_groups, write_regions
+
+
+def labels_once(b):
+    """``labels(group)``: the group's stored pair labels (``store.groups.group_labels``), read once per run:
+    every later open of the group's variables is given them."""
+    memo = {}
+
+    def labels(group):
+        if group not in memo:
+            memo[group] = group_labels(b.zarr_store(), group)
+        return memo[group]
+    return labels
+
+
+def ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skeleton", labels=True):
+    """Create every run array of one pass once per attempt (full pair length, zarr chunks = run chunks):
+    each group holds the run's pair labels once (written with the first pass's skeleton, ``labels``),
+    each variable its own group (``store.groups``) with its own coords; then marker ``marker``."""
+    while att.marker(marker) is None:
+        if not att.claim(marker):
+            att.fence(role)
+            time.sleep(0.2)                        # another job is creating it
+            continue
+        # the first holder creates every group exclusively; one taking over from a dead or stalled holder
+        # writes into what it left (never deleting: the stalled one may resume, and is fenced out per key)
+        mode = "w-" if att.generation(marker) == 0 else "a"
+        zs = att.zstore(marker)
+        made = {group: _skeleton(res, pair_coords, n, size, run_names) for group, res, pair_coords in groups}
+        if mode == "w-":        # every group and array in one concurrent pass (store.zarr_io), fenced per key
+            att.fence(marker)
+            first = {group: label_dataset(pair_coords["pair"], _labels_of(pair_coords))
+                     for group, _, pair_coords in groups} if labels else {}
+            write_new_groups(zs, first, {f"{group}/{name}": variable_dataset(tmpl, name)
+                                         for group, tmpls in made.items() for name, tmpl in tmpls.items()})
+        else:
+            for group, res, pair_coords in groups:
+                att.fence(marker)
+                if labels:
+                    write_labels(zs, group, pair_coords["pair"], _labels_of(pair_coords), mode=mode)
+                for name, tmpl in made[group].items():
+                    att.fence(marker)
+                    variable_dataset(tmpl, name).to_zarr(zs, group=f"{group}/{name}", mode=mode, compute=False,
+                                                         **WRITE_KW)
+        att.mark(marker, {"writer": att.writer}, marker)
+        att.release(marker)
+
+
+def _labels_of(pair_coords) -> dict:
+    return {k: c for k, c in pair_coords.items() if k != "pair"}
+
+
+def _skeleton(res, pair_coords, n, size, run_names) -> dict:
+    """``{name: template}``: each variable of one chunk's ``res`` as a dask-zeros DataArray of the run's full
+    pair length (zarr chunks = the run's chunks), the run's ``pair`` index and the operator's own per-pair
+    coords (dask zeros too: written by region) on it."""
+    out = {}
+    for name, v in res.items():
+        shape = tuple(n if d == "pair" else v.sizes[d] for d in v.dims)
+        chunks = tuple(size if d == "pair" else v.sizes[d] for d in v.dims)
+        coords = {k: c.variable for k, c in v.coords.items() if "pair" not in c.dims}
+        if "pair" in v.dims:
+            coords["pair"] = pair_coords["pair"]
+        for k in op_pair_coords(v, run_names):      # an operator's own per-pair labels: regions too
+            c = v.coords[k]
+            cshape = tuple(n if d == "pair" else c.sizes[d] for d in c.dims)
+            cchunks = tuple(size if d == "pair" else c.sizes[d] for d in c.dims)
+            coords[k] = xr.Variable(c.dims, _zeros(cshape, cchunks, c.dtype, f"{name}.{k}"), attrs=c.attrs)
+        out[name] = xr.DataArray(_zeros(shape, chunks, v.dtype, name), dims=v.dims, coords=coords, attrs=v.attrs)
+    return out
+
+
+def _zeros(shape, chunks, dtype, label):
+    """Dask zeros standing for an array whose regions are written later (never computed): named, so dask
+    does not hash the call to name it."""
+    import dask.array as da
+
+    return da.zeros(shape, chunks=chunks, dtype=dtype, name=f"skeleton-{label}-{shape}-{chunks}-{dtype}")
+
+
+def label_group(zstore, group, attrs: dict, variables) -> None:
+    """Put what a plain-xarray reader needs (``store.writer.observable_attrs``) and the variable listing
+    on the observable group (``zstore``: the completing writer's fenced store)."""
+    set_group_attrs(zstore, group, {**attrs, VARIABLES: list(variables)})
+
+
+def op_pair_coords(v, run_names) -> list[str]:
+    """Coords along ``pair`` that an operator made (e.g. a side's response length), beyond the run's own
+    (``run_names``: pair, dimension, prompt_id, the pair flags)."""
+    return [k for k, c in v.coords.items() if "pair" in c.dims and k not in run_names]
+
+
+def write_region(zstore, group, res, sl, run_names) -> dict:
+    """Write one chunk's pair rows ``sl`` of every variable of ``res`` into its group (``zstore``: the
+    writer's fenced store); return the digest of every region written (``"<group>/<name>"``, and
+    ``"<group>/<name>:<coord>"`` for an operator's own per-pair coords) for the chunk's marker."""
+    digests, plain = {}, []
+    for name, v in res.items():
+        if "pair" not in v.dims:
+            raise StoreError(f"pair-stage output {name!r} has no pair dim; it cannot be written by chunk.")
+        v = v.drop_vars([k for k in v.coords if k not in op_pair_coords(v, run_names)])
+        v.attrs = {}
+        own = [(name, v.variable), *((c, v.coords[c].variable) for c in v.coords)]
+        if all(plain_region(x) for _, x in own):        # numbers and flags: every array in one pass below
+            plain += [(f"{group}/{name}/{k}", tuple(sl if d == "pair" else slice(None) for d in x.dims), x)
+                      for k, x in own]
+        else:                                           # strings, times, CF-encoded values: xarray's writer
+            v.to_dataset(name=name).to_zarr(zstore, group=f"{group}/{name}", region={"pair": sl}, **WRITE_KW)
+        digests[f"{group}/{name}"] = values_digest(v.values)
+        for c in v.coords:
+            if c != "pair":
+                digests[f"{group}/{name}:{c}"] = values_digest(v.coords[c].values)
+    if plain:
+        write_regions(zstore, plain)
+    return digests
