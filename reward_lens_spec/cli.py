@@ -204,13 +204,13 @@ def _print_summary(out) -> None:
     read (``Outcome.provenance``: the store's JSON documents, no xarray), unless ``observable.pairs`` restricts
     outputs, whose count needs the stored result."""
     from .data.accounting import pairs_limit
-    from .report.summary import print_summary, run_line
+    from .report.summary import print_summary, run_line, table_lines
 
     prov = out.provenance
     if not (out.reused and prov is not None and pairs_limit(prov) is None):
         print_summary(out)
         return
-    lines = ([out.pairs_line] if out.pairs_line else []) + [
+    lines = ([out.pairs_line] if out.pairs_line else []) + table_lines(prov.get("summary")) + [
         f"store: {out.store_url}", run_line(out.run_id, prov, True), f"run id: {out.run_id}"]
     sys.stdout.flush()
     sys.stdout.write("\n".join(lines) + "\n")

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .summary_stats import summary_cell
+
 
 def _short(gauge: str) -> str:
     """``frame:whitened:<64 hex>`` → ``frame:whitened:<12 hex>`` (ids are long; 12 digits identify)."""
@@ -43,8 +45,8 @@ def _restricted(outcome, prov: dict):
 
 def print_summary(outcome) -> None:
     """Print, as one block written at once (a multirun's jobs share one console): the pairs line when the
-    executor deferred it, one line per output variable (dims, units, mean over finite cells) of a computed run;
-    then, computed or reused, the store path and one line of the run's provenance (``run_line``), read back
+    executor deferred it; then, computed or reused, the table (``table_lines``: one line per output variable,
+    its fitting statistic, from the run document), the store path and one line of the run's provenance (``run_line``), read back
     from the store. A shard whose run is not complete yet says which shard is done and what remains."""
     import sys
 
@@ -54,9 +56,8 @@ def print_summary(outcome) -> None:
     if getattr(outcome, "status", "complete") != "complete":
         lines.append(shard_line(outcome))
     else:
-        if not outcome.reused:
-            lines += _table(outcome.result)
         prov = open_store(outcome.store_url).provenance(outcome.run_id)
+        lines += table_lines(prov.get("summary"))
         lines += [f"store: {outcome.store_url}", run_line(outcome.run_id, prov, outcome.reused,
                                                           _restricted(outcome, prov)),
                   f"run id: {outcome.run_id}"]
@@ -78,24 +79,45 @@ def shard_line(outcome) -> str:
                    "they have finished (the job storing the last chunk completes it; nothing is listed before).")
 
 
-def _table(ds) -> list[str]:
-    """The table's lines: one row per variable; its mean over finite cells is labelled with its n: the pairs it covers
-    (``n pairs``, fewer than the run's where ``observable.pairs`` restricts it), or ``-`` without a pair dim."""
-    from ..data.accounting import pairs_covered
-
-    lines = [f"{'variable':<28} {'dims':<34} {'units':<12} {'mean':>10} {'n pairs':>8}  gauge"]
+def summary_of(ds) -> dict:
+    """What the console table shows, computed once from the stored outputs at completion and kept in the run
+    document (``summary``), so a rerun prints the same table without reading an array: per output variable its
+    dims, units, the statistic that fits it (``summary_stats.summary_cell``), the pairs it covers (``n_pairs``,
+    ``None`` without a ``pair`` dim) and its gauge; and, where a ``margin`` with a ``pair`` dim exists, the
+    share of pairs whose margin is positive (per objective)."""
+    rows = []
     for name, var in ds.data_vars.items():
-        vals = np.asarray(var.values, dtype=float)
-        fin = vals[np.isfinite(vals)]
-        mean = f"{fin.mean():10.4f}" if fin.size else f"{'(no finite)':>10}"
-        n = f"{pairs_covered(var)}" if "pair" in var.dims else "-"
-        lines.append(f"{name:<28} {' × '.join(var.dims):<34} {str(var.attrs.get('units', '')):<12} {mean} {n:>8}  "
-                     f"{_short(str(var.attrs.get('gauge', '')))}")
+        n = None
+        if "pair" in var.dims:
+            other = [d for d in var.dims if d != "pair"]
+            n = int(np.isfinite(var).any(other).sum()) if other else int(np.isfinite(var).sum())
+        rows.append({"variable": name, "dims": list(var.dims), "units": str(var.attrs.get("units", "")),
+                     "summary": summary_cell(var), "n_pairs": n, "gauge": str(var.attrs.get("gauge", ""))})
+    out = {"rows": rows}
     if "margin" in ds and "pair" in ds["margin"].dims:
         margin = ds["margin"].transpose("pair", ...)
         m = np.asarray(margin.values, float).reshape(margin.sizes["pair"], -1)
-        shares = [f"{(col[np.isfinite(col)] > 0).mean():.3f}" if np.isfinite(col).any() else "n/a" for col in m.T]
-        label = (f" per objective ({', '.join(map(str, margin['objective'].values))})"
-                 if "objective" in margin.dims else "")
-        lines.append(f"pairs: {margin.sizes['pair']}; chosen preferred (margin > 0){label}: {', '.join(shares)}")
+        out["pairs"] = int(margin.sizes["pair"])
+        out["chosen_preferred"] = [float((col[np.isfinite(col)] > 0).mean()) if np.isfinite(col).any() else None
+                                   for col in m.T]
+        if "objective" in margin.dims:
+            out["objectives"] = [str(o) for o in margin["objective"].values]
+    return out
+
+
+def table_lines(summary: dict | None) -> list[str]:
+    """The table's lines from a run document's ``summary`` (``summary_of``): one row per variable, its statistic
+    named in the cell and labelled with its n (``n pairs``: the pairs it covers, fewer than the run's where
+    ``observable.pairs`` restricts it; ``-`` without a pair dim). An older run without one prints no table."""
+    if not isinstance(summary, dict) or not isinstance(summary.get("rows"), list):
+        return []
+    lines = [f"{'variable':<28} {'dims':<34} {'units':<12} {'summary':<28} {'n pairs':>8}  gauge"]
+    for r in summary["rows"]:
+        n = "-" if r.get("n_pairs") is None else str(r["n_pairs"])
+        lines.append(f"{r['variable']:<28} {' × '.join(r['dims']):<34} {r['units']:<12} {r['summary']:<28} "
+                     f"{n:>8}  {_short(r['gauge'])}")
+    if "chosen_preferred" in summary:
+        shares = ["n/a" if v is None else f"{v:.3f}" for v in summary["chosen_preferred"]]
+        label = f" per objective ({', '.join(summary['objectives'])})" if summary.get("objectives") else ""
+        lines.append(f"pairs: {summary['pairs']}; chosen preferred (margin > 0){label}: {', '.join(shares)}")
     return lines

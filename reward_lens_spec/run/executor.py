@@ -174,6 +174,7 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     from ..models.fingerprint import model_fingerprint
     from ..models.fingerprint_cache import remember, weights_key
     from ..planning import frame_dependent, plan_for
+    from ..report.summary import summary_of
     from ..store import Backend, is_complete, open_store
     from ..store.writer import check_layout
     from ..trust.gates import seal_run
@@ -227,6 +228,7 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
                       "expressed_outputs": [v for v in result.data_vars
                                             if frame is not None and result[v].attrs.get("gauge") == frame.gauge]},
             "checkpoint": parts.get("checkpoint"),        # a checkpoint sequence's chain (models.checkpoints)
+            "summary": summary_of(result),                # the console table, printed again on a rerun
             "run_id": run_id, "created": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
         }
         return seal_run(run_id, attrs, result, run, store_url, logits=logits, pair_ids=enc.pair_ids, lm=lm,
