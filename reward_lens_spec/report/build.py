@@ -20,6 +20,7 @@ from .compare_view import compare_view
 from .arrays import first_objective, strs
 from .figures import run_figures
 from .html import details, e, figure_html, kv_table, page, pre, run_section, table
+from .summary_stats import summary_cell
 from .svg import fmt
 
 MAX_MEAN_CELLS = 1_000_000          # the summary reads a variable's mean only up to this size
@@ -29,8 +30,10 @@ HASHES = ("spec_hash", "model_fingerprint", "dataset_checksum", "study_hash", "g
 
 
 def summary_table(ds) -> str:
-    """Every variable: dims with sizes, units, gauge, trust attr, its mean over finite cells and that mean's n
-    (pairs with a finite value; fewer than the run's where ``observable.pairs`` restricts the variable)."""
+    """Every variable: dims with sizes, units, gauge, trust attr, the statistic that fits it
+    (``summary_stats.summary_cell``: a mean, a share per component, an off-diagonal, an estimate with its CI)
+    and its n (pairs with a finite value; fewer than the run's where ``observable.pairs`` restricts the
+    variable)."""
     from ..data.accounting import pairs_covered
 
     rows = []
@@ -40,14 +43,14 @@ def summary_table(ds) -> str:
         if var.size <= MAX_MEAN_CELLS and np.issubdtype(var.dtype, np.number):
             v = np.asarray(var.values, float)
             fin = v[np.isfinite(v)]
-            mean = fmt(fin.mean()) if fin.size else "no finite value"
+            mean = summary_cell(var) if fin.size else "no finite value"
             n = f"{pairs_covered(var)} of {var.sizes['pair']}" if "pair" in var.dims else f"{fin.size} cells"
         else:
             mean = f"not read ({var.size} cells)" if np.issubdtype(var.dtype, np.number) else "—"
             n = ""
         rows.append([e(name), e(dims), e(var.attrs.get("units", "")), e(var.attrs.get("gauge", "")),
                      e(var.attrs.get("trust", "")), e(mean), e(n)])
-    return table(["variable", "dims", "units", "gauge", "trust", "mean (finite cells)", "n pairs"], rows)
+    return table(["variable", "dims", "units", "gauge", "trust", "summary", "n pairs"], rows)
 
 
 def pair_table(ds, prov: dict) -> str:

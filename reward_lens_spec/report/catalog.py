@@ -73,7 +73,7 @@ def trust_of(row: dict, prov: dict) -> Trust:
     verified = _clean(row.get("trust_verified", prov.get("trust_verified")))
     verified = None if verified is None else bool(verified)
     reason = _clean(row.get("trust_reason", prov.get("trust_reason")))
-    scope = _clean(row.get("trust_scope", prov.get("trust_scope")))
+    scope = _clean(row.get("trust_scope", prov.get("trust_scope"))) or None     # an empty scope says nothing
     if reason is None:
         if verified is None:
             reason = "label stored with the run; this reader does not re-verify it"
@@ -81,6 +81,8 @@ def trust_of(row: dict, prov: dict) -> Trust:
                 reason += f"; executes study {_short(prov['study_hash'])}"
         else:
             reason = "verified by the store reader" if verified else "the stored label disagrees with its evidence"
+    if isinstance(scope, (list, tuple)):
+        scope = "; ".join(map(str, scope))
     if scope is None:
         obs = prov.get("observable") or ",".join(prov.get("observables", []))
         family = f" (family {prov['model_family']})" if prov.get("model_family") else ""
@@ -113,11 +115,40 @@ def pair_count(prov: dict, datasets: dict) -> int | None:
 TOP_DLA = 3
 
 
+MAX_HEADLINES = 6
+
+
+def headline(var) -> str:
+    """One output's headline: for a numeric variable with a ``pair`` dim whose fitting statistic is a mean
+    (``summary_stats.summary_cell``), the mean over pairs of each pair's mean over its other dims with a 95%
+    CI (1.96 s.e.) and n; otherwise that statistic (a share per component, an off-diagonal, an estimate with
+    its interval)."""
+    import numpy as np
+
+    from .arrays import mean_ci
+    from .summary_stats import summary_cell
+
+    if not np.issubdtype(var.dtype, np.number) or var.size == 0:
+        return ""
+    cell = summary_cell(var)
+    if "pair" not in var.dims or not cell.startswith("mean "):
+        return cell
+    other = [d for d in var.dims if d != "pair"]
+    per_pair = var.where(np.isfinite(var)).mean(other, skipna=True) if other else var
+    v = np.asarray(per_pair.values, float)
+    v = v[np.isfinite(v)]
+    if not v.size:
+        return cell
+    m, lo, hi = (float(x) for x in mean_ci(v))
+    return f"mean {m:.3g} [{lo:.3g}, {hi:.3g}] (n={v.size})"
+
+
 def key_numbers(datasets: dict) -> str:
-    """A run's key numbers for the catalog, from its stored variables: ``margin`` mean with its 95% CI
-    (1.96 s.e.) and n; accuracy = share of finite margins > 0 (chosen preferred, by the pairs' labels);
-    the top ``TOP_DLA`` layer × component cells by |mean dla| over pairs. First objective only; "" when
-    none of these variables is stored."""
+    """A run's key numbers for the catalog, from its stored variables, for any observable: ``margin`` mean
+    with its 95% CI (1.96 s.e.) and n; accuracy = share of finite margins > 0 (chosen preferred, by the pairs'
+    labels); the top ``TOP_DLA`` layer × component cells by |mean dla| over pairs; then, up to
+    ``MAX_HEADLINES`` in all, every other output's ``headline``. First objective only; "" when nothing
+    numeric is stored."""
     import warnings
 
     import numpy as np
@@ -125,8 +156,10 @@ def key_numbers(datasets: dict) -> str:
     from .arrays import first_objective, mean_ci
 
     parts: list[str] = []
+    done: set[str] = set()
     for ds in datasets.values():
-        if "margin" in ds and "pair" in ds["margin"].dims and not any(p.startswith("margin") for p in parts):
+        if "margin" in ds and "pair" in ds["margin"].dims and "margin" not in done:
+            done.add("margin")
             da, tag = first_objective(ds["margin"])
             v = np.asarray(da.values, float).ravel()
             v = v[np.isfinite(v)]
@@ -134,8 +167,8 @@ def key_numbers(datasets: dict) -> str:
                 m, lo, hi = (float(x) for x in mean_ci(v))
                 parts.append(f"margin{tag} {m:.3g} [{lo:.3g}, {hi:.3g}] (n={v.size})")
                 parts.append(f"accuracy {(v > 0).mean():.3f} ({int((v > 0).sum())}/{v.size} margin > 0)")
-        if "dla" in ds and {"pair", "layer", "component"} <= set(ds["dla"].dims) and not any(
-                p.startswith("top dla") for p in parts):
+        if "dla" in ds and {"pair", "layer", "component"} <= set(ds["dla"].dims) and "dla" not in done:
+            done.add("dla")
             da = first_objective(ds["dla"])[0].transpose("pair", "layer", "component")
             vals = np.asarray(da.values, float)
             with warnings.catch_warnings():
@@ -147,6 +180,14 @@ def key_numbers(datasets: dict) -> str:
             layers, comps = da["layer"].values, da["component"].values
             if top:
                 parts.append("top dla " + ", ".join(f"{comps[j]}_L{layers[i]} {v:+.3g}" for _, v, i, j in top))
+    for ds in datasets.values():
+        for name in sorted(map(str, ds.data_vars)):
+            if name in done or len(parts) >= MAX_HEADLINES:
+                continue
+            done.add(name)
+            cell = headline(first_objective(ds[name])[0])
+            if cell:
+                parts.append(f"{name} {cell}")
     return "; ".join(parts)
 
 

@@ -12,8 +12,9 @@
   margin against ``length_log_ratio`` per pair;
 - ``reliability_*`` (fit reports): calibration curve of σ(Δ) with bin counts and the ECE;
 - ``reading × strength`` (scorecards): each criterion's reading against planted strength;
-- any other variable, user-defined or not, over ``pair × layer`` (mean ± 95% CI by layer),
-  ``pair × component`` or ``pair × layer × component`` (mean over pairs as a grid): ``generic_figure``.
+- any other variable, user-defined or not, chosen by its dims (``generic_figure``): ``pair × layer`` as
+  mean ± 95% CI by layer (a line), ``layer`` alone as a line, ``pair × component`` as one bar per component
+  (mean ± 95% CI over pairs), ``pair × layer × component`` as a layer × component heat map.
 
 Variables with an ``objective`` dim are drawn for the first objective (named in the title).
 Only finite values are drawn; every caption counts what was not. Needs no model.
@@ -81,8 +82,6 @@ def lens_figure(ds) -> Figure:
 
 def _grid(ds, var: str, what: str) -> tuple[Figure, np.ndarray, object]:
     da, tag = first_objective(ds[var])
-    if "layer" not in da.dims:                                      # pair × component: one row
-        da = da.expand_dims(layer=["all layers"])
     da = da.transpose("pair", "layer", "component")
     vals = np.asarray(da.values, float)
     keep_c = np.isfinite(vals).any((0, 1))
@@ -232,40 +231,72 @@ def stat_vars(ds) -> list[str]:
     return sorted(out)
 
 
-GENERIC_DIMS = ({"pair", "layer"}, {"pair", "component"}, {"pair", "layer", "component"})
+GENERIC_DIMS = ({"pair", "layer"}, {"pair", "component"}, {"pair", "layer", "component"}, {"layer"})
 STANDARD = ("lens", "dla", "patch_effect")
 
 
-def generic_figure(ds, var: str) -> Figure:
-    """A ``pair × layer`` variable as mean ± 95% CI over pairs per layer; a ``pair × component`` or
-    ``pair × layer × component`` one as the grid of its means over pairs."""
-    da, tag = first_objective(ds[var])
-    if "component" in da.dims:
-        fig, m, (rows, cols) = _grid(ds, var, var)
-        return fig
-    da = da.transpose("pair", "layer")
-    vals = np.asarray(da.values, float)
+def _layer_line(da, var: str, tag: str) -> Figure:
+    """``pair × layer`` (mean ± 95% CI over pairs) or ``layer`` alone, as a line over layers."""
     layers = np.asarray(da["layer"].values, float)
-    m, lo, hi = mean_ci(vals)
-    n = int(np.isfinite(vals).any(1).sum())
-    c = Chart(span(layers), span(m, lo, hi, include=[0]), "layer", f"{var} ({da.attrs.get('units', '')})",
+    if "pair" in da.dims:
+        vals = np.asarray(da.transpose("pair", "layer").values, float)
+        m, lo, hi = mean_ci(vals)
+        n = int(np.isfinite(vals).any(1).sum())
+        what = f"mean ± 95% CI (1.96 s.e.) over {n} pair(s) with a finite value"
+    else:
+        vals = np.asarray(da.values, float)
+        m = lo = hi = vals
+        n, what = None, "one value per layer"
+    c = Chart(span(layers), span(m, lo, hi, include=[0]), "layer (−1 = embedding)",
+              f"{var} ({da.attrs.get('units', '')})",
               xticks=[(x, str(int(x))) for x in layers[:: max(1, len(layers) // 12)]])
     c.hline(0, "#999", dash=None)
-    c.band(layers, lo, hi, PALETTE[0])
-    c.line(layers, m, PALETTE[0], label=f"mean (n={n} pairs)")
-    return Figure(f"{var}{tag}", c.render(), f"{var} by layer: mean ± 95% CI (1.96 s.e.) over {n} pair(s) with a "
-                  f"finite value. {_ug(da)}{_nonfinite(vals)}")
+    if n is not None:
+        c.band(layers, lo, hi, PALETTE[0])
+    c.line(layers, m, PALETTE[0], label=f"mean (n={n} pairs)" if n is not None else var)
+    return Figure(f"{var}{tag}", c.render(), f"{var} by layer: {what}. {_ug(da)}{_nonfinite(vals)}")
+
+
+def _component_bars(da, var: str, tag: str) -> Figure:
+    """``pair × component``: one bar per component, mean ± 95% CI (1.96 s.e.) over pairs."""
+    da = da.transpose("pair", "component")
+    vals = np.asarray(da.values, float)
+    comps = [str(x) for x in strs(da["component"].values)]
+    m, lo, hi = mean_ci(vals)
+    x = np.arange(len(comps), dtype=float)
+    c = Chart((-0.6, len(comps) - 0.4), span(m, lo, hi, include=[0]), "component",
+              f"{var} ({da.attrs.get('units', '')})", xticks=[(i, name) for i, name in enumerate(comps)])
+    c.hline(0, "#999", dash=None)
+    for i in range(len(comps)):
+        if np.isfinite(m[i]):
+            c.rect(x[i] - 0.3, x[i] + 0.3, min(0.0, m[i]), max(0.0, m[i]), PALETTE[i % len(PALETTE)],
+                   title=f"{comps[i]}: {fmt(m[i])} [{fmt(lo[i])}, {fmt(hi[i])}]")
+    c.errorbars(x, lo, hi, "#222")
+    n = int(np.isfinite(vals).any(1).sum())
+    return Figure(f"{var}{tag}", c.render(), f"{var} per component: mean ± 95% CI (1.96 s.e.) over {n} pair(s), "
+                  + ", ".join(f"{k} {fmt(v)}" for k, v in zip(comps, m)) + f". {_ug(da)}{_nonfinite(vals)}")
+
+
+def generic_figure(ds, var: str) -> Figure:
+    """A variable drawn by its dims: ``pair × layer`` or ``layer`` as a line over layers, ``pair × component``
+    as bars per component, ``pair × layer × component`` as the grid of its means over pairs."""
+    da, tag = first_objective(ds[var])
+    if "component" in da.dims and "layer" in da.dims:
+        return _grid(ds, var, var)[0]
+    if "component" in da.dims:
+        return _component_bars(da, var, tag)
+    return _layer_line(da, var, tag)
 
 
 def plottable(ds) -> list[str]:
-    """Numeric variables over pair × layer, pair × component or pair × layer × component (any ``objective``
-    dim aside) that no standard figure draws."""
+    """Numeric variables over pair × layer, layer, pair × component or pair × layer × component (any
+    ``objective`` dim aside) that no standard figure draws."""
     out = []
     for name in sorted(map(str, ds.data_vars)):
         var = ds[name]
         dims = set(var.dims) - {"objective"}
         if (name not in STANDARD and dims in GENERIC_DIMS and len(dims) == len(var.dims) - ("objective" in var.dims)
-                and np.issubdtype(var.dtype, np.number) and var.sizes["pair"] > 0):
+                and np.issubdtype(var.dtype, np.number) and all(var.sizes[d] > 0 for d in dims)):
             out.append(name)
     return out
 

@@ -110,6 +110,25 @@ def catalog_table(entries: list[Entry]) -> str:
     return f'<table id="catalog-table"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
 
+def sweep_tables(entries: list[Entry]) -> str:
+    """Runs of one observable side by side (a sweep over models or data): one table per observable that two or
+    more runs share, a row per run with its model, dataset, pairs, trust and key numbers."""
+    by_obs: dict[str, list[Entry]] = {}
+    for en in entries:
+        if not en.observable.startswith("scorecard:"):
+            by_obs.setdefault(en.observable, []).append(en)
+    parts = []
+    for obs, group in by_obs.items():
+        if len(group) < 2:
+            continue
+        rows = [[e(en.model), e(en.dataset), e("" if en.pairs is None else en.pairs), e(en.trust.level),
+                 f'<span class="numbers">{e(en.numbers)}</span>', f'<a class="mono" href="#{e(en.anchor)}">'
+                 f'{e(en.run_id)}</a>'] for en in group]
+        parts.append(f"<h3>{e(obs)}: {len(group)} runs</h3>"
+                     + table(["model", "dataset", "pairs", "trust", "key numbers", "run"], rows))
+    return f'<div id="side-by-side"><h2>Runs side by side</h2>{"".join(parts)}</div>' if parts else ""
+
+
 def _select(id_: str, label: str, values) -> str:
     opts = "".join(f'<option value="{e(v)}">{e(v)}</option>' for v in sorted(set(values)))
     return f'<label>{e(label)} <select id="{id_}"><option value="">all</option>{opts}</select></label>'
@@ -163,4 +182,4 @@ def page(store_url: str, generated: str, entries: list[Entry], sections: list[st
             f'<div id="catalog"><h1>Store <code>{e(store_url)}</code></h1>'
             f'<p class="note">{len(entries)} complete run(s); report generated {e(generated)} from the store '
             f"alone (no model). Click a column to sort, a run id to open its page.</p>{skipped}{filters}"
-            f"{catalog_table(entries)}</div>{''.join(sections)}<script>{JS}</script></body></html>")
+            f"{catalog_table(entries)}{sweep_tables(entries)}</div>{''.join(sections)}<script>{JS}</script></body></html>")
