@@ -124,9 +124,10 @@ def test_a_planted_or_edited_digest_entry_is_not_taken(tmp_path, monkeypatch):
     assert fingerprint_cache.file_sha256(f) == truth
 
 
-def test_a_file_written_within_the_racy_window_is_not_remembered(tmp_path):
+def test_a_file_written_within_the_racy_window_is_not_remembered(tmp_path, monkeypatch):
+    monkeypatch.setattr(fingerprint_cache, "RACY_NS", 10**15, raising=False)   # "recent": any ctime of this test
     f = tmp_path / "pairs.jsonl"
-    f.write_bytes(_jsonl(ROWS))                   # ctime is now: an edit within this clock tick could keep it
+    f.write_bytes(_jsonl(ROWS))                   # an edit within this clock tick could keep its ctime
     assert fingerprint_cache.file_sha256(f) == hashlib.sha256(f.read_bytes()).hexdigest()
     assert not list((signed_cache._folder() / "files").glob("*.json"))
     assert not list((fingerprint_cache.cache_dir() / "files").glob("*.json"))      # nor where it once lived
