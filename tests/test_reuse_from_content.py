@@ -285,3 +285,42 @@ def test_an_edited_fingerprint_entry_is_not_taken(tmp_path, monkeypatch):
     again = _go(tmp_path, "dataset.limit=4")
     assert again.run_id == a.run_id != b.run_id
     assert np.allclose(_margins(tmp_path, again), _margins(tmp_path, a))
+
+
+@pytest.mark.slow
+def test_a_checkpoint_sequence_is_reused_from_bytes_until_an_earlier_checkpoint_changes(tmp_path, monkeypatch):
+    from safetensors.torch import load_file, save
+
+    from reward_lens_spec.models.tiny import build_tiny
+
+    _remember_fresh_files(monkeypatch)
+    for seed in (0, 1):
+        model, tok = build_tiny("tiny_llama", seed=seed)
+        model.save_pretrained(tmp_path / f"ck{seed}")
+        tok.save_pretrained(tmp_path / f"ck{seed}")
+    over = (f"model.checkpoints=[{tmp_path / 'ck0'},{tmp_path / 'ck1'}]", "model.checkpoint=1", "dataset.limit=4")
+    first = _go(tmp_path, *over)
+    again = _go(tmp_path, *over)
+    assert again.reused and again.provenance is not None                       # decided from bytes
+    assert again.provenance["checkpoint"]["chain_sha256"] == _independent_chain(tmp_path, over)
+    weights = tmp_path / "ck0" / "model.safetensors"                           # the EARLIER checkpoint
+    state = load_file(weights)
+    name = next(k for k in state if k.endswith("score.weight"))
+    state[name] = -state[name]
+    _rewrite_keeping_size_and_mtime(weights, save(state, metadata={"format": "pt"}))
+    changed = _go(tmp_path, *over)
+    assert not changed.reused and changed.run_id != first.run_id                # its place in the chain changed
+    assert np.allclose(_margins(tmp_path, changed), _margins(tmp_path, first))  # checkpoint 1's own numbers did not
+
+
+def _independent_chain(tmp_path, over) -> str:
+    """The chain hash of the composed run's checkpoint, from an independent fold of the two folders' file digests."""
+    h = None
+    for d in ("ck0", "ck1"):
+        c = hashlib.sha256(b"reward_lens_spec.checkpoint.v1")
+        root = tmp_path / d
+        for p in sorted(root.rglob("*")):
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts):
+                c.update(f"{p.relative_to(root).as_posix()}\0{hashlib.sha256(p.read_bytes()).hexdigest()}\n".encode())
+        h = hashlib.sha256(f"{h or 'reward_lens_spec.chain.v1'}|{c.hexdigest()}".encode()).hexdigest()
+    return h
