@@ -1,16 +1,20 @@
 """Outcomes remembered in the user's cache only this user can have written: entries signed with a per-user key.
 
-A check that passed (``run.compose.prepare``: the safety rules and typo checks of a command line) or a
-plan that validated (``validate``) is remembered under a digest of *everything it read*, so the same
-inputs skip the work and any changed input does it again. Skipping a safety check on the word of a
-file is only safe if nobody else can write that word, so each entry is signed: its name and content
+Every cache entry that feeds a decision to skip work is kept here: a check that passed (``run.compose.prepare``,
+kinds ``argv`` and ``compose``: the safety rules and typo checks of a command line), a plan that validated
+(``validate``), a file's sha256 (``files``, ``models.fingerprint_cache.file_sha256``), a model's fingerprint
+(``fingerprints``), a model's description (``describe``) and the run a reuse key names (``runs``,
+``run.reuse``). Each is remembered under a digest of *everything it read*, so the same inputs skip the work and
+any changed input does it again. Skipping a safety check, or taking a stored run for this one, on the word of
+a file is only safe if nobody else can write that word, so each entry is signed: its name and content
 carry an HMAC-SHA256 under a random 32-byte key (``$REWARD_LENS_SPEC_CACHE/checks/key``) that is
 created with mode 0600 and used only while it is owned by this user and readable by no one else. A
 planted, edited or copied entry, a key with loose permissions, or a system without per-user file
 ownership (no ``os.getuid``) only means the work is done again — never that it is skipped.
 
-``package_digest`` (every source and data file of the installed package) is part of every such digest:
-a change to the code that checks changes the outcome.
+``package_digest`` (every source and data file of the installed package) is part of every check's digest
+and of a built-in model's weights key: a change to the code that checks, or that builds the model, changes
+the outcome.
 """
 from __future__ import annotations
 
@@ -38,8 +42,12 @@ def package_digest() -> str:
     return _PACKAGE_DIGEST["d"]
 
 
+def cache_dir() -> Path:
+    """The user's cache folder: ``$REWARD_LENS_SPEC_CACHE``, default ``~/.cache/reward_lens_spec``."""
+    return Path(os.environ.get("REWARD_LENS_SPEC_CACHE") or Path.home() / ".cache" / "reward_lens_spec")
+
+
 def _folder() -> Path:
-    from .models.fingerprint_cache import cache_dir
     return cache_dir() / "checks"
 
 

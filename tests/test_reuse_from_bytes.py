@@ -9,6 +9,7 @@ import pytest
 
 from test_reuse_without_weights import _go
 
+from reward_lens_spec import signed_cache
 from reward_lens_spec.models import fingerprint_cache
 from reward_lens_spec.run import compose_run, execute
 from reward_lens_spec.run import executor
@@ -23,7 +24,7 @@ def _nothing_heavy(mp):
 
 
 def _entries():
-    return sorted((fingerprint_cache.cache_dir() / "runs").glob("*.json"))
+    return sorted((signed_cache._folder() / "runs").glob("*.json"))
 
 
 def test_rerun_is_found_from_bytes_and_prints_the_stored_counts(tmp_path, monkeypatch, capsys):
@@ -44,14 +45,21 @@ def test_rerun_is_found_from_bytes_and_prints_the_stored_counts(tmp_path, monkey
 
 
 def test_an_entry_pointing_at_another_stored_run_is_not_taken(tmp_path):
+    from reward_lens_spec.run import reuse
+
     a = _go(tmp_path)
     b = _go(tmp_path, "dataset.limit=3")
     assert a.run_id != b.run_id
-    docs = {json.loads(p.read_text())["run_id"]: p for p in _entries()}
-    docs[a.run_id].write_text(json.dumps({"run_id": b.run_id}))     # planted: a's key -> b (complete, other config)
+    docs = {json.loads(p.read_text())["doc"]["run_id"]: p for p in _entries()}
+    signed = json.loads(docs[a.run_id].read_text())
+    signed["doc"]["run_id"] = b.run_id                                 # edited: a's key -> b, old signature
+    docs[a.run_id].write_text(json.dumps(signed))
     again = _go(tmp_path)
     assert again.reused and again.run_id == a.run_id                  # decided by loading, not by the entry
-    assert json.loads(docs[a.run_id].read_text())["run_id"] == a.run_id   # and the entry is rewritten
+    assert json.loads(docs[a.run_id].read_text())["doc"]["run_id"] == a.run_id   # and the entry is rewritten
+    run, y = compose_run(["observable=score", "dataset.limit=4"])
+    signed_cache.write_signed("runs", reuse.reuse_key(run, y, str(tmp_path), None), {"run_id": b.run_id})
+    assert _go(tmp_path).run_id == a.run_id                            # signed, but b's sealed config differs
     docs[a.run_id].write_text("{not json")
     assert _go(tmp_path).run_id == a.run_id
 
@@ -98,7 +106,6 @@ def test_the_key_covers_the_package_code(tmp_path, monkeypatch):
 
 def test_a_description_is_remembered_per_checkpoint_bytes(tmp_path, monkeypatch):
     from reward_lens_spec.models import describe
-    from reward_lens_spec.models.fingerprint_cache import cache_dir
 
     run, _ = compose_run(["observable=score"])
     first = describe.describe_model(run.model, str(tmp_path))
@@ -107,8 +114,8 @@ def test_a_description_is_remembered_per_checkpoint_bytes(tmp_path, monkeypatch)
     monkeypatch.setattr(describe, "model_config", lambda *a, **k: calls.append(1) or real(*a, **k))
     again = describe.describe_model(run.model, str(tmp_path))
     assert again[1:] == first[1:] and again[0].name == first[0].name and not calls      # no config read
-    (entry,) = (cache_dir() / "describe").glob("*.json")
-    entry.write_text(json.dumps({"model_type": "not_a_family", "n_layers": 99, "position_limit": None}))
+    signed_cache.write_signed("describe", fingerprint_cache.weights_key(run.model, str(tmp_path)),
+                              {"model_type": "not_a_family", "n_layers": 99, "position_limit": None})
     assert describe.describe_model(run.model, str(tmp_path))[1] == first[1] and calls   # an untabled entry: read
     other, _ = compose_run(["observable=score", "model.seed=3"])
     calls.clear()

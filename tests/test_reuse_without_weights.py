@@ -60,10 +60,10 @@ def test_folder_rerun_loads_no_weights_until_its_bytes_change(tmp_path, monkeypa
 
 
 def test_a_corrupt_cache_is_ignored(tmp_path, monkeypatch):
-    from reward_lens_spec.models.fingerprint_cache import cache_dir
+    from reward_lens_spec.signed_cache import _folder
 
     first = _go(tmp_path)
-    for f in (cache_dir() / "fingerprints").glob("*.json"):
+    for f in (_folder() / "fingerprints").glob("*.json"):
         f.write_text("{not json", encoding="utf-8")
     again = _go(tmp_path)                                 # loads the weights, finds the run, remembers again
     assert again.reused and again.run_id == first.run_id

@@ -1,12 +1,14 @@
 """A model's description from its config alone (no weights): transformers config, family, depth.
 
-The config is read through the guarded loader ``models.hub`` with ``trust_remote_code=model.trust_remote_code``
+The description is remembered per checkpoint bytes in the per-user signed cache (``signed_cache``, kind
+``describe``): an entry another user planted or edited is not taken. The config is read through the guarded loader ``models.hub`` with ``trust_remote_code=model.trust_remote_code``
 (default false, so a checkpoint's own Python never runs and transformers never asks on stdin); ``validate``
 loads no model and runs no code.
 """
 from __future__ import annotations
 
 from ..errors import SpecError
+from ..signed_cache import read_signed, write_signed
 
 
 def model_config(spec, base_dir=None):
@@ -53,9 +55,7 @@ def _remembered(key: str | None):
     """``(family, n_layers, position limit)`` a previous read of the same checkpoint bytes remembered, or ``None``
     (no key, no entry, or an entry that does not name a tabled family and a positive depth)."""
     from .families import FAMILIES, family_for
-    from .fingerprint_cache import cache_dir, read_entry
-
-    doc = read_entry(cache_dir() / "describe" / f"{key}.json") if key else None
+    doc = read_signed("describe", key) if key else None
     if not isinstance(doc, dict):
         return None
     mt, n, lim = doc.get("model_type"), doc.get("n_layers"), doc.get("position_limit")
@@ -74,7 +74,7 @@ def describe_model(spec, base_dir=None) -> tuple:
     Raises ``SpecError`` (``model.max_length``) when ``model.max_length`` exceeds the model's position limit,
     (``model.head_init``) for an unknown ``model.head_init``.
     """
-    from .fingerprint_cache import cache_dir, weights_key, write_entry
+    from .fingerprint_cache import weights_key
     from .head_init import check_head_init
 
     check_head_init(getattr(spec, "head_init", None))
@@ -87,8 +87,8 @@ def describe_model(spec, base_dir=None) -> tuple:
         n_layers = int(getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer"))
         found = (family_or_discovered_config(cfg), n_layers, position_limit(cfg))
         if key and not found[0].name.startswith("discovered:"):
-            write_entry(cache_dir() / "describe" / f"{key}.json", {"model_type": cfg.model_type, "n_layers": n_layers,
-                                                                  "position_limit": found[2]})
+            write_signed("describe", key, {"model_type": cfg.model_type, "n_layers": n_layers,
+                                           "position_limit": found[2]})
     family, n_layers, limit = found
     check_max_length(spec, limit)
     return family, n_layers, int(spec.num_labels)

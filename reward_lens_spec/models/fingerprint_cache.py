@@ -4,63 +4,59 @@
 is already in the store (``run.executor``) without loading them, the fingerprint a load computed is
 remembered under a *weights key*: sha256 of the ``ModelSpec`` fields that shape the loaded model
 (source, GGUF file, revision, dtype, labels, head kind and init, seed, attention, objectives), the
-package version and, for a checkpoint folder, the sha256 of every file in it (each file's digest is
-itself cached by absolute path, size and modification time, so an unchanged GGUF is not read again);
-for a built-in tiny model, the source of the code that builds it. A hub id has no key (its files are
-not ours to stat): such runs load the weights to decide. The cache is a folder of small JSON files
-(``$REWARD_LENS_SPEC_CACHE``, default ``~/.cache/reward_lens_spec``); a corrupt or unwritable cache is
-ignored, never trusted: a reused run's fingerprint always comes from a load on this machine of the
-same bytes, and a full load that finds a different fingerprint replaces the entry.
+package version and, for a checkpoint folder, the sha256 of every file in it (``file_sha256``); for a
+built-in tiny model, the digest of every source file of the package (``signed_cache.package_digest``:
+derived, so no file the builder imports can be left out). A hub id has no key (its files are not ours to
+stat): such runs load the weights to decide.
+
+Both caches are entries of the per-user signed cache (``signed_cache``, kinds ``files`` and
+``fingerprints``): a planted, edited or copied entry is not taken, and a corrupt or unwritable cache only
+costs a load. A reused run's fingerprint always comes from a load on this machine of the same bytes, and a
+full load that finds a different fingerprint replaces the entry.
+
+A file's digest is trusted only while its stat identity is unchanged: ``(st_dev, st_ino, size, mtime_ns,
+ctime_ns)``. ``mtime`` can be set back by any tool that restores times (``cp -p``, ``rsync -t``, ``tar x``,
+``touch -r``, ``os.utime``); ``ctime`` cannot be set by a user, and every write, rename or ``utime`` moves
+it. As in git's "racily clean" rule, a digest is remembered only when the file's ctime is at least
+``RACY_NS`` older than the moment hashing began and the stat is the same after hashing, so an edit within
+the filesystem clock's tick of a hash can never be hidden behind an unchanged ctime.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 from .. import __version__
+from ..signed_cache import cache_dir, package_digest, read_signed, write_signed  # noqa: F401  (cache_dir: public here)
 
 _SPEC_FIELDS = ("source", "gguf_file", "revision", "dtype", "num_labels", "head", "head_init", "seed",
                 "attn_implementation", "objectives", "allow_pickle", "trust_remote_code")
-_BUILDERS = ("tiny.py", "tiny_tokenizer.py", "gated_head.py", "loading.py", "head_init.py", "fingerprint.py",
-             "kinds.py", "judge.py", "prm.py")
+RACY_NS = 2_000_000_000       # 2 s: the coarsest ctime granularity of common filesystems (1 s ext3, 2 s FAT)
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("REWARD_LENS_SPEC_CACHE") or Path.home() / ".cache" / "reward_lens_spec")
-
-
-def read_entry(path: Path):
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def write_entry(path: Path, doc) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(doc, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError:
-        pass                                             # a cache that cannot be written is only slower
+def stat_identity(st: os.stat_result) -> str:
+    """``"dev|ino|size|mtime_ns|ctime_ns"``: what a remembered file digest is keyed on."""
+    return f"{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
 
 
 def file_sha256(path: Path) -> str:
-    """sha256 of a file's bytes, cached by (absolute path, size, mtime_ns)."""
-    st = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()
-    entry = cache_dir() / "files" / f"{key}.json"
-    doc = read_entry(entry)
-    if isinstance(doc, dict) and isinstance(doc.get("sha256"), str):
+    """sha256 hex of a file's bytes; remembered (signed, kind ``files``) under its stat identity
+    (``stat_identity``), re-hashed on any difference. Raises ``OSError`` when the file cannot be read."""
+    st = os.stat(path)
+    ident = stat_identity(st)
+    doc = read_signed("files", ident)
+    if doc is not None and isinstance(doc.get("sha256"), str):
         return doc["sha256"]
+    began = time.time_ns()
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
-    write_entry(entry, {"sha256": h.hexdigest(), "path": str(path)})
+    if st.st_ctime_ns < began - RACY_NS and stat_identity(os.stat(path)) == ident:
+        write_signed("files", ident, {"sha256": h.hexdigest()})
     return h.hexdigest()
 
 
@@ -79,8 +75,7 @@ def weights_key(spec, base_dir: str | None = None) -> str | None:
     if kind == "hub":
         return None
     if kind == "builtin":
-        here = Path(__file__).parent
-        files = {n: hashlib.sha256((here / n).read_bytes()).hexdigest() for n in _BUILDERS if (here / n).is_file()}
+        files = {"package": package_digest()}
     else:
         root = Path(loc)
         files = {str(p.relative_to(root)): file_sha256(p) for p in sorted(root.rglob("*"))
@@ -93,14 +88,14 @@ def remembered(key: str | None) -> str | None:
     """The fingerprint a load remembered under ``key``, or ``None``."""
     if key is None:
         return None
-    doc = read_entry(cache_dir() / "fingerprints" / f"{key}.json")
-    fp = doc.get("model_fingerprint") if isinstance(doc, dict) else None
+    doc = read_signed("fingerprints", key)
+    fp = doc.get("model_fingerprint") if doc is not None else None
     return fp if isinstance(fp, str) and len(fp) == 64 else None
 
 
 def remember(key: str | None, fingerprint: str) -> None:
     if key is not None:
-        write_entry(cache_dir() / "fingerprints" / f"{key}.json", {"model_fingerprint": fingerprint})
+        write_signed("fingerprints", key, {"model_fingerprint": fingerprint})
 
 
 def load_tokenizer_only(spec, base_dir: str | None = None):

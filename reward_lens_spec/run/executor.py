@@ -102,16 +102,16 @@ def compute(lm, pairs, plan, info, *, fmt="plain", template="User: {prompt}\nAss
     return result, done.context, enc
 
 
-def _reused_without_weights(run, plan, base_dir, store_url, so, study_hash, progress):
+def _reused_without_weights(run, plan, wkey, base_dir, store_url, so, study_hash, progress):
     """The run id when the store already holds this run complete, decided from the config, the pairs, the
-    tokenizer and the fingerprint a previous load of the same checkpoint bytes remembered
+    tokenizer and the fingerprint a previous load of the same checkpoint bytes remembered under ``wkey``
     (``models.fingerprint_cache``) — no weights loaded. ``None``: load and decide (no remembered
     fingerprint, a frame to resolve, ``store.force``, or not in the store). Returns ``(run id or None, the
     PairSet if it was read, else None)``."""
     from types import SimpleNamespace
 
     from ..data.accounting import accounting, summary_line
-    from ..models.fingerprint_cache import load_tokenizer_only, remembered, weights_key
+    from ..models.fingerprint_cache import load_tokenizer_only, remembered
     from ..planning import frame_dependent
     from ..store import is_complete
     from .identity import identity_parts, run_id_of
@@ -119,7 +119,7 @@ def _reused_without_weights(run, plan, base_dir, store_url, so, study_hash, prog
 
     if run.store.force or frame_dependent(plan):
         return None, None
-    fp = remembered(weights_key(run.model, base_dir))
+    fp = remembered(wkey)
     if fp is None:
         return None, None
     pairs = load_dataset(run.dataset, base_dir)
@@ -184,14 +184,17 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
 
     plan, info = plan_for(run, base_dir)                      # every spec error before any model loads
     set_threads(run.model.threads)
-    found, pairs = _reused_without_weights(run, plan, base_dir, store_url, so, shash, progress and not defer_lines)
+    wkey = weights_key(run.model, base_dir)
+    found, pairs = _reused_without_weights(run, plan, wkey, base_dir, store_url, so, shash,
+                                           progress and not defer_lines)
     if found is not None:
         remember_run(key, found)
         return Outcome(found, store_url, True, None, plan)
     inp = load_inputs(run, base_dir, pairs=pairs)               # the pairs already read are not read again
     lm, enc, m = inp.lm, inp.enc, run.model
     fp = model_fingerprint(lm.model, lm.tokenizer)
-    remember(weights_key(m, base_dir), fp)
+    if weights_key(m, base_dir) == wkey:                        # the checkpoint's bytes did not change during the load
+        remember(wkey, fp)
     acc = accounting(inp.pairs, enc)
     line = summary_line(acc, len(enc.pair_ids))
     if progress and not defer_lines:

@@ -8,19 +8,23 @@ smaller set of bytes, hashed here into a *reuse key*:
 - the resolved config (``OmegaConf.to_yaml`` of the composed run: model, dataset, observable,
   frame, store — what ``config_yaml`` in the run's attrs holds);
 - the dataset file's sha256 (the built-in ``diagnostic.jsonl`` or ``dataset.path``; every file of a
-  folder), each cached by path, size and mtime (``models.fingerprint_cache.file_sha256``);
+  folder), each remembered while the file's (device, inode, size, mtime, ctime) are unchanged
+  (``models.fingerprint_cache.file_sha256``);
 - the weights key (``models.fingerprint_cache.weights_key``: the checkpoint's files, or the code of a
   built-in model), and a checkpoint sequence's chain up to this checkpoint;
 - every source and data file of this package, and the installed versions of the libraries that
   tokenize and compute (torch, transformers, tokenizers, numpy);
 - the study the run is registered under, if any.
 
-The key maps to the run id a previous execution computed the slow way (``remember_run``). A key is
-made only where every input is a local file: a hub model, a frame other than native, or
-``store.force`` make none, and the run is decided by loading. A remembered id is used only when
-the store holds that run complete *and* its sealed attrs agree — the same resolved config and the
-model fingerprint remembered for these weights — so a stale, corrupt or planted cache entry can
-only cost a load, never reuse another run. The cache is ``$REWARD_LENS_SPEC_CACHE/runs``.
+The key maps to the run id a previous execution computed the slow way (``remember_run``), in the
+per-user signed cache (``signed_cache``, kind ``runs``). A key is made only where every input is a local
+file: a hub model, a frame other than native, or ``store.force`` make none, and the run is decided by
+loading. A remembered id is used only when the store holds that run complete *and* its sealed attrs
+agree with the bytes there now: the same resolved config, the sha256 of the data file the run read
+(``dataset_file.sha256``) equal to the current one, the checkpoint chain (a ``model.checkpoints``
+sequence) equal to the current one, and the model fingerprint remembered for the current weights key.
+So a stale, corrupt, planted or edited cache entry, or a file edited under its old size and mtime, can
+only cost a load, never reuse another run's numbers.
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ import json
 from importlib import metadata
 from pathlib import Path
 
-from ..signed_cache import _PACKAGE_DIGEST, package_digest  # noqa: F401  (importable from here as before)
+from ..signed_cache import _PACKAGE_DIGEST, package_digest, read_signed, write_signed  # noqa: F401  (_PACKAGE_DIGEST: importable from here as before)
 
 LIBRARIES = ("torch", "transformers", "tokenizers", "numpy")
 
@@ -91,31 +95,41 @@ def validate_key(run, resolved_yaml: str, base_dir: str | None) -> str | None:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def _entry(key: str) -> Path:
-    from ..models.fingerprint_cache import cache_dir
-    return cache_dir() / "runs" / f"{key}.json"
-
-
 def remember_run(key: str | None, run_id: str) -> None:
-    """Remember that ``key`` identifies ``run_id`` (a cache that cannot be written is only slower)."""
-    from ..models.fingerprint_cache import write_entry
+    """Remember that ``key`` identifies ``run_id`` (signed; a cache that cannot be written is only slower)."""
     if key is not None:
-        write_entry(_entry(key), {"run_id": run_id})
+        write_signed("runs", key, {"run_id": run_id})
+
+
+def same_inputs(run, prov: dict, base_dir: str | None) -> bool:
+    """Whether the stored run read the bytes ``run`` would read now: the sha256 of the data file it read
+    (``dataset_file.sha256``) is the current digest of one of ``run``'s dataset files, and its checkpoint
+    chain (``None`` outside a ``model.checkpoints`` sequence) is the current one."""
+    from ..models.checkpoints import chain
+    from ..models.fingerprint_cache import file_sha256
+
+    files = dataset_files(run.dataset, base_dir)
+    stored = (prov.get("dataset_file") or {}).get("sha256")
+    if files is None or not isinstance(stored, str) or stored not in {file_sha256(f) for f in files}:
+        return False
+    now = chain(run.model, base_dir)
+    return json.dumps(prov.get("checkpoint"), sort_keys=True) == json.dumps(now, sort_keys=True)
 
 
 def reused_run(run, key: str | None, resolved_yaml: str, base_dir: str | None, store_url: str,
                storage_options: dict) -> tuple[str, dict] | None:
     """``(run id, its stored provenance)`` remembered under ``key`` when the store holds it complete with this
-    resolved config and the fingerprint remembered for these weights; else ``None`` (decide by loading).
+    resolved config, the data and checkpoint digests of the files there now (``same_inputs``) and the
+    fingerprint remembered for these weights; else ``None`` (decide by loading).
     The provenance is read from the store's JSON documents (``store.run_doc``: no xarray), or through the
     reader where those do not suffice."""
-    from ..models.fingerprint_cache import read_entry, remembered, weights_key
+    from ..models.fingerprint_cache import remembered, weights_key
     from ..store.run_doc import complete_provenance
 
     if key is None:
         return None
-    doc = read_entry(_entry(key))
-    run_id = doc.get("run_id") if isinstance(doc, dict) else None
+    doc = read_signed("runs", key)
+    run_id = doc.get("run_id") if doc is not None else None
     if not isinstance(run_id, str):
         return None
     prov = complete_provenance(store_url, run_id, storage_options=storage_options)
@@ -128,6 +142,7 @@ def reused_run(run, key: str | None, resolved_yaml: str, base_dir: str | None, s
         except Exception:                               # unreadable: decide by loading
             return None
     fp = remembered(weights_key(run.model, base_dir))
-    if prov.get("config_yaml") != resolved_yaml or fp is None or prov.get("model_fingerprint") != fp:
+    if (prov.get("config_yaml") != resolved_yaml or fp is None or prov.get("model_fingerprint") != fp
+            or not same_inputs(run, prov, base_dir)):
         return None
     return run_id, prov
