@@ -90,7 +90,7 @@ class ModelSpec:
     num_labels: int = 1
     head: HeadKind = HeadKind.linear
     objectives: list[str] = field(default_factory=list)
-    batch_size: int = 16
+    batch_size: Any = 16                    # rows per forward, or auto (models/batch_size.py)
     max_tokens: Optional[int] = None
     max_length: int = 512
     format: Format = Format.plain
@@ -316,7 +316,11 @@ def _spec_error(exc) -> SpecError:
 
 def _check_values(run: RunConfig, partial: bool = False) -> None:
     m = run.model
-    for key in ("batch_size", "max_length", "num_labels"):
+    bs = m.batch_size
+    if not (bs == "auto" or (isinstance(bs, int) and not isinstance(bs, bool) and bs >= 1)):
+        raise SpecError("model.batch_size", f"must be a positive integer or auto, got {bs!r}.",
+                        fix="set model.batch_size to a value ≥ 1, or auto (the largest the device holds).")
+    for key in ("max_length", "num_labels"):
         if getattr(m, key) <= 0:
             raise SpecError(f"model.{key}", f"must be a positive integer, got {getattr(m, key)}.",
                             fix=f"set model.{key} to a value ≥ 1.")

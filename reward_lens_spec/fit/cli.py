@@ -132,7 +132,7 @@ def run_fit(opts: FitOptions, out: str, run, resolved_yaml: str, base_dir: str) 
     from ..models.fingerprint import model_fingerprint
     from ..run.compose import store_url
     from ..run.identity import numerics
-    from ..run.inputs import encode, load_dataset, load_lm
+    from ..run.inputs import batch_size, encode, load_dataset, load_lm
     from ..store import write_run
 
     t0 = time.perf_counter()
@@ -146,7 +146,7 @@ def run_fit(opts: FitOptions, out: str, run, resolved_yaml: str, base_dir: str) 
     selected = [p for part in PARTS for p in split[part]]
     enc = encode(lm, selected, m)
     t1 = time.perf_counter()
-    cap = capture(lm, enc, sites=(), batch_size=m.batch_size, max_tokens=m.max_tokens,
+    cap = capture(lm, enc, sites=(), batch_size=batch_size(m, lm, enc), max_tokens=m.max_tokens,
                   padding_side=m.padding_side.value, progress=opts.progress)
     capture_s = time.perf_counter() - t1
     row = {pid: i for i, pid in enumerate(cap.pair_ids)}
@@ -209,12 +209,12 @@ def _verify(run, folder: Path, base_dir: str, pairs, expected) -> dict:
     if not pairs:
         return {"n": 0}
     from ..models.capture import capture
-    from ..run.inputs import encode, load_lm
+    from ..run.inputs import batch_size, encode, load_lm
 
     spec = dataclasses.replace(run.model, source=str(folder), gguf_file=None)
     lm = load_lm(spec, base_dir)
     enc = encode(lm, pairs, spec)
-    cap = capture(lm, enc, sites=(), batch_size=spec.batch_size, padding_side=spec.padding_side.value)
+    cap = capture(lm, enc, sites=(), batch_size=batch_size(spec, lm, enc), padding_side=spec.padding_side.value)
     got = cap.logits[:, 0, 0].astype(np.float64) - cap.logits[:, 1, 0]
     diff = float(np.max(np.abs(got - np.asarray(expected)[: len(got)])))
     return {"n": int(len(got)), "max_abs_margin_diff": diff, "ok": bool(diff < 1e-3)}

@@ -57,10 +57,10 @@ def _reference_pairs(run, base_dir):
 def _readout(lm, spec, pairs) -> dict[str, np.ndarray]:
     """pair id → (2, d) readout activations h (chosen, rejected) of ``lm`` on ``pairs``."""
     from ..models.capture import capture
-    from ..run.inputs import encode
+    from ..run.inputs import batch_size, encode
 
     enc = encode(lm, pairs, spec)
-    cap = capture(lm, enc, (), batch_size=spec.batch_size, max_tokens=spec.max_tokens,
+    cap = capture(lm, enc, (), batch_size=batch_size(spec, lm, enc), max_tokens=spec.max_tokens,
                   padding_side=spec.padding_side.value)
     return {pid: cap.h[i] for i, pid in enumerate(enc.pair_ids)}
 

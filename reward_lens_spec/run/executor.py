@@ -224,7 +224,7 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
             "excluded": acc["excluded"], "observable": run.observable.name, "observables": [run.observable.name],
             "observable_version": run.observable.version, "versions": versions(), "git_sha": git_sha(),
             "seed": run.seed, "device": lm.device, "dtype": lm.dtype, "wall_s": round(time.perf_counter() - t0, 3),
-            "torch_threads": torch_threads(), "trust_remote_code": bool(m.trust_remote_code),
+            "torch_threads": torch_threads(), "batch_size": inp.batch_size, "trust_remote_code": bool(m.trust_remote_code),
             "counts": counts, "chunks": chunks, "study_hash": parts["study_hash"],
             "gauge": {v: str(result[v].attrs.get("gauge", "")) for v in result.data_vars},
             "frame": {"requested": run.frame.name.value, "id": frame.id if frame is not None else None,
@@ -239,7 +239,7 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
 
     done = stream(b, run_id, lm, ops_view(pairs, declared_fields(plan)), enc, plan, info, frame=frame,
                   store_spec=run.store, run_attrs=run_attrs, progress=progress and not defer_lines,
-                  capture_kw=dict(batch_size=m.batch_size, max_tokens=m.max_tokens, padding_side=m.padding_side.value,
+                  capture_kw=dict(batch_size=inp.batch_size, max_tokens=m.max_tokens, padding_side=m.padding_side.value,
                                   progress=False))
     sh = (run.store.shard, run.store.shards)
     if done.status != "complete":

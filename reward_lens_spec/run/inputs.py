@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from ..data import load_pairs
 from ..errors import SpecError
+from ..models.batch_size import AUTO, choose_batch_size
 from ..models.formatting import encode_pairs
 from ..models.kinds import encode_kind, load_kind
 
@@ -53,11 +54,20 @@ def ops_view(pairs, fields):
     return replace(pairs, pairs=cut) if hasattr(pairs, "checksum") else list(cut)
 
 
+def batch_size(spec, lm, enc) -> int:
+    """Rows per forward for ``spec`` (a ``ModelSpec``) on ``enc``: ``model.batch_size``, or for ``auto`` the
+    size ``models.batch_size.choose_batch_size`` finds on this device (fixed for the whole run)."""
+    if spec.batch_size == AUTO:
+        return choose_batch_size(lm, enc, padding_side=spec.padding_side.value)
+    return spec.batch_size
+
+
 @dataclass
 class Inputs:
     pairs: object          # PairSet (file order, after filters)
     lm: object             # LoadedModel
     enc: object            # EncodedPairs: what the model sees, in order
+    batch_size: int = 16   # rows per forward (``model.batch_size``, ``auto`` resolved)
 
 
 def load_inputs(run, base_dir: str | None = None, *, pairs=None) -> Inputs:
@@ -68,4 +78,4 @@ def load_inputs(run, base_dir: str | None = None, *, pairs=None) -> Inputs:
     enc = encode(lm, pairs, run.model)
     if not enc.pair_ids:
         raise SpecError("dataset", "no pair is left to score after exclusions.", fix="check dataset.limit and filters.")
-    return Inputs(pairs, lm, enc)
+    return Inputs(pairs, lm, enc, batch_size(run.model, lm, enc))

@@ -65,8 +65,9 @@ def recompute_run(store, run_id: str, k: int, *, base_dir: str, seed: int = 0) -
     chosen = set(rng.choice(ids, size=min(k, len(ids)), replace=False).tolist()) if ids else set()
     sub = dataclasses.replace(pairs, pairs=tuple(p for p in pairs if p.id in chosen))
     m = run.model
+    bs = attrs.get("batch_size") if isinstance(attrs.get("batch_size"), int) else m.batch_size   # auto: as run
     result, _, _ = compute(lm, sub, plan, info, fmt=m.format.value, template=m.template, max_length=m.max_length,
-                           batch_size=m.batch_size, max_tokens=m.max_tokens, padding_side=m.padding_side.value)
+                           batch_size=bs if isinstance(bs, int) else 1, max_tokens=m.max_tokens, padding_side=m.padding_side.value)
     ok, parts = True, []
     for v in per_pair:
         if v not in result:
