@@ -161,7 +161,7 @@ def test_round_trip_readable_with_plain_xarray(url):
     doc = json.load(open(os.path.join(url, "runs", "r1", "zarr.json")))["attributes"]
     for obs, want in results.items():   # the run document names the attempt holding the data
         with warnings.catch_warnings():
-            warnings.simplefilter("error")                   # as the README writes it: no warning
+            warnings.simplefilter("error")                   # as docs/results.md writes it: no warning
             got = xr.open_datatree(url, group=f"runs/r1/{doc['attempt']}/{obs}", engine="zarr",
                                    consolidated=False)
             one = xr.open_zarr(url, group=f"runs/r1/{doc['attempt']}/{obs}/{list(want.data_vars)[0]}",
