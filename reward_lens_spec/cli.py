@@ -234,7 +234,7 @@ def _ops(args: list[str]) -> None:
         return
     print("\n".join(describe_operator(n) for n in list_operators()))
     print("\n`reward-lens-spec ops NAME` prints an operator's whole docstring; "
-          "observables compose them in YAML (README: own observables).")
+          "observables compose them in YAML (docs/observables.md).")
 
 
 def expand_checkpoints(argv: list[str]) -> list[str]:

@@ -97,8 +97,8 @@ TRUSTED_RESOLVERS = frozenset({"hydra", "now"})       # Hydra's own config and t
 _HYDRA_RECORD = {("job", "name"), ("job", "config_name"), ("job", "id"), ("job", "num"),
                  ("job", "override_dirname")}        # Hydra's record of the job (set by Hydra, not a source)
 _TRUE = {"true", "yes", "on", "1"}
-_FIX = "remove it; this project runs no code named by a config (see README, 'Security')."
-_FIX_HYDRA = "remove it; a config or override may set only the hydra keys README 'Security' lists."
+_FIX = "remove it; this project runs no code named by a config (see docs/studies.md, 'Security')."
+_FIX_HYDRA = "remove it; a config or override may set only the hydra keys docs/studies.md, 'Security', lists."
 _WHY = {
     "env_set": "sets environment variables of the job (a PATH or LD_PRELOAD picks the programs it runs)",
     "env_copy": "copies environment variables into the job",

@@ -101,7 +101,7 @@ class ModelSpec:
     allow_pickle: bool = False
     head_init: Optional[str] = None        # null | seeded | zeros: a missing reward head (models/head_init.py)
     attn_implementation: Optional[str] = "eager"
-    threads: Optional[int] = None          # torch intra-op threads (null: torch's default); see README "Sharding"
+    threads: Optional[int] = None          # torch intra-op threads (null: torch's default); see docs/sweeps.md (bit-identity and threads)
     checkpoints: Optional[Any] = None      # a checkpoint sequence: [folders] | {folder, steps} (models/checkpoints.py)
     checkpoint: Optional[Any] = None       # the index into checkpoints this run reads (-m ... =all: every one)
     kind: str = "classifier"                # kind of reward signal (models/kinds.py): classifier | judge | prm | ...

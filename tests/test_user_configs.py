@@ -67,7 +67,7 @@ def test_own_observable_by_folder_and_by_path_runs_and_matches_direct_dla(study)
     for name in ("late_dla", "my_obs"):
         got = st.load(rid[name], name, lazy=False)["dla_late_total"]
         np.testing.assert_allclose(got.transpose(*direct.dims).values, direct.values, rtol=0, atol=1e-7)
-    with warnings.catch_warnings():                                            # plain xarray, as the README
+    with warnings.catch_warnings():                                            # plain xarray, as docs/results.md
         warnings.simplefilter("error")
         group = f"runs/{rid['my_obs']}/{st.provenance(rid['my_obs'])['attempt']}/my_obs"
         ds = xr.open_datatree(str(url), group=group, engine="zarr", consolidated=False)

@@ -77,7 +77,7 @@ def get_kind(name: str) -> Kind:
     """The row for ``name``; ``SpecError`` (``model.kind``) naming the closest kind."""
     if name not in KINDS:
         raise SpecError("model.kind", f"unknown kind of reward signal '{name}'.", value=name, options=KINDS,
-                        fix="set model.kind to one of the valid kinds (README, 'Kinds of reward signal').")
+                        fix="set model.kind to one of the valid kinds (docs/reward-signals.md).")
     return KINDS[name]
 
 
