@@ -92,7 +92,10 @@ def _margins(st, runs, dimensions) -> tuple[list[np.ndarray], int]:
         if m is None:
             raise SpecError("observable", f"run {rid} stores no margin to monitor.",
                             fix="monitor runs of an observable that stores the margin (e.g. score).")
-        if dimensions and "dimension" in m.coords:
+        if dimensions and "dimension" not in m.coords:
+            raise SpecError("dimensions", f"run {rid}'s pairs carry no subset labels to select from.",
+                            fix="drop dimensions=.")
+        if dimensions:
             m = m.isel(pair=np.isin([str(x) for x in m["dimension"].values], list(dimensions)))
         m = m.sortby("pair")
         if m.dims != ("pair",) or not m.sizes["pair"]:
