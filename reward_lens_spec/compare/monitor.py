@@ -11,8 +11,8 @@ k−1 → k) from the per-pair changes on the same pairs:
                        unchanged); ``min_change`` is not used.
 
 Method: testing by betting (Shafer 2021, JRSS A 184:407; Waudby-Smith & Ramdas 2024, "Estimating
-means of bounded random variables by betting", JRSS B 86:1). For each side, bets x_i ∈ [−1, 1] with E[x_i] ≤ 0 under H0 (margin: x_i = +1 when d_i > min_change, else −1,
-and the mirror for the down side; accuracy: x_i = ±d_i), the wealth ∏ (1 + λ x_i) is a nonnegative
+means of bounded random variables by betting", JRSS B 86:1). For each side, bets x_i ∈ [−1, 1] with E[x_i] ≤ 0 under H0 (margin: x_i = +1 when
+d_i > min_change, else −1, and the mirror for the down side; accuracy: x_i = ±d_i), the wealth ∏ (1 + λ x_i) is a nonnegative
 supermartingale over pairs for every fixed λ ∈ (0, 1); its average over the grid ``LAMBDAS`` is too, and
 the e-value is the mean of the up and down sides' averages. By Ville's inequality it exceeds 1/a with
 probability ≤ a under H0 at any number of pairs (Ville 1939). Across intervals, interval k is given
