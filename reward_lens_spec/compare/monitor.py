@@ -10,16 +10,17 @@ k−1 → k) from the per-pair changes on the same pairs:
   statistic=accuracy   d_i = 1[Δ_k(i) > 0] − 1[Δ_{k−1}(i) > 0] ∈ {−1, 0, 1}. H0_k: E[d] = 0 (accuracy
                        unchanged); ``min_change`` is not used.
 
-Method: testing by betting (Shafer 2021, JRSS A 184:407; Waudby-Smith & Ramdas 2024, "Estimating
-means of bounded random variables by betting", JRSS B 86:1). For each side, bets x_i ∈ [−1, 1] with E[x_i] ≤ 0 under H0 (margin: x_i = +1 when
-d_i > min_change, else −1, and the mirror for the down side; accuracy: x_i = ±d_i), the wealth ∏ (1 + λ x_i) is a nonnegative
-supermartingale over pairs for every fixed λ ∈ (0, 1); its average over the grid ``LAMBDAS`` is too, and
-the e-value is the mean of the up and down sides' averages. By Ville's inequality it exceeds 1/a with
-probability ≤ a under H0 at any number of pairs (Ville 1939). Across intervals, interval k is given
-the share a_k = alpha · 6 / (π² k²) (Σ a_k = alpha) and alarms when e_k ≥ 1 / a_k: by Markov's inequality
-and the union bound, the chance of any false alarm over the whole, ever-growing sequence is ≤ alpha,
-whatever the dependence between intervals (e-values and their calibration: Vovk & Wang 2021, Ann. Stat.
-49:1736). So a user may look after every new checkpoint and stop at the first alarm.
+Method: testing by betting (Shafer 2021, JRSS A 184:407; Waudby-Smith & Ramdas 2024, "Estimating means
+of bounded random variables by betting", JRSS B 86:1). For each side, bets x_i ∈ [−1, 1] with E[x_i] ≤ 0
+under H0 (margin: x_i = +1 when d_i > min_change, else −1, and the mirror for the down side; accuracy:
+x_i = ±d_i), the wealth ∏ (1 + λ x_i) is a nonnegative supermartingale over pairs for every fixed λ ∈
+(0, 1); its average over the grid ``LAMBDAS`` is too, and the e-value is the mean of the up and down
+sides' averages. By Ville's inequality it exceeds 1/a with probability ≤ a under H0 at any number of
+pairs (Ville 1939). Across intervals, interval k is given the share a_k = alpha · 6 / (π² k²) (Σ a_k =
+alpha) and alarms when e_k ≥ 1 / a_k: by Markov's inequality and the union bound, the chance of any
+false alarm over the whole, ever-growing sequence is ≤ alpha, whatever the dependence between intervals
+(e-values and their calibration: Vovk & Wang 2021, Ann. Stat. 49:1736). So a user may look after every
+new checkpoint and stop at the first alarm.
 
 Output (dim ``interval``, the later checkpoint's index k ≥ 1; coords ``step_from``, ``step_to``):
 ``e_value`` (e-value), ``threshold`` (1/a_k), ``alarm`` (1/0), ``n_up``, ``n_down`` (pairs whose change
