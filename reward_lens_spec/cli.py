@@ -25,8 +25,8 @@ COMMANDS = {   # name: (arguments, one line)
     "validate": ("[overrides ...]", "check the config and the data, print the plan; loads no model"),
     "ops": ("[NAME]", "registered operators: params, defaults, dims; NAME: its whole docstring"),
     "store": ("ls|show|diff|export|gc|migrate url=STORE ...", "browse a result store; loads no model"),
-    "compare": ("url=STORE a=RUN b=RUN [vars=...]", "two models' runs: margins; directions only in one "
-                "shared frame"),
+    "compare": ("url=STORE a=RUN b=RUN [vars=...] [paired=...]", "two models' runs: margins, paired accuracy "
+                "(McNemar, Holm/Sidak); directions only in one shared frame"),
     "report": ("url=STORE [run=RUN|all] [out=DIR]", "plots and markdown from a store; loads no model"),
     "calibrate": ("observable=NAME [organism=...]", "trust scorecard on planted model organisms"),
     "freeze": ("experiment=NAME", "hash and store a study before any data is read"),
@@ -34,6 +34,8 @@ COMMANDS = {   # name: (arguments, one line)
     "fit": ("model=... dataset=... out=DIR", "fit a Bradley–Terry head on frozen features"),
     "drift": ("url=STORE observable=NAME [model=NAME]", "a checkpoint sequence's runs over training: "
               "margins, CKA, directions"),
+    "monitor": ("url=STORE observable=NAME [statistic=margin|accuracy] [alpha=]", "anytime-valid alarm when a "
+                "checkpoint sequence's margin or accuracy moves"),
     "help": ("", "this list"),
 }
 SUBCOMMANDS = tuple(c for c in COMMANDS if c not in ("run", "help"))
@@ -47,7 +49,7 @@ def _command_doc(cmd: str) -> str:
 
     mod = {"store": "store.catalog_cli", "compare": "compare.cli", "report": "report.cli", "calibrate": "trust.cli",
            "freeze": "trust.cli", "adjudicate": "trust.cli", "fit": "fit.cli",
-           "drift": "compare.drift"}.get(cmd)
+           "drift": "compare.drift", "monitor": "compare.monitor"}.get(cmd)
     args, line = COMMANDS[cmd]
     head = f"reward-lens-spec {cmd if cmd != 'run' else ''} {args}".replace("  ", " ") + f"\n  {line}\n"
     if cmd == "ops":
@@ -306,6 +308,9 @@ def main(argv: list[str] | None = None) -> None:
         if cmd == "drift":
             from .compare.drift import main as drift_main
             raise SystemExit(drift_main(argv[1:]))
+        if cmd == "monitor":
+            from .compare.monitor import main as monitor_main
+            raise SystemExit(monitor_main(argv[1:]))
         if cmd == "report":
             from .report.cli import main as report_main
             raise SystemExit(report_main(argv[1:]))

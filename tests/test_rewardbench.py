@@ -27,12 +27,17 @@ def v1_rows(n_per=4):
     return rows
 
 
-def v2_rows():
+def v2_rows(official_ties=False):
+    """Six items, two in Ties; ``official_ties``: those two shaped as RewardBench 2's (ids ``ref:7`` with one
+    correct answer and ``tied:7`` with two), as the official Ties score reads them."""
     rows = []
     for i in range(6):
         subset = "Ties" if i >= 4 else ("Math" if i % 2 else "Focus")
         chosen = [f"right {i}", f"also right {i} !"] if subset == "Ties" else [f"right answer {i}"]
-        rows.append({"id": f"it{i}", "prompt": f"Problem {i}", "chosen": chosen,
+        item = f"it{i}"
+        if official_ties and subset == "Ties":
+            item, chosen = ("ref:7", chosen[:1]) if i == 4 else ("tied:7", chosen)
+        rows.append({"id": item, "prompt": f"Problem {i}", "chosen": chosen,
                      "rejected": [f"wrong {i} {j}" * (j + 1) for j in range(3)], "subset": subset,
                      "num_correct": len(chosen), "num_rejected": 3, "models": ["a", "b"]})
     return rows
@@ -152,7 +157,7 @@ def test_rewardbench_observable_matches_a_naive_recomputation(tmp_path):
 
 
 def test_rewardbench2_best_of_n_matches_the_candidates_rewards(tmp_path):
-    p = write(tmp_path / "rb2.jsonl", v2_rows(), "jsonl")
+    p = write(tmp_path / "rb2.jsonl", v2_rows(official_ties=True), "jsonl")
     res = run_cfg(tmp_path, "dataset=rewardbench2", f"dataset.path={p}", "observable=rewardbench2").result
     grid = res["candidate_reward"]
     assert grid.dims == ("item", "candidate")
@@ -160,7 +165,7 @@ def test_rewardbench2_best_of_n_matches_the_candidates_rewards(tmp_path):
     assert np.isnan(grid.sel(item="it0", candidate="chosen_1").item())          # one correct answer only
     reward = res["reward"]
     for pid in reward["pair"].values:                                          # every pair's rewards in the grid
-        item, combo = str(pid).split(":")
+        item, combo = str(pid).rsplit(":", 1)
         i, j = (int(x[1:]) for x in combo.split("-"))
         assert grid.sel(item=item, candidate=f"chosen_{i}").item() == reward.sel(pair=pid, side="chosen").item()
         assert grid.sel(item=item, candidate=f"rejected_{j}").item() == reward.sel(pair=pid, side="rejected").item()
@@ -174,6 +179,15 @@ def test_rewardbench2_best_of_n_matches_the_candidates_rewards(tmp_path):
         items = [str(i) for i in grid["item"].values if grid["item_subset"].sel(item=i).item() == s]
         assert acc.sel(subset=s, bound="estimate").item() == pytest.approx(np.mean([ok.sel(item=i).item() for i in items]))
         assert int(acc["n_items"].sel(subset=s)) == 2
+    # the official Ties score (reward-bench process_single_model), written out from the grid: one prompt, 7
+    ref, tied = grid.sel(item="ref:7").values, grid.sel(item="tied:7").values
+    gap_ref, gap_tied = ref[0] - ref[2:].max(), tied[:2].min() - tied[2:].max()
+    spread = tied[:2].max() - tied[:2].min()
+    naive = (0.3 * (gap_tied > 0) + 0.3 * (gap_ref > 0) + 0.2 * (gap_tied > spread)
+             + 0.2 * (min(gap_ref, gap_tied) > spread) + 0.01 * np.tanh(min(gap_ref, gap_tied) / spread - 1))
+    ties = res["ties_score"]
+    assert ties.dims == ("term", "bound") and ties.attrs["n_ref"] == 1 and ties.attrs["n_tied"] == 1
+    assert ties.sel(term="ties_score", bound="estimate").item() == pytest.approx(naive, abs=1e-12)
 
 
 def _has_pyarrow():

@@ -1,7 +1,12 @@
-"""``reward-lens-spec compare url=STORE a=RUN b=RUN [vars=margin,w_r] [n_boot= n_perm= n_null= seed= ci=]``.
+"""``reward-lens-spec compare url=STORE a=RUN b=RUN [vars=margin,w_r] [paired=margin|none] [n_boot= ...]``.
+
+Keys: ``n_boot``, ``n_perm``, ``n_null``, ``seed``, ``ci`` (``compare.runs.CompareParams``).
 
 Compares two stored runs of two models on the same pairs (``compare.runs``), stores the result as
-run ``compare-<hash>`` and prints one line per statistic. Needs no model. Returns 0, or 2 after
+run ``compare-<hash>`` and prints one line per statistic; for the paired accuracy test
+(``compare.paired``; by default on the margin) one line per subset and cell: both accuracies, their
+difference with its paired bootstrap CI, McNemar's exact p and its Holm and Šidák adjustments.
+Needs no model. Returns 0, or 2 after
 printing the error (unknown key, a missing run, a ``GaugeError`` naming the variable and the fix).
 """
 from __future__ import annotations
@@ -12,8 +17,8 @@ import numpy as np
 
 from ..errors import RewardLensError, SpecError, did_you_mean
 
-KEYS = ("url", "a", "b", "vars", "n_boot", "n_perm", "n_null", "seed", "ci")
-USAGE = "reward-lens-spec compare url=STORE a=RUN_ID b=RUN_ID [vars=margin,w_r]"
+KEYS = ("url", "a", "b", "vars", "paired", "n_boot", "n_perm", "n_null", "seed", "ci")
+USAGE = "reward-lens-spec compare url=STORE a=RUN_ID b=RUN_ID [vars=margin,w_r] [paired=margin|none]"
 
 
 def parse_args(argv: list[str], keys: tuple, required: tuple, usage: str) -> dict:
@@ -41,9 +46,14 @@ def parse_args(argv: list[str], keys: tuple, required: tuple, usage: str) -> dic
 
 
 def parse(argv: list[str]) -> dict:
-    """``compare``'s arguments (``parse_args``), ``vars`` split on commas."""
+    """``compare``'s arguments (``parse_args``), ``vars`` and ``paired`` split on commas (``paired=none``: [])."""
     args = parse_args(argv, KEYS, ("url", "a", "b"), USAGE)
     args["vars"] = [v for v in args.get("vars", "").split(",") if v] or None
+    if "paired" in args:
+        names = [v for v in args["paired"].split(",") if v]
+        if not names:
+            raise SpecError("paired", "is empty.", fix="paired=margin (the default), paired=NAME,... or paired=none.")
+        args["paired"] = [] if names == ["none"] else names
     return args
 
 
@@ -52,7 +62,30 @@ def _fmt(x) -> str:
     return f"{x:.4f}" if np.isfinite(x) else "nan"
 
 
+def _paired_lines(name: str, ds) -> list[str]:
+    """One line per subset and cell of a paired accuracy Dataset (``compare.paired``), then its family and seed."""
+    extra = [d for d in ds["p_mcnemar"].dims if d != "subset"]
+    cells = ds.stack(_c=extra) if extra else ds.expand_dims(_c=[0])
+    out = []
+    for i in range(cells.sizes["_c"]):
+        c = cells.isel(_c=i)
+        where = ", ".join(f"{d}={c[d].item()}" for d in extra)
+        for s in c["subset"].values:
+            r = c.sel(subset=s)
+            label = f"{name} [{where + ', ' if where else ''}subset={s}]"
+            out.append(f"{label:<40} acc_a {_fmt(r['accuracy_a'])}  acc_b {_fmt(r['accuracy_b'])}  diff "
+                       f"{_fmt(r['accuracy_diff'])} CI [{_fmt(r['diff_ci_low'])}, {_fmt(r['diff_ci_high'])}]  McNemar "
+                       f"p {_fmt(r['p_mcnemar'])}  Holm {_fmt(r['p_holm'])}  Sidak {_fmt(r['p_sidak'])}  "
+                       f"n={int(r['n_pairs'])} (a only {int(r['n_a_only'])}, b only {int(r['n_b_only'])})")
+    att = ds.attrs
+    out.append(f"{name}: accuracy = {att.get('correct')}; family {att.get('family')}; paired bootstrap "
+               f"n_boot={att.get('n_boot')} ci={att.get('ci')} seed={att.get('seed')}")
+    return out
+
+
 def _lines(name: str, ds) -> list[str]:
+    if "p_mcnemar" in ds:
+        return _paired_lines(name, ds)
     out = []
     extra = [d for d in ds["estimate" if "estimate" in ds else "cosine"].dims if d != "statistic"]
     cells = ds.stack(_c=extra) if extra else ds.expand_dims(_c=[0])
@@ -85,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse(argv)
         params = CompareParams(**{k: args[k] for k in ("n_boot", "n_perm", "n_null", "seed", "ci") if k in args})
-        rid, results, written = compare_runs(args["url"], args["a"], args["b"], args["vars"], params)
+        rid, results, written = compare_runs(args["url"], args["a"], args["b"], args["vars"], params,
+                                             paired=args.get("paired"))
     except RewardLensError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

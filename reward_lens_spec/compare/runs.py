@@ -13,12 +13,17 @@ For each variable the two runs share (or those named):
                                    covariance (identity in whitened coordinates). Native frames are
                                    refused even for one model: their null needs Σ̂ (use frame=whitened).
 
+Paired accuracy (``paired``, default ``[margin]`` when the margin is compared): for each named
+invariant per-pair variable, ``compare.paired.paired_accuracy`` (McNemar's exact test, a paired
+bootstrap CI of the accuracy difference, Holm and Šidák across subsets and cells), stored as
+observable ``paired_<variable>``. It needs both runs to hold the variable on the same pair set.
+
 The result is stored as run ``compare-<hash>`` (one observable per variable) with provenance (both
 run ids, models, fingerprints, dataset checksum, parameters) and ``trust`` = the lower of the two
 runs' levels. Raises ``SpecError`` (unknown or identical runs, a frame or comparison run, an unknown
-variable, pair-dim variables from different datasets, a shared frame fitted on fewer activations
-than dims, nothing to compare), ``GaugeError`` (frames), ``StoreError``; nothing is written when
-any variable fails.
+variable, pair-dim variables from different datasets, a paired variable a run lacks or runs
+holding different pairs, a shared frame fitted on fewer activations than dims, nothing to compare),
+``GaugeError`` (frames), ``StoreError``; nothing is written when any variable fails.
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ from ..frames.compare import compare_directions
 from ..frames.gate import gauge_of, is_frame_dependent, require_shared_frame
 from ..ops.margin_agreement import compare_margins
 from ..trust.gates import LEVELS
+from .paired import paired_accuracy
 
 OBSERVABLE = "compare"
 
@@ -149,9 +155,25 @@ def check_frame(name, a, b, prov_a, prov_b, url, so) -> str:
     return gauge
 
 
+def _paired_names(paired, names, va, vb, run_a, run_b) -> list[str]:
+    """The variables that get the paired accuracy test: ``paired`` as given (each held by both runs), or by
+    default ``["margin"]`` when the margin is among the compared variables."""
+    if paired is None:
+        return ["margin"] if "margin" in names else []
+    for n in dict.fromkeys(paired):
+        for rid, v in ((run_a, va), (run_b, vb)):
+            if n not in v:
+                raise SpecError("paired", f"run {rid} has no '{n}': a paired accuracy test needs both runs' "
+                                "margins.", fix="name runs that store a margin (e.g. observable=score), or drop "
+                                "paired=.")
+    return list(dict.fromkeys(paired))
+
+
 def compare_runs(url: str, run_a: str, run_b: str, variables=None, params: CompareParams = CompareParams(), *,
-                 storage_options: dict | None = None) -> tuple[str, dict[str, xr.Dataset], bool]:
+                 paired=None, storage_options: dict | None = None) -> tuple[str, dict[str, xr.Dataset], bool]:
     """Compare ``run_a`` and ``run_b`` in store ``url``; see the module doc.
+
+    ``paired``: the variables given the paired accuracy test (None: ``margin`` when compared; [] none).
 
     Returns ``(run_id, {variable: Dataset}, written)``; ``written`` is False when the same
     comparison was already stored (it is then loaded, not recomputed).
@@ -182,9 +204,10 @@ def compare_runs(url: str, run_a: str, run_b: str, variables=None, params: Compa
         if n not in shared:
             from ..errors import did_you_mean
             raise SpecError("vars", f"variable '{n}' is not in both runs.{did_you_mean(n, shared)}", options=shared)
+    paired = _paired_names(paired, names, va, vb, run_a, run_b)
     rid = f"{OBSERVABLE}-" + hashlib.sha256(json.dumps(
         {"a": run_a, "b": run_b, "spec": [prov_a.get("spec_hash"), prov_b.get("spec_hash")], "vars": names,
-         "params": asdict(params), "version": __version__}, sort_keys=True).encode()).hexdigest()[:20]
+         "paired": paired, "params": asdict(params), "version": __version__}, sort_keys=True).encode()).hexdigest()[:20]
     if is_complete(url, rid, storage_options=so):
         def as_dataset(r):                     # the store hands back a Result; callers stack/select like a Dataset
             return r.to_dataset() if hasattr(r, "to_dataset") else r
@@ -208,6 +231,17 @@ def compare_runs(url: str, run_a: str, run_b: str, variables=None, params: Compa
             results[n], gauges[n] = _directions(a, b, params), gauge
         else:
             skipped[n] = f"frame-dependent {a.attrs.get('units')!r}: no cross-model statistic defined"
+    for n in paired:
+        a, b = va[n], vb[n]
+        if is_frame_dependent(gauge_of(a)) or is_frame_dependent(gauge_of(b)):
+            raise SpecError("paired", f"'{n}' is frame-dependent ({gauge_of(a)}); accuracy is read from a margin.",
+                            fix="name an invariant per-pair margin (paired=margin).")
+        if not same_data:
+            raise SpecError("b", f"runs {run_a} and {run_b} were computed on different datasets; the paired test "
+                            f"of '{n}' needs the same pairs.", fix="run both models on the same dataset config.")
+        results[f"paired_{n}"] = paired_accuracy(a, b, n_boot=params.n_boot, seed=params.seed, ci=params.ci,
+                                                 name=n, runs=(run_a, run_b))
+        gauges[f"paired_{n}"] = "invariant"
     bad = [n for n in (variables or []) if n in skipped]
     if bad:
         raise SpecError("vars", f"cannot compare {bad}: {[skipped[n] for n in bad]}.",
@@ -222,7 +256,8 @@ def compare_runs(url: str, run_a: str, run_b: str, variables=None, params: Compa
              "model_fingerprints": [prov_a.get("model_fingerprint"), prov_b.get("model_fingerprint")],
              "spec_hashes": [prov_a.get("spec_hash"), prov_b.get("spec_hash")],
              "dataset": prov_a.get("dataset"), "dataset_checksum": prov_a.get("dataset_checksum"),
-             "params": asdict(params), "variables": sorted(results), "skipped": skipped, "gauge": gauges,
+             "params": asdict(params), "variables": sorted(results), "paired": paired, "skipped": skipped,
+             "gauge": gauges,
              "trust": LEVELS[min(levels)], "package_version": __version__}
     write_run(url, rid, results, attrs, storage_options=so)
     return rid, results, True

@@ -20,7 +20,9 @@ num_rejected, total_completions, models``. An item with chosen ``C[0..c)`` and r
 ``(C[i], R[0])`` for i ≥ 1 (id ``<item>:c<i>-r0``), so every candidate is a side of some pair and
 the capture pass scores each distinct token sequence once. ``meta`` holds ``item``,
 ``chosen_index`` and ``rejected_index``; ``ops.rewardbench.BestOfN`` regroups the rewards into an
-``item × candidate`` array. ``limit`` counts items, not pairs.
+``item × candidate`` array. ``limit`` counts items, not pairs. Ties items keep their ids
+(``ref:<k>``: prompt k with one correct answer; ``tied:<k>``: the same prompt with several), which
+the official Ties score (``ops.rewardbench_ties``) reads to pair them.
 
 Errors: ``SpecError`` naming ``dataset.path`` (missing or unreadable file, bad JSON, no rows,
 Parquet without pyarrow), ``dataset.fields.<name>`` (a key missing or of the wrong type) or

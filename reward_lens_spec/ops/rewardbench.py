@@ -14,9 +14,12 @@ and RewardBench 2's best-of-N accuracy.
   candidates  every candidate's reward, regrouped           item × candidate (chosen_i, rejected_j)
   item        1 when the worst chosen beats the best rejected, ½ on an exact tie, else 0   item
   subset      best-of-N accuracy per subset                                         subset × bound
-  In the Ties subset (several correct answers) this is the share of items whose every correct
-  answer outscores every wrong one: the accuracy part of RewardBench 2's Ties score, without its
-  margin terms.
+  ties        RewardBench 2's official Ties score and its five terms (``ops.rewardbench_ties``:
+              reward-bench ``process_single_model``, PRs #244/#255), 95% bootstrap over prompts
+                                                                                     term × bound
+  In the Ties subset (several correct answers) the ``subset`` level is the share of items whose
+  every correct answer outscores every wrong one: the accuracy part of the Ties score, without its
+  margin terms; the ``ties`` level is the official score.
 A pair counts 1 when its margin is > 0 and ½ when it is exactly 0 (``fit.evaluate.correct``).
 ``bound`` = estimate, ci_low, ci_high: 95% percentile cluster bootstrap (Field & Welsh 2007),
 whole prompt clusters (``data.checksum.prompt_cluster_key``) resampled across the file; sections
@@ -39,6 +42,7 @@ import xarray as xr
 from ..errors import CaptureError, SpecError
 from ..registry import register
 from .base import INVARIANT, Operator, labelled, need_dim
+from .rewardbench_ties import TERMS, item_stats, split_id, ties_bounds
 
 SECTIONS = {
     "Chat": {"alpacaeval-easy": 100, "alpacaeval-length": 95, "alpacaeval-hard": 95, "mt-bench-easy": 28,
@@ -206,16 +210,17 @@ class BestOfN(Operator):
 
     name = "best_of_n"
     pair_fields = ("chosen_index", "item", "n_chosen", "n_rejected", "rejected_index")
-    dims = "reward (pair × side [× objective]) → item × candidate | item | subset × bound"
+    dims = "reward (pair × side [× objective]) → item × candidate | item | subset × bound | term × bound"
     Params = RewardBenchParams
 
     def out_dims(self, in_dims, info, where):
-        _check_level(self.p.level, ("candidates", "item", "subset"), where)
+        _check_level(self.p.level, ("candidates", "item", "subset", "ties"), where)
         if not {"pair", "side"} <= set(in_dims[0]) or set(in_dims[0]) - {"pair", "side", "objective"}:
             raise SpecError(where + ".input", f"needs the reward (pair × side [× objective]), got dims {in_dims[0]}.",
                             fix="feed it the 'reward' step of the score observable.")
         lead = ("objective",) if "objective" in in_dims[0] else ()
-        return lead + {"candidates": ("item", "candidate"), "item": ("item",), "subset": ("subset", "bound")}[self.p.level]
+        return lead + {"candidates": ("item", "candidate"), "item": ("item",), "subset": ("subset", "bound"),
+                       "ties": ("term", "bound")}[self.p.level]
 
     def gauge(self, in_gauges, info):
         return INVARIANT
@@ -262,6 +267,10 @@ class BestOfN(Operator):
                 parts.append((obj, grid))
             elif lvl == "item":
                 parts.append((obj, ok))
+            elif lvl == "ties":
+                ties = [k for k in range(len(items)) if str(subset[k]).lower() == "ties" and complete[k]]
+                stats = [(*split_id(items[k]), *item_stats(grid[k, :n_c[k]], grid[k, nc:nc + n_r[k]])) for k in ties]
+                parts.append((obj, ties_bounds(stats, self.p.n_boot, self.p.seed)))
             else:
                 names = sorted(set(subset))
                 keep = np.isfinite(ok)
@@ -275,6 +284,14 @@ class BestOfN(Operator):
         if lvl == "item":
             arr = _stack(parts, ("item",), item_coords)
             return labelled(arr, "fraction", INVARIANT, "1 if every chosen candidate outscores every rejected one")
+        if lvl == "ties":
+            arr = _stack(parts, ("term", "bound"), {"term": list(TERMS), "bound": BOUND})
+            out = labelled(arr, "score", INVARIANT, "RewardBench 2 Ties score (official formula) and its terms")
+            kinds = [split_id(it)[0] for it, s in zip(items, subset) if str(s).lower() == "ties"]
+            out.attrs.update(method=f"95% bootstrap over prompts, {self.p.n_boot} resamples", n_ref=kinds.count("ref"),
+                             n_tied=kinds.count("tied"), source="reward-bench rewardbench/utils.py "
+                             "process_single_model (PRs #244, #255)")
+            return out
         sub = np.array(subset, dtype=object)
         n = [int(((sub == s) & keep).sum()) for s in names]
         ne = [_n_eff(groups, (sub == s) & keep) for s in names]

@@ -4,7 +4,9 @@ For each compared invariant variable (a ``statistic`` Dataset): the two runs' va
 (read lazily from the two source runs, aligned on pair ids) as a scatter, captioned with the
 stored Pearson r and Spearman ρ, their bootstrap CIs and the permutation p against shuffled
 pairings (the null). For each compared direction: the cosine beside its random-direction null
-quantiles. For each frame-dependent variable both runs hold but the comparison does not: the
+quantiles. For each paired accuracy test (``compare.paired``): the accuracy difference per subset
+with its paired bootstrap CI, captioned with McNemar's exact p and its Holm and Šidák adjustments,
+the counts, the family and the seed. For each frame-dependent variable both runs hold but the comparison does not: the
 refusal the gauge gate gives (``compare.runs.check_frame``), which names the fix.
 """
 from __future__ import annotations
@@ -88,6 +90,34 @@ def direction_figure(name: str, res: xr.Dataset) -> Figure:
                   f"{_ug(res['cosine'])}")
 
 
+def paired_figure(name: str, res: xr.Dataset) -> Figure:
+    """Accuracy difference (run a − run b) per subset with its CI; the first cell of any other dims."""
+    cell, tag = res, []
+    for d in [d for d in res["p_mcnemar"].dims if d != "subset"]:
+        tag.append(f"{d}={cell[d].values[0]}" if d in cell.coords else f"{d}=0")
+        cell = cell.isel({d: 0})
+    subsets = [str(x) for x in cell["subset"].values]
+    x = np.arange(len(subsets), dtype=float)
+    diff, lo, hi = (np.asarray(cell[v].values, float) for v in ("accuracy_diff", "diff_ci_low", "diff_ci_high"))
+    c = Chart((-0.5, len(subsets) - 0.5), span(diff, lo, hi, include=[0]), "subset",
+              "accuracy a − accuracy b", xticks=[(float(i), s) for i, s in enumerate(subsets)])
+    c.hline(0, "#bbb", dash=None)
+    c.errorbars(x, lo, hi, PALETTE[0])
+    c.points(x, diff, PALETTE[0], r=4)
+    rows = [f"{s}: {fmt(cell['accuracy_diff'].sel(subset=s))} [{fmt(cell['diff_ci_low'].sel(subset=s))}, "
+            f"{fmt(cell['diff_ci_high'].sel(subset=s))}], McNemar p {fmt(cell['p_mcnemar'].sel(subset=s))}, Holm "
+            f"{fmt(cell['p_holm'].sel(subset=s))}, Sidak {fmt(cell['p_sidak'].sel(subset=s))}, n "
+            f"{int(cell['n_pairs'].sel(subset=s))} (a only {int(cell['n_a_only'].sel(subset=s))}, b only "
+            f"{int(cell['n_b_only'].sel(subset=s))})" for s in subsets]
+    att = res.attrs
+    where = f" [{', '.join(tag)}]" if tag else ""
+    return Figure(f"{name}: paired accuracy{where}", c.render(),
+                  f"Accuracy ({att.get('correct', 'margin > 0')}) of run a minus run b per subset, with the "
+                  f"{att.get('ci', '?')} percentile paired bootstrap CI (n_boot {att.get('n_boot', '?')}, seed "
+                  f"{att.get('seed', '?')}). {'; '.join(rows)}. McNemar exact test on the discordant pairs; "
+                  f"adjusted across the family ({att.get('family', '?')}). {_ug(res['accuracy_diff'])}")
+
+
 def refusals(store, prov: dict, compared: set[str], va: dict, vb: dict) -> list[Refusal]:
     """The gate's refusal for every frame-dependent variable both runs hold and the comparison lacks."""
     from ..compare.runs import check_frame
@@ -120,7 +150,9 @@ def compare_view(store, prov: dict, datasets: dict) -> tuple[list[Figure], list[
     figs = []
     for name, res in sorted(datasets.items()):
         res = res.to_dataset()                       # one comparison's statistics share their coords: no padding
-        if "estimate" in res and name in va and name in vb:
+        if "p_mcnemar" in res:
+            figs.append(paired_figure(name, res))
+        elif "estimate" in res and name in va and name in vb:
             figs.append(margin_figure(name, res, va[name], vb[name], runs, models))
         elif "cosine" in res:
             figs.append(direction_figure(name, res))
