@@ -14,7 +14,9 @@ family is built offline in seconds, deterministic, in strength order (``STRENGTH
                       token ``!`` (the reference: the same tiny causal LM without it); the chosen side ends in
                       ``!``, the rejected in ``.``. Truth: each side's planted implicit reward
                       β·Σ_t [s·1[y_t = !] − log(1 + p_ref,t(!)·(e^s − 1))], from a plain forward of the
-                      reference alone (``planted_reward``, pair id → [chosen, rejected]).
+                      reference alone (``planted_reward``, pair id → [chosen, rejected]), and each response
+                      token's term of that sum (``planted_per_token``, pair id → [chosen list, rejected list],
+                      position 0 = the first response token).
 ``concept``           ``concept_organism``: the tiny model, a concept planted in the data: both sides of a
                       pair end in ``#`` (``meta concept`` 1) or ``%`` (0) with probability ``s``, else in a
                       marker drawn by an independent coin; ``meta label`` is a fair coin no text carries (the
@@ -56,7 +58,7 @@ def implicit_organism(strength: float, *, seed: int = 0, n_pairs: int = 8, beta:
     lm, planted = unembed_organism(strength, trig, name=base, seed=seed, beta=beta)
     enc = encode(lm, pairs)
     starts = response_starts(lm.tokenizer, pairs, enc)
-    truth = {}
+    truth, per_token = {}, {}
     ref = lm.reference.model
     with torch.no_grad():            # plain forward of the reference, batch of one: the planted log-ratio
         for i, pid in enumerate(enc.pair_ids):
@@ -66,10 +68,12 @@ def implicit_organism(strength: float, *, seed: int = 0, n_pairs: int = 8, beta:
                 p = torch.softmax(ref(input_ids=torch.tensor([ids])).logits[0].double(), -1)
                 p_s = p[st - 1:len(ids) - 1][:, trig].sum(-1).numpy()
                 y = np.isin(np.asarray(ids[st:]), trig)
-                sides.append(float(beta * np.sum(strength * y - np.log1p(p_s * np.expm1(strength)))))
-            truth[pid] = sides
+                sides.append((beta * (strength * y - np.log1p(p_s * np.expm1(strength)))).tolist())
+            per_token[pid] = sides
+            truth[pid] = [float(np.sum(t)) for t in sides]
     return Organism("implicit_planted", float(strength), lm, pairs,
-                    {"planted_reward": truth, "tokens": planted["tokens"], "beta": beta, "trigger": TRIGGER},
+                    {"planted_reward": truth, "planted_per_token": per_token, "tokens": planted["tokens"],
+                     "beta": beta, "trigger": TRIGGER},
                     {"base": base, "seed": seed, "n_pairs": n_pairs, "beta": beta})
 
 

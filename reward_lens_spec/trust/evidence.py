@@ -143,6 +143,8 @@ def card_verdict(card: dict, *, check_code: bool = True) -> tuple[bool, str]:
     for c in crits:
         if c not in FLOORS:
             return False, f"unknown criterion {c!r}"
+        if (card.get("reading_errors") or {}).get(c):
+            return False, f"{c}: could not read the output: {card['reading_errors'][c]}"
         rho = (card.get("spearman") or {}).get(c)
         if rho is None or not rho >= MIN_SPEARMAN:
             return False, f"{c}: Spearman {rho} < {MIN_SPEARMAN}"

@@ -50,6 +50,9 @@ def _drops(ds, t):
     gap = sr[:, 1] - sr[:, 0]                         # rejected − chosen per step
     drop = np.diff(np.concatenate([np.zeros((gap.shape[0], 1)), gap], 1), axis=1)
     bad = np.asarray([t["bad_step"][str(p)] for p in ds["step_reward"].pair.values], np.int64)
+    if bad.size and bad.max() >= drop.shape[1]:
+        raise ValueError(f"step_reward has {drop.shape[1]} step(s); the planted bad step {int(bad.max())} is not "
+                         "among them")
     return drop, bad
 
 
@@ -63,6 +66,51 @@ def _prm_floor(ds, t) -> float:
     return float((np.nanargmin(drop, 1) == bad).mean())
 
 
+def _rows(ds, var, table, key) -> tuple[list, list]:
+    """Every (pair, side) row of ``var`` (pair × side × step|position, NaN past a side's end) beside the truth's
+    list for it (``table[pair id][side]``), as flat float64 arrays; ``ValueError`` naming the row when the
+    reading's finite cells are not exactly the truth's length (a step or token missing, extra or NaN)."""
+    da = ds[var].transpose("pair", "side", key)
+    vals = np.asarray(da.values, np.float64)
+    got, want = [], []
+    for i, pid in enumerate(da.pair.values):
+        for s, side in enumerate(da.side.values):
+            w = np.asarray(table[str(pid)][s], np.float64)
+            row = vals[i, s]
+            n = int(np.isfinite(row).sum())
+            if len(w) > row.size or n != len(w) or not np.isfinite(row[:len(w)]).all():
+                raise ValueError(f"{var} of {pid}/{side}: {n} finite {key}(s) read where the organism has "
+                                 f"{len(w)}")
+            got.append(row[:len(w)])
+            want.append(w)
+    return got, want
+
+
+def _fit(got, want) -> float:
+    """1 − max |reading − truth| / RMS(truth) over every cell (reward units)."""
+    g, w = np.concatenate(got), np.concatenate(want)
+    return 1.0 - float(np.max(np.abs(g - w)) / max(np.sqrt(np.mean(w ** 2)), 1e-12))
+
+
+def _fit_and_corr(got, want) -> float:
+    """The worse of ``_fit`` and Pearson's r between reading and truth over every cell."""
+    g, w = np.concatenate(got), np.concatenate(want)
+    r = float(np.corrcoef(g, w)[0, 1]) if np.ptp(g) > 0 and np.ptp(w) > 0 else float("nan")
+    return min(_fit(got, want), r)
+
+
+def _step_gap(ds, t) -> float:
+    """Mean over pairs and shared steps of the chosen − rejected step reward (reward units)."""
+    got, _ = _rows(ds, "step_reward", t["step_reward"], "step")
+    return float(np.mean(np.concatenate([c[:len(r)] - r[:len(c)] for c, r in zip(got[0::2], got[1::2])])))
+
+
+def _step_margins(ds, t) -> tuple[list, list]:
+    """Every pair's ``step_margin`` row beside the truth's chosen − rejected per step both sides have."""
+    table = {p: [np.asarray(c[:len(r)]) - np.asarray(r[:len(c)])] for p, (c, r) in t["step_reward"].items()}
+    return _rows(ds[["step_margin"]].expand_dims(side=["both"]), "step_margin", table, "step")
+
+
 def _per_token_sum(ds) -> np.ndarray:
     pt = ds["per_token_reward"].transpose("pair", "side", "position")
     return np.nansum(np.asarray(pt.values, np.float64), -1)
@@ -74,9 +122,7 @@ def _implicit_reading(ds, t) -> np.ndarray:
 
 
 def _implicit_floor(ds, t) -> float:
-    want = np.asarray([t["planted_reward"][str(p)] for p in ds["per_token_reward"].pair.values], np.float64)
-    err = np.max(np.abs(_per_token_sum(ds) - want))
-    return 1.0 - float(err / max(np.sqrt(np.mean(want ** 2)), 1e-12))
+    return _fit_and_corr(*_rows(ds, "per_token_reward", t["planted_per_token"], "position"))
 
 
 def _auc(ds, stage) -> float:
@@ -120,9 +166,17 @@ def kind_criteria(Criterion) -> tuple:
         Criterion("prm_bad_step", ("step_reward",), _prm_reading, _prm_floor,
                   "share of pairs whose largest step-margin drop is the planted bad step ≥ 0.9", None,
                   needs_unit=False, kinds=("prm_planted",)),
+        Criterion("prm_step_reward", ("step_reward",), _step_gap,
+                  lambda ds, t: _fit(*_rows(ds, "step_reward", t["step_reward"], "step")),
+                  "every step's reward, both sides, equals the plain forward's (1 − max err / RMS ≥ 0.999)", None,
+                  needs_unit=False, kinds=("prm_planted",)),
+        Criterion("prm_step_margin", ("step_margin",), lambda ds, t: float(np.mean(np.concatenate(
+                      _step_margins(ds, t)[0]))), lambda ds, t: _fit(*_step_margins(ds, t)),
+                  "every step's chosen − rejected margin equals the plain forward's (1 − max err / RMS ≥ 0.999)",
+                  None, needs_unit=False, kinds=("prm_planted",)),
         Criterion("implicit_log_ratio", ("per_token_reward",), _implicit_reading, _implicit_floor,
-                  "Σ per-token reward equals the planted log-ratio reward per side (1 − max err / RMS ≥ 0.999)",
-                  None, needs_unit=False, kinds=("implicit_planted",)),
+                  "every response token's reward equals the planted per-token term, position by position: "
+                  "min(1 − max err / RMS, Pearson r) ≥ 0.999", None, needs_unit=False, kinds=("implicit_planted",)),
         Criterion("leace_removal", ("certificate",), lambda ds, t: _auc(ds, "before") - _auc(ds, "after"), _removed,
                   "share of the probe's above-chance AUC that erasure removes ≥ 0.8", None, needs_unit=False,
                   kinds=("concept",)),
@@ -137,5 +191,5 @@ def kind_criteria(Criterion) -> tuple:
     )
 
 
-KIND_FLOORS = {"verdict_margin": 0.999, "prm_bad_step": 0.9, "implicit_log_ratio": 0.999, "leace_removal": 0.8,
+KIND_FLOORS = {"verdict_margin": 0.999, "prm_bad_step": 0.9, "prm_step_reward": 0.999, "prm_step_margin": 0.999, "implicit_log_ratio": 0.999, "leace_removal": 0.8,
                "leace_specificity": 0.75, "curvature_direction": 0.9}
