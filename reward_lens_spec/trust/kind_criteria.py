@@ -11,8 +11,17 @@ verdict_margin    margin              mean verdict margin (reward units)        
                                                                                   logit(Y) − logit(N) margin
 prm_bad_step      step_reward         −(drop of the rejected − chosen step        share of pairs whose most negative
                   (prm_planted)       margin at the planted bad step), mean       drop is the planted step ≥ 0.9
-implicit_log_     per_token_reward    mean Σ_t per-token reward, chosen −         1 − max |Σ_t per-token − planted
-ratio             (implicit_planted)  rejected (reward units)                     reward| / RMS(planted) ≥ 0.999
+prm_step_reward   step_reward         mean chosen − rejected step reward over     every step of every side: 1 − max
+                  (prm_planted)       pairs and steps                             |step − plain forward's| / RMS ≥
+                                                                                  0.999 (as many steps as the
+                                                                                  organism's sides have)
+prm_step_margin   step_margin         mean step margin over pairs and steps       every step's margin: 1 − max err /
+                  (prm_planted)                                                   RMS ≥ 0.999 against the plain
+                                                                                  forward's chosen − rejected
+implicit_log_     per_token_reward    mean Σ_t per-token reward, chosen −         every response token, position by
+ratio             (implicit_planted)  rejected (reward units)                     position: min(1 − max |err| / RMS,
+                                                                                  Pearson r) ≥ 0.999 against the
+                                                                                  planted per-token term
 leace_removal     certificate         probe AUC before − after erasure            share of the probe's above-chance
                   (concept)                                                       AUC erasure removes ≥ 0.8
 leace_            displacement,       planted − non-planted concept's relative    1 − non-planted / planted
@@ -24,7 +33,10 @@ direction         (curvature)                                                   
 ================  ==================  ==========================================  ==================================
 
 A wrong instrument fails: a flipped verdict sign reads falling and off the causal LM's margin; the wrong step
-misses the planted one; a per-token reward that does not sum to the planted log-ratio misses it; an erasure that
+misses the planted one; a step reward or margin off by 5% anywhere but the readout step misses the plain forward's;
+a per-token reward redistributed with its sum kept (deviations scaled or sign-flipped, one position late) misses
+the planted per-token terms; a reading with a step or token missing or extra raises ``ValueError`` naming the
+row, which ``trust.scorecard.grade`` records as the criterion's ``reading_errors`` entry (a failing card); an erasure that
 leaves the concept readable keeps its AUC; an erasure that moves every concept is not specific; a top eigenvalue
 off the planted direction has a Rayleigh quotient far below 1 along it.
 """

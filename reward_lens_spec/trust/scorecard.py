@@ -47,7 +47,7 @@ planted one) and ``scalar_cost`` (margin-weighted sign disagreement; floor: plai
 
 Criteria of the other reward signals and the representation instruments (``trust.kind_criteria``) grade
 only their own organism kinds (``models.kind_organisms``): ``verdict_margin`` on ``judge_planted``,
-``prm_bad_step`` on ``prm_planted``, ``implicit_log_ratio`` on ``implicit_planted``, ``leace_removal`` and
+``prm_bad_step``, ``prm_step_reward`` and ``prm_step_margin`` (every step) on ``prm_planted``, ``implicit_log_ratio`` on ``implicit_planted``, ``leace_removal`` and
 ``leace_specificity`` on ``concept``, ``curvature_direction`` on ``curvature``.
 
 A criterion passes when its readings rise monotonically with strength —
@@ -72,7 +72,9 @@ A broken identity fails the card. The card records ``code_hash``
 a reader whose code hashes otherwise does not accept it. A card passes only when every applicable
 criterion passes. Unit criteria need an organism with a planted unit
 (``planted``); ``score`` applies to all. An observable with no applicable
-criterion raises ``SpecError``. Readings that are not finite fail. Output
+criterion raises ``SpecError``. Readings that are not finite fail. A criterion that cannot read the output
+(a step or token missing, a dimension absent, any error while reading) does not stop grading: the card
+records why in ``reading_errors`` and that criterion, hence the card, fails (``evidence.card_verdict``). Output
 variables no criterion reads are listed as ``ungraded`` and stay exploratory in
 runs. The card records its ``scope`` (family, organism kind, base, strengths,
 number of pairs). Cards go to the store sealed (``trust.evidence.seal``) with
