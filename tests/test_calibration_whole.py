@@ -164,3 +164,100 @@ def test_implicit_per_token_redistributed_with_its_sum_kept_fails(implicit, how)
 def test_implicit_per_token_off_by_five_percent_fails(implicit):
     card = grade("implicit", implicit, lambda ds: ds.assign(per_token_reward=1.05 * ds["per_token_reward"]))
     assert not card.criteria_passed["implicit_log_ratio"]
+
+
+# -- ensembles: a planted ensemble with known members -----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ensemble():
+    return organism_family("ensemble_planted", S3, n_pairs=6)
+
+
+@pytest.mark.slow
+def test_honest_ensemble_card_passes_and_reads_every_member(ensemble):
+    card = grade("ensemble", ensemble)
+    assert card.passed, card.describe()
+    assert {"ensemble_reward", "ensemble_member_margin"} <= set(card.readings)
+    assert {"reward", "member_margin"} <= set(card.graded)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reduce, q", [("mean", 0.25), ("min", 0.25), ("quantile", 0.5), ("quantile", 0.3)])
+def test_a_wrong_reduce_or_quantile_fails(ensemble, reduce, q):
+    """The ensemble model reduces by another rule (or another q) than the organism declares: its own run."""
+    from dataclasses import replace
+    orgs = [replace(o, lm=replace(o.lm, reduce=reduce, q=q)) for o in ensemble]
+    card = scorecard.grade("ensemble", organisms=orgs)
+    assert not card.passed and not card.criteria_passed["ensemble_reward"], card.describe()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["x1.05", "member_shift"])
+def test_member_margins_off_by_five_percent_or_one_member_fail(ensemble, how):
+    def tamper(ds):
+        mm = ds["member_margin"]
+        mm = 1.05 * mm if how == "x1.05" else mm.roll(member=1, roll_coords=False)
+        return ds.assign(member_margin=mm)
+    card = grade("ensemble", ensemble, tamper)
+    assert not card.passed and not card.criteria_passed["ensemble_member_margin"]
+
+
+def test_naive_quantile_is_numpy_linear_on_hand_values():
+    from reward_lens_spec.trust.kind_criteria import naive_reduce
+    assert naive_reduce([3.0, 1.0, 2.0], "quantile", 0.25) == 1.5          # h = 0.5: halfway from 1 to 2
+    assert naive_reduce([3.0, 1.0, 2.0], "quantile", 1.0) == 3.0
+    assert naive_reduce([3.0, 1.0, 2.0], "min", 0.0) == 1.0 and naive_reduce([3.0, 1.0, 2.0], "mean", 0.0) == 2.0
+
+
+# -- LEACE: the held-out certificate is part of the gate --------------------------------------------------
+
+def _certificate(after_lo, after_hi):
+    import xarray as xr
+    vals = np.array([[0.95, 0.9, 1.0], [(after_lo + after_hi) / 2, after_lo, after_hi]])
+    return xr.Dataset({"certificate": (("stage", "bound"), vals)},
+                      coords={"stage": ["before", "after"], "bound": ["estimate", "ci_low", "ci_high"]})
+
+
+@pytest.mark.parametrize("lo, hi, holds", [(0.40, 0.60, True), (0.76, 0.99, False), (0.501, 0.58, False),
+                                           (0.30, 0.499, False), (float("nan"), 0.6, False)])
+def test_a_certificate_that_does_not_hold_breaks_the_runs_identities(lo, hi, holds):
+    from reward_lens_spec.trust.evidence import identities_ok
+    from reward_lens_spec.trust.identities import held_out_record
+    rec = held_out_record("certificate", _certificate(lo, hi)["certificate"])
+    ok, why = identities_ok([rec])
+    assert ok is holds, why
+    if not holds:
+        assert "does not hold on held-out pairs" in why
+        forged = {**rec, "max_abs_err": 0.0}            # a stored gap of 0 is not believed: the interval decides
+        assert not identities_ok([forged])[0]
+
+
+@pytest.mark.slow
+def test_leace_card_whose_erasure_leaks_on_held_out_pairs_fails(tmp_path):
+    """After-erasure AUC 0.55 with CI [0.52, 0.58]: 90% of the above-chance AUC removed (the old floor passes),
+    but a fresh probe still reads the concept on held-out pairs, so the card cannot pass."""
+    path = tmp_path / "leace_concept.yaml"
+    path.write_text(LEACE_YAML)
+    orgs = organism_family("concept", S3, n_pairs=200)
+    honest = grade(str(path), orgs)
+    assert honest.passed, honest.describe()
+    assert any(r.get("target") == 0.5 for per in honest.identities for r in per)
+
+    def leak(ds):
+        c = ds["certificate"].copy()
+        c.loc[dict(stage="after")] = [0.55, 0.52, 0.58]
+        return ds.assign(certificate=c)
+    card = grade(str(path), orgs, leak)
+    assert card.criteria_passed["leace_removal"]               # the removal share alone would pass it
+    assert not card.passed and "does not hold on held-out pairs" in card.describe()
+
+
+LEACE_YAML = """name: leace_concept
+version: 1
+steps:
+  - {name: resid, op: capture, site: resid_post}
+  - {name: certificate, op: leace_certificate, input: resid, layer: 2, concept: "field:concept", resamples: 200}
+  - {name: displacement, op: leace, layer: 2, concept: "field:concept", quantity: displacement}
+  - {name: unplanted_displacement, op: leace, layer: 2, concept: "field:label", quantity: displacement}
+outputs: [certificate, displacement, unplanted_displacement]
+"""

@@ -21,6 +21,8 @@ family is built offline in seconds, deterministic, in strength order (``STRENGTH
                       pair end in ``#`` (``meta concept`` 1) or ``%`` (0) with probability ``s``, else in a
                       marker drawn by an independent coin; ``meta label`` is a fair coin no text carries (the
                       non-planted concept). Truth: ``{"field": "concept", "unplanted": "label"}``.
+``ensemble_planted``  ``models.ensemble_organism``: three planted organisms (seeds 0, 1, 2) reduced by the 0.25
+                      quantile; truth: every member's reward per side (plain forward), the reduce and q.
 ``curvature``         ``models.repr_organisms.curvature_organism``: planted curvature along ``v`` at
                       resid_post[2]; truth: the layer, ``direction`` and ``rayleigh`` (vᵀHv per side and pair
                       by a plain double backward).
@@ -36,7 +38,7 @@ from ..errors import SpecError
 from .organism_base import STRENGTHS, WORDS, Organism, pairset
 from .organisms import KINDS as CLASSIFIER_KINDS
 
-KIND_FAMILIES = ("judge_planted", "prm_planted", "implicit_planted", "concept", "curvature")
+KIND_FAMILIES = ("judge_planted", "prm_planted", "implicit_planted", "concept", "curvature", "ensemble_planted")
 KINDS = CLASSIFIER_KINDS + KIND_FAMILIES
 IMPLICIT_BETA = 0.5
 PRM_GAMMA = 0.3        # the flaw head's write: readings rise with s over the whole grid (at 4 the norm saturates)
@@ -171,6 +173,9 @@ def organism_family(kind: str = "planted", strengths=STRENGTHS, **kw) -> list[Or
         return [implicit_organism(s, **kw) for s in strengths]
     if kind == "concept":
         return [concept_organism(s, **kw) for s in strengths]
+    if kind == "ensemble_planted":
+        from .ensemble_organism import ensemble_organism
+        return [ensemble_organism(s, **kw) for s in strengths]
     if kind == "curvature":
         from .repr_organisms import curvature_organism
         kw.pop("base", None)

@@ -169,6 +169,39 @@ def _rayleigh(ds, t) -> float:
     return float(np.mean(want[ok] / top[ok])) if ok.any() else float("nan")
 
 
+def naive_reduce(x, how: str, q: float) -> float:
+    """The ensemble reward a list of member rewards implies: mean, min, or the ``q`` quantile by linear
+    interpolation between order statistics (Hyndman & Fan 1996, definition 7), written out."""
+    x = sorted(float(v) for v in x)
+    if how == "mean":
+        return sum(x) / len(x)
+    if how == "min":
+        return x[0]
+    h = (len(x) - 1) * q
+    lo = int(np.floor(h))
+    return x[lo] + (h - lo) * (x[min(lo + 1, len(x) - 1)] - x[lo])
+
+
+def _ensemble_rows(ds, t) -> tuple[list, list]:
+    """Each pair's reduced reward [chosen, rejected] beside the reduce of the members' plain-forward rewards."""
+    da = ds["reward"].transpose("pair", "side")
+    got = list(np.asarray(da.values, np.float64))
+    want = [np.asarray([naive_reduce([m[s] for m in t["member_reward"][str(p)]], t["reduce"], t["q"])
+                        for s in (0, 1)]) for p in da.pair.values]
+    return got, want
+
+
+def _member_margins(ds, t) -> tuple[list, list]:
+    """Each pair's ``member_margin`` row (members in the truth's order) beside each member's plain-forward margin."""
+    da = ds["member_margin"]
+    names = [str(m) for m in da.member.values]
+    if names != list(t["members"]):
+        raise ValueError(f"member_margin's members {names} are not the organism's {list(t['members'])}")
+    vals = np.asarray(da.transpose("pair", "member").values, np.float64)
+    want = [np.asarray([m[0] - m[1] for m in t["member_reward"][str(p)]]) for p in da.pair.values]
+    return list(vals), want
+
+
 def kind_criteria(Criterion) -> tuple:
     """The criteria of this module as ``trust.criteria.Criterion`` rows (the class passed in: no import cycle)."""
     return (
@@ -189,6 +222,16 @@ def kind_criteria(Criterion) -> tuple:
         Criterion("implicit_log_ratio", ("per_token_reward",), _implicit_reading, _implicit_floor,
                   "every response token's reward equals the planted per-token term, position by position: "
                   "min(1 − max err / RMS, Pearson r) ≥ 0.999", None, needs_unit=False, kinds=("implicit_planted",)),
+        Criterion("ensemble_reward", ("reward",), lambda ds, t: float(np.mean(np.diff(
+                      -np.asarray(ds["reward"].transpose("pair", "side").values, np.float64), axis=1))),
+                  lambda ds, t: _fit(*_ensemble_rows(ds, t)),
+                  "every pair's reduced reward, both sides, equals the declared reduce of the members' own rewards "
+                  "(1 − max err / RMS ≥ 0.999)", None, needs_unit=False, kinds=("ensemble_planted",)),
+        Criterion("ensemble_member_margin", ("member_margin",),
+                  lambda ds, t: float(np.nanmean(np.asarray(ds["member_margin"].values, np.float64))),
+                  lambda ds, t: _fit(*_member_margins(ds, t)),
+                  "every (pair, member) margin equals that member's own (1 − max err / RMS ≥ 0.999)", None,
+                  needs_unit=False, kinds=("ensemble_planted",)),
         Criterion("leace_removal", ("certificate",), lambda ds, t: _auc(ds, "before") - _auc(ds, "after"), _removed,
                   "share of the probe's above-chance AUC that erasure removes ≥ 0.8", None, needs_unit=False,
                   kinds=("concept",)),
@@ -203,5 +246,6 @@ def kind_criteria(Criterion) -> tuple:
     )
 
 
-KIND_FLOORS = {"verdict_margin": 0.999, "prm_bad_step": 0.9, "prm_step_reward": 0.999, "prm_step_margin": 0.999, "implicit_log_ratio": 0.999, "leace_removal": 0.8,
+KIND_FLOORS = {"verdict_margin": 0.999, "prm_bad_step": 0.9, "prm_step_reward": 0.999, "prm_step_margin": 0.999,
+               "ensemble_reward": 0.999, "ensemble_member_margin": 0.999, "implicit_log_ratio": 0.999, "leace_removal": 0.8,
                "leace_specificity": 0.75, "curvature_direction": 0.9}

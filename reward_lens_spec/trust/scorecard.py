@@ -100,7 +100,7 @@ from .reference import planted_margins, reference_dataset, reference_identities
 
 CARD_OBSERVABLE = "scorecard"
 UNIT_KINDS = ("planted", "planted_head", "planted_paths", "judge_planted")   # truth names a planted unit
-N_PAIRS_KINDS = UNIT_KINDS + ("prm_planted", "implicit_planted", "concept", "curvature")   # take n_pairs
+N_PAIRS_KINDS = UNIT_KINDS + ("prm_planted", "implicit_planted", "concept", "curvature", "ensemble_planted")   # take n_pairs
 
 
 def spearman(x, y) -> float:
