@@ -243,10 +243,13 @@ def test_leace_card_whose_erasure_leaks_on_held_out_pairs_fails(tmp_path):
     assert honest.passed, honest.describe()
     assert any(r.get("target") == 0.5 for per in honest.identities for r in per)
 
-    def leak(ds):
+    from reward_lens_spec.trust.identities import held_out_record
+
+    def leak(ds):                    # the operator's output leaks; evaluate's identities are of that output
         c = ds["certificate"].copy()
         c.loc[dict(stage="after")] = [0.55, 0.52, 0.58]
-        return ds.assign(certificate=c)
+        recs = [r for r in ds.attrs["identities"] if "target" not in r] + [held_out_record("certificate", c)]
+        return ds.assign(certificate=c).assign_attrs(identities=recs)
     card = grade(str(path), orgs, leak)
     assert card.criteria_passed["leace_removal"]               # the removal share alone would pass it
     assert not card.passed and "does not hold on held-out pairs" in card.describe()
@@ -261,3 +264,66 @@ steps:
   - {name: unplanted_displacement, op: leace, layer: 2, concept: "field:label", quantity: displacement}
 outputs: [certificate, displacement, unplanted_displacement]
 """
+
+
+# -- every criterion: a test that feeds it a reading off by <= 5% or one position, or the reason it has none ----
+
+PERTURBED = {   # criterion -> the test that feeds it such a reading and expects a failing card
+    "score": "tests/test_calibration_strict.py::test_subtle_breakage_fails_calibration",          # margin ×1.03
+    "dla_share": "tests/test_calibration_strict.py::test_subtle_breakage_fails_calibration",      # dla ×1.03
+    "patch_share": "tests/test_calibration_strict.py::test_subtle_breakage_fails_calibration",    # patch ×1.03
+    "verdict_margin": "tests/test_trust_kinds.py::test_judge_scaled_verdict_fails_the_floor",     # ×1.1
+    "prm_bad_step": "tests/test_trust_kinds.py::test_prm_wrong_step_fails",                       # one step late
+    "prm_step_reward": "tests/test_calibration_whole.py::test_prm_steps_wrong_away_from_the_readout_fail",
+    "prm_step_margin": "tests/test_calibration_whole.py::test_prm_step_margin_off_by_five_percent_fails",
+    "implicit_log_ratio": "tests/test_calibration_whole.py::test_implicit_per_token_redistributed_with_its_sum_kept_fails",
+    "ensemble_reward": "tests/test_calibration_whole.py::test_a_wrong_reduce_or_quantile_fails",
+    "ensemble_member_margin": "tests/test_calibration_whole.py::test_member_margins_off_by_five_percent_or_one_member_fail",
+    "effective_objectives": "tests/test_calibration_whole.py::test_effective_objectives_floor_fails_five_percent_off",
+}
+NOT_YET = {     # criterion -> why no such test exists yet (reported to the lead; each is a known gap)
+    "attribution_share": "first-order instrument graded within a 25% band (MAG_RTOL): a 5% error is inside it",
+    "lens_jump": "no ×1.05 / one-layer-shift test yet (the exact magnitude and the lens identity should catch it)",
+    "crystallization": "no ×1.05 / one-layer-shift test yet (shares lens_jump's reading)",
+    "ablation_share": "a share: scale-free; a one-layer shift is untested",
+    "steer_alignment": "a ratio of slopes: scale-free; no planted magnitude",
+    "null_excess": "1 − p floor: a 5% change of the effect is not detectable against the null",
+    "group_stats": "reads d_z / accuracy CIs: no planted magnitude",
+    "path_separation": "a share: scale-free; a one-layer shift is untested",
+    "label_cycles": "a non-gradient fraction against its null: no planted magnitude",
+    "cyclic_gain": "a held-out gain CI above 0: no planted magnitude",
+    "contested_direction": "|cos| ≥ 0.8 to the planted direction: a one-position shift is untested",
+    "contested_margin": "a CI below 0: no planted magnitude",
+    "scalar_cost": "a share of sign disagreements ≥ 0.5: no planted magnitude",
+    "leace_removal": "an AUC near 0.5: a 5% change is inside its CI (the held-out certificate identity gates leaks)",
+    "leace_specificity": "a ratio of displacements ≤ 0.25: scale-free",
+    "curvature_direction": "floor is one-sided (Rayleigh / top ≥ 0.9): eigenvalues ×1.05 read 0.95 and pass",
+}
+
+
+def test_every_criterion_is_perturbed_by_a_named_test_or_its_gap_is_listed():
+    import re
+    from pathlib import Path
+
+    from reward_lens_spec.trust.criteria import CRITERIA
+    names = {c.name for c in CRITERIA}
+    assert set(PERTURBED) | set(NOT_YET) == names and not set(PERTURBED) & set(NOT_YET), \
+        (names - set(PERTURBED) - set(NOT_YET), set(PERTURBED) & set(NOT_YET))
+    root = Path(__file__).resolve().parent.parent
+    for crit, node in PERTURBED.items():
+        path, name = node.split("::")
+        assert re.search(rf"^def {name}\(", (root / path).read_text(encoding="utf-8"), re.M), (crit, node)
+
+
+def test_effective_objectives_floor_fails_five_percent_off():
+    """The floor reads the participation ratio within 1% of the planted one: 5% off fails it (the honest card is
+    ``tests/test_preference_rank.py``'s / ``test_scalar_cost.py``'s)."""
+    import xarray as xr
+
+    from reward_lens_spec.trust.criteria import CRITERIA
+    (crit,) = [c for c in CRITERIA if c.name == "effective_objectives"]
+    t = {"participation_ratio": 2.0}
+    ds = lambda pr: xr.Dataset({"effective_objectives": (("effective_statistic",), [pr])},   # noqa: E731
+                               coords={"effective_statistic": ["participation_ratio"]})
+    assert crit.floor_value(ds(2.0), t) >= crit.floor
+    assert crit.floor_value(ds(2.0 * 1.05), t) < crit.floor and crit.floor_value(ds(2.0 * 0.95), t) < crit.floor
