@@ -51,8 +51,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 
+from .certificate import held_out_ok
 from .code_identity import CODE_MODULES, code_changes, code_hash  # noqa: F401  (re-exported)
 from .kind_criteria import KIND_FLOORS     # judge / PRM / implicit / LEACE / curvature criteria
 
@@ -114,24 +114,12 @@ def seal_error(attrs: dict) -> str | None:
     return None
 
 
-def certificate_gap(interval, target: float) -> float:
-    """Distance of ``target`` outside ``interval`` [lo, hi] (0 inside; inf when a bound is missing or not finite)."""
-    lo, hi = (list(interval) + [None, None])[:2] if isinstance(interval, (list, tuple)) else (None, None)
-    if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (lo, hi)):
-        return float("inf")
-    return float(max(0.0, lo - target, target - hi))
-
-
 def identities_ok(records) -> tuple[bool, str]:
-    """Re-check stored identity residuals against this package's tolerances; a held-out certificate record
-    (``interval``, ``target``: ``trust.identities.held_out_record``) holds only when its interval, as stored,
-    contains the target (its stored ``max_abs_err`` is not believed)."""
+    """Re-check stored identity residuals against this package's tolerances (a certificate: ``trust.certificate``)."""
     for r in records or ():
+        if "target" in r and not held_out_ok(r)[0]:
+            return False, held_out_ok(r)[1]
         if "target" in r:
-            gap = certificate_gap(r.get("interval"), float(r["target"]))
-            if gap != 0.0:
-                return False, (f"{r.get('variable')}: {r.get('identity')!r} fails: interval {r.get('interval')} "
-                               f"does not contain {r['target']} (the erasure does not hold on held-out pairs)")
             continue
         rtol = IDENTITY_RTOL.get(str(r.get("dtype")), IDENTITY_RTOL["float32"])
         err, scale = r.get("max_abs_err"), r.get("scale")

@@ -58,7 +58,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from .evidence import certificate_gap
+from .certificate import certificate_gap
 
 _EPS = {"float64": 1e-6, "float32": 1e-6, "bfloat16": 1e-2, "float16": 2e-3}
 
