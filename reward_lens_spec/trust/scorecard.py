@@ -183,19 +183,19 @@ class Scorecard:
     def describe(self) -> str:
         lines = [f"scorecard {self.observable} v{self.version} [{self.spec_hash[:12]}] on {self.organism} "
                  f"({self.base}, family {self.model_family}); truth {_truth_summary(self.truth)}"]
-        lines.append(f"  {'criterion':<18}" + "".join(f"{'s=' + format(s, 'g'):>9}" for s in self.strengths)
+        lines.append(f"  {'criterion':<24}" + "".join(f"{'s=' + format(s, 'g'):>9}" for s in self.strengths)
                      + f"{'spearman':>10}  floor")
         for c, vals in self.readings.items():
             fl = self.floors[c]
             row = "".join(f"{v:9.3f}" if v is not None else f"{'nan':>9}" for v in vals)
             rho = self.spearman[c]
-            lines.append(f"  {c:<18}{row}{'nan' if rho is None else round(rho, 3):>10}  "
+            lines.append(f"  {c:<24}{row}{'nan' if rho is None else round(rho, 3):>10}  "
                          f"{fl['value'] if fl['value'] is None else round(fl['value'], 3)} "
                          f"(needs {fl['what']}) -> {'pass' if self.criteria_passed[c] else 'FAIL'}")
             if c in self.reading_errors:
-                lines.append(f"  {'':<18}could not read: {self.reading_errors[c]}")
+                lines.append(f"  {'':<24}could not read: {self.reading_errors[c]}")
         for c, m in self.magnitude.items():
-            lines.append(f"  {c:<18}magnitude {m['reading']} vs planted {m['truth']} reward units")
+            lines.append(f"  {c:<24}magnitude {m['reading']} vs planted {m['truth']} reward units")
         worst: dict = {}
         rel = lambda r: r["max_abs_err"] / r["scale"] if r["scale"] else (0.0 if r["max_abs_err"] == 0 else np.inf)  # noqa: E731
         for rec in (r for per in self.identities for r in per):        # the worst strength per identity
