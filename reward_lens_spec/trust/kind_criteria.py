@@ -22,6 +22,14 @@ implicit_log_     per_token_reward    mean Σ_t per-token reward, chosen −    
 ratio             (implicit_planted)  rejected (reward units)                     position: min(1 − max |err| / RMS,
                                                                                   Pearson r) ≥ 0.999 against the
                                                                                   planted per-token term
+ensemble_reward   reward              mean ensemble margin (reward units)         every pair's reduced reward, both
+                  (ensemble_planted)                                              sides: 1 − max err / RMS ≥ 0.999
+                                                                                  against the declared reduce (naive
+                                                                                  quantile) of each member's own
+                                                                                  plain-forward reward
+ensemble_member_  member_margin       mean member margin                          every (pair, member) margin against
+margin            (ensemble_planted)                                              that member's own: 1 − max err /
+                                                                                  RMS ≥ 0.999
 leace_removal     certificate         probe AUC before − after erasure            share of the probe's above-chance
                   (concept)                                                       AUC erasure removes ≥ 0.8
 leace_            displacement,       planted − non-planted concept's relative    1 − non-planted / planted

@@ -47,7 +47,8 @@ planted one) and ``scalar_cost`` (margin-weighted sign disagreement; floor: plai
 
 Criteria of the other reward signals and the representation instruments (``trust.kind_criteria``) grade
 only their own organism kinds (``models.kind_organisms``): ``verdict_margin`` on ``judge_planted``,
-``prm_bad_step``, ``prm_step_reward`` and ``prm_step_margin`` (every step) on ``prm_planted``, ``implicit_log_ratio`` on ``implicit_planted``, ``leace_removal`` and
+``prm_bad_step``, ``prm_step_reward`` and ``prm_step_margin`` (every step) on ``prm_planted``,
+``ensemble_reward`` and ``ensemble_member_margin`` on ``ensemble_planted``, ``implicit_log_ratio`` on ``implicit_planted``, ``leace_removal`` and
 ``leace_specificity`` on ``concept``, ``curvature_direction`` on ``curvature``.
 
 A criterion passes when its readings rise monotonically with strength —
