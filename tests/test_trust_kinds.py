@@ -211,12 +211,13 @@ def test_calibrate_prm_end_to_end_calibrates_the_graded_variables(tmp_path, caps
     out = capsys.readouterr().out
     assert "prm_bad_step" in out and "=> PASS" in out
     card = scorecard.find_cards(store)[-1]
-    assert card["passed"] and set(card["graded"]) == {"margin", "step_reward"}
+    assert card["passed"] and set(card["graded"]) == {"margin", "step_reward", "step_margin"}
     run, _ = compose_run(["model=tiny_prm", "observable=prm_steps", "dataset.limit=3"])
     rid = execute(run, resolved_yaml=OmegaConf.to_yaml(OmegaConf.structured(run)), base_dir=str(tmp_path),
                   store_url=store, progress=False).run_id
     t = open_store(store).trust(rid)
     assert t["trust_by_variable"]["step_reward"] == "calibrated" and t["trust_by_variable"]["margin"] == "calibrated"
+    assert t["trust_by_variable"]["step_margin"] == "calibrated"
     assert t["trust_by_variable"]["aggregate"] == "exploratory"
 
 

@@ -14,11 +14,15 @@ family is built offline in seconds, deterministic, in strength order (``STRENGTH
                       token ``!`` (the reference: the same tiny causal LM without it); the chosen side ends in
                       ``!``, the rejected in ``.``. Truth: each side's planted implicit reward
                       β·Σ_t [s·1[y_t = !] − log(1 + p_ref,t(!)·(e^s − 1))], from a plain forward of the
-                      reference alone (``planted_reward``, pair id → [chosen, rejected]).
+                      reference alone (``planted_reward``, pair id → [chosen, rejected]), and each response
+                      token's term of that sum (``planted_per_token``, pair id → [chosen list, rejected list],
+                      position 0 = the first response token).
 ``concept``           ``concept_organism``: the tiny model, a concept planted in the data: both sides of a
                       pair end in ``#`` (``meta concept`` 1) or ``%`` (0) with probability ``s``, else in a
                       marker drawn by an independent coin; ``meta label`` is a fair coin no text carries (the
                       non-planted concept). Truth: ``{"field": "concept", "unplanted": "label"}``.
+``ensemble_planted``  ``models.ensemble_organism``: three planted organisms (seeds 0, 1, 2) reduced by the 0.25
+                      quantile; truth: every member's reward per side (plain forward), the reduce and q.
 ``curvature``         ``models.repr_organisms.curvature_organism``: planted curvature along ``v`` at
                       resid_post[2]; truth: the layer, ``direction`` and ``rayleigh`` (vᵀHv per side and pair
                       by a plain double backward).
@@ -34,7 +38,7 @@ from ..errors import SpecError
 from .organism_base import STRENGTHS, WORDS, Organism, pairset
 from .organisms import KINDS as CLASSIFIER_KINDS
 
-KIND_FAMILIES = ("judge_planted", "prm_planted", "implicit_planted", "concept", "curvature")
+KIND_FAMILIES = ("judge_planted", "prm_planted", "implicit_planted", "concept", "curvature", "ensemble_planted")
 KINDS = CLASSIFIER_KINDS + KIND_FAMILIES
 IMPLICIT_BETA = 0.5
 PRM_GAMMA = 0.3        # the flaw head's write: readings rise with s over the whole grid (at 4 the norm saturates)
@@ -56,7 +60,7 @@ def implicit_organism(strength: float, *, seed: int = 0, n_pairs: int = 8, beta:
     lm, planted = unembed_organism(strength, trig, name=base, seed=seed, beta=beta)
     enc = encode(lm, pairs)
     starts = response_starts(lm.tokenizer, pairs, enc)
-    truth = {}
+    truth, per_token = {}, {}
     ref = lm.reference.model
     with torch.no_grad():            # plain forward of the reference, batch of one: the planted log-ratio
         for i, pid in enumerate(enc.pair_ids):
@@ -66,10 +70,12 @@ def implicit_organism(strength: float, *, seed: int = 0, n_pairs: int = 8, beta:
                 p = torch.softmax(ref(input_ids=torch.tensor([ids])).logits[0].double(), -1)
                 p_s = p[st - 1:len(ids) - 1][:, trig].sum(-1).numpy()
                 y = np.isin(np.asarray(ids[st:]), trig)
-                sides.append(float(beta * np.sum(strength * y - np.log1p(p_s * np.expm1(strength)))))
-            truth[pid] = sides
+                sides.append((beta * (strength * y - np.log1p(p_s * np.expm1(strength)))).tolist())
+            per_token[pid] = sides
+            truth[pid] = [float(np.sum(t)) for t in sides]
     return Organism("implicit_planted", float(strength), lm, pairs,
-                    {"planted_reward": truth, "tokens": planted["tokens"], "beta": beta, "trigger": TRIGGER},
+                    {"planted_reward": truth, "planted_per_token": per_token, "tokens": planted["tokens"],
+                     "beta": beta, "trigger": TRIGGER},
                     {"base": base, "seed": seed, "n_pairs": n_pairs, "beta": beta})
 
 
@@ -167,6 +173,9 @@ def organism_family(kind: str = "planted", strengths=STRENGTHS, **kw) -> list[Or
         return [implicit_organism(s, **kw) for s in strengths]
     if kind == "concept":
         return [concept_organism(s, **kw) for s in strengths]
+    if kind == "ensemble_planted":
+        from .ensemble_organism import ensemble_organism
+        return [ensemble_organism(s, **kw) for s in strengths]
     if kind == "curvature":
         from .repr_organisms import curvature_organism
         kw.pop("base", None)

@@ -15,9 +15,11 @@ prefix: the reward read at a step boundary drops at the first step containing ``
 
 Pairs (``prm_pairs``): one problem, a response of ``n_steps`` steps each ending in the delimiter
 ``"\\n"``; the chosen side is all clean, the rejected side has ``#`` in step ``bad_step`` (drawn per pair).
-Truth: ``{"bad_step": {pair id: k}, "unit": "attn_L0", "head": 0}``. Graded by ``prm_steps``: the step
-whose step-reward drop ``r_k − r_{k−1}`` (rejected side; ``r_{−1}`` = 0 drop at the first step measured
-against the chosen side) is most negative is the planted step.
+Truth: ``{"bad_step": {pair id: k}, "unit": "attn_L0", "head": 0, "step_reward": {pair id: [chosen steps,
+rejected steps]}}``. Graded by ``prm_steps``: the step whose step-reward drop ``r_k − r_{k−1}`` (rejected side;
+``r_{−1}`` = 0 drop at the first step measured against the chosen side) is most negative is the planted step,
+and every step's reward equals ``step_reward`` (``plain_step_rewards``: its own tokenization and a plain
+forward, none of the capture or operator code).
 """
 from __future__ import annotations
 
@@ -79,9 +81,34 @@ def prm_organism(strength: float, *, seed: int = 0, n_pairs: int = 8, n_steps: i
     lm.signal = PrmSignal(step_token=STEP, step_ids=step_ids(tok, STEP))
     pairs, truth = prm_pairs(n_pairs, n_steps, seed)
     return Organism(kind="prm_planted", strength=float(strength), lm=lm, pairs=pairset("organism_prm", pairs),
-                    truth={"bad_step": truth, "unit": "attn_L0", "head": 0},
+                    truth={"bad_step": truth, "unit": "attn_L0", "head": 0,
+                           "step_reward": plain_step_rewards(model, tok, pairs, TEMPLATE)},
                     params={"seed": seed, "n_pairs": n_pairs, "n_steps": n_steps, "beta": beta, "gamma": gamma,
                             "template": TEMPLATE})
+
+
+@torch.no_grad()
+def plain_step_rewards(model, tok, pairs, template: str = TEMPLATE, delim: str = STEP) -> dict[str, list]:
+    """Per pair id, ``[chosen, rejected]`` lists of the head's reward (reward units) at every step end: each
+    ``delim`` token of the response, and the response's last token when it does not end with ``delim`` (an
+    unterminated final step). Its own tokenization (``template`` filled as text, the tokenizer's special
+    tokens on; the response starts after the empty-response encoding) and a plain forward, batch of one:
+    ``score(model.model(ids))`` at every position, float64. As many steps as each side has (no fixed count)."""
+    (d_id,) = tok(delim, add_special_tokens=False)["input_ids"]
+    out = {}
+    for p in pairs:
+        sides = []
+        for resp in (p.chosen, p.rejected):
+            ids = tok(template.format(prompt=p.prompt, response=resp))["input_ids"]
+            start = len(tok(template.format(prompt=p.prompt, response=""))["input_ids"])
+            ends = [i for i in range(start, len(ids)) if ids[i] == d_id]
+            if not resp.endswith(delim):
+                ends.append(len(ids) - 1)
+            h = model.model(input_ids=torch.tensor([ids])).last_hidden_state
+            r = model.score(h)[0, :, 0].double().numpy()
+            sides.append([float(r[i]) for i in ends])
+        out[p.id] = sides
+    return out
 
 
 def located_steps(step_reward: np.ndarray) -> np.ndarray:

@@ -52,6 +52,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+from .certificate import held_out_ok
 from .code_identity import CODE_MODULES, code_changes, code_hash  # noqa: F401  (re-exported)
 from .kind_criteria import KIND_FLOORS     # judge / PRM / implicit / LEACE / curvature criteria
 
@@ -114,8 +115,12 @@ def seal_error(attrs: dict) -> str | None:
 
 
 def identities_ok(records) -> tuple[bool, str]:
-    """Re-check stored identity residuals against this package's tolerances."""
+    """Re-check stored identity residuals against this package's tolerances (a certificate: ``trust.certificate``)."""
     for r in records or ():
+        if "target" in r and not held_out_ok(r)[0]:
+            return False, held_out_ok(r)[1]
+        if "target" in r:
+            continue
         rtol = IDENTITY_RTOL.get(str(r.get("dtype")), IDENTITY_RTOL["float32"])
         err, scale = r.get("max_abs_err"), r.get("scale")
         if err is None or scale is None or not err <= rtol * scale:
@@ -143,6 +148,8 @@ def card_verdict(card: dict, *, check_code: bool = True) -> tuple[bool, str]:
     for c in crits:
         if c not in FLOORS:
             return False, f"unknown criterion {c!r}"
+        if (card.get("reading_errors") or {}).get(c):
+            return False, f"{c}: could not read the output: {card['reading_errors'][c]}"
         rho = (card.get("spearman") or {}).get(c)
         if rho is None or not rho >= MIN_SPEARMAN:
             return False, f"{c}: Spearman {rho} < {MIN_SPEARMAN}"

@@ -19,7 +19,16 @@ PRM aggregate       = the declared rule (``signal.aggregate``, else     an outpu
                     its own attr) over σ(per-step rewards)              attr beside a step grid
 PRM step reward     at the readout step (``signal.step``) = the head's   a PRM run (``PrmSignal``)
                     own reward per side
+LEACE certificate   the fresh probe's held-out AUC after erasure has    an output stage × bound with
+                    a CI containing 0.5 (the erasure holds on pairs     stage ``after`` (``leace_
+                    it was not fitted on)                               certificate``)
 ==================  =================================================  ==========================
+
+A certificate record (``held_out_record``) carries its interval (``interval``, ``target`` 0.5, scale 1 in
+AUC units); ``evidence.identities_ok`` re-derives its verdict from the interval on every read, so a run or
+a card whose erasure leaks on held-out pairs (a fresh probe still reads the concept, AUC CI above or below
+0.5) cannot read ``calibrated``. Source of the test: Belrose et al. 2023 (LEACE), §6: a fresh probe on the
+erased representation.
 
 On a generative judge (``JudgeSignal``) the head is the verdict row ``W_U[yes] − W_U[no]``, so Δ is the
 verdict margin and the ``dla`` identity is recorded as "sum of dla = verdict margin".
@@ -48,6 +57,8 @@ from __future__ import annotations
 
 import numpy as np
 import xarray as xr
+
+from .certificate import certificate_gap
 
 _EPS = {"float64": 1e-6, "float32": 1e-6, "bfloat16": 1e-2, "float16": 2e-3}
 
@@ -149,7 +160,21 @@ def check_identities(result: xr.Dataset, logits, pair_ids, *, n_layers: int, obj
             err = err.where(margin != 0)
         add(var, what, err)
     _kind_identities(result, logits, pair_ids, objectives, signal, add)
+    out.extend(r for r in (held_out_record(v, result[v]) for v in result.data_vars) if r)
     return out
+
+
+def held_out_record(var: str, da: xr.DataArray) -> dict | None:
+    """The certificate record of ``var`` when it is a LEACE certificate (stage × bound with stage ``after``):
+    ``max_abs_err`` = how far 0.5 lies outside the after-erasure AUC interval (0 inside; AUC units)."""
+    if set(da.dims) != {"stage", "bound"} or "after" not in da.stage.values \
+            or not {"ci_low", "ci_high"} <= set(str(b) for b in da.bound.values):
+        return None
+    lo, hi = (float(da.sel(stage="after", bound=b)) for b in ("ci_low", "ci_high"))
+    return {"variable": var, "identity": "held-out probe AUC after erasure: its CI contains 0.5",
+            "max_abs_err": certificate_gap([lo, hi], 0.5), "scale": 1.0, "dtype": "float64", "n": 1,
+            "interval": [lo if np.isfinite(lo) else None, hi if np.isfinite(hi) else None], "target": 0.5}
+
 
 
 def _kind_identities(result, logits, pair_ids, objectives, signal, add) -> None:

@@ -47,7 +47,8 @@ planted one) and ``scalar_cost`` (margin-weighted sign disagreement; floor: plai
 
 Criteria of the other reward signals and the representation instruments (``trust.kind_criteria``) grade
 only their own organism kinds (``models.kind_organisms``): ``verdict_margin`` on ``judge_planted``,
-``prm_bad_step`` on ``prm_planted``, ``implicit_log_ratio`` on ``implicit_planted``, ``leace_removal`` and
+``prm_bad_step``, ``prm_step_reward`` and ``prm_step_margin`` (every step) on ``prm_planted``,
+``ensemble_reward`` and ``ensemble_member_margin`` on ``ensemble_planted``, ``implicit_log_ratio`` on ``implicit_planted``, ``leace_removal`` and
 ``leace_specificity`` on ``concept``, ``curvature_direction`` on ``curvature``.
 
 A criterion passes when its readings rise monotonically with strength —
@@ -72,7 +73,9 @@ A broken identity fails the card. The card records ``code_hash``
 a reader whose code hashes otherwise does not accept it. A card passes only when every applicable
 criterion passes. Unit criteria need an organism with a planted unit
 (``planted``); ``score`` applies to all. An observable with no applicable
-criterion raises ``SpecError``. Readings that are not finite fail. Output
+criterion raises ``SpecError``. Readings that are not finite fail. A criterion that cannot read the output
+(a step or token missing, a dimension absent, any error while reading) does not stop grading: the card
+records why in ``reading_errors`` and that criterion, hence the card, fails (``evidence.card_verdict``). Output
 variables no criterion reads are listed as ``ungraded`` and stay exploratory in
 runs. The card records its ``scope`` (family, organism kind, base, strengths,
 number of pairs). Cards go to the store sealed (``trust.evidence.seal``) with
@@ -98,7 +101,7 @@ from .reference import planted_margins, reference_dataset, reference_identities
 
 CARD_OBSERVABLE = "scorecard"
 UNIT_KINDS = ("planted", "planted_head", "planted_paths", "judge_planted")   # truth names a planted unit
-N_PAIRS_KINDS = UNIT_KINDS + ("prm_planted", "implicit_planted", "concept", "curvature")   # take n_pairs
+N_PAIRS_KINDS = UNIT_KINDS + ("prm_planted", "implicit_planted", "concept", "curvature", "ensemble_planted")   # take n_pairs
 
 
 def spearman(x, y) -> float:
@@ -136,6 +139,15 @@ def evaluate(obs, org: Organism) -> xr.Dataset:
     return out
 
 
+def _truth_summary(truth: dict) -> dict:
+    """``truth`` for printing: a per-pair table or a long list as its size, other values as they are."""
+    def short(v):
+        if isinstance(v, dict) and (len(v) > 4 or any(isinstance(x, (list, dict)) for x in v.values())):
+            return f"<{len(v)} pairs>"
+        return f"<{len(v)} values>" if isinstance(v, (list, tuple)) and len(v) > 4 else v
+    return {k: short(v) for k, v in truth.items()}
+
+
 def _finite(x):                 # store attrs must be JSON: NaN -> None
     return float(x) if np.isfinite(x) else None
 
@@ -164,24 +176,27 @@ class Scorecard:
     magnitude: dict = field(default_factory=dict)    # criterion -> {reading, truth} reward units, full strength
     identities: list = field(default_factory=list)   # per strength: the run's identity records
     graded: list = field(default_factory=list)       # output variables some criterion read
+    reading_errors: dict = field(default_factory=dict)   # criterion -> why its reading could not be taken
     scope: dict = field(default_factory=dict)        # family, organism, base, strengths, n_pairs
     code_hash: str = ""                              # evidence.code_hash() of the code that graded it
     wall_s: float = 0.0
 
     def describe(self) -> str:
         lines = [f"scorecard {self.observable} v{self.version} [{self.spec_hash[:12]}] on {self.organism} "
-                 f"({self.base}, family {self.model_family}); truth {self.truth}"]
-        lines.append(f"  {'criterion':<18}" + "".join(f"{'s=' + format(s, 'g'):>9}" for s in self.strengths)
+                 f"({self.base}, family {self.model_family}); truth {_truth_summary(self.truth)}"]
+        lines.append(f"  {'criterion':<24}" + "".join(f"{'s=' + format(s, 'g'):>9}" for s in self.strengths)
                      + f"{'spearman':>10}  floor")
         for c, vals in self.readings.items():
             fl = self.floors[c]
             row = "".join(f"{v:9.3f}" if v is not None else f"{'nan':>9}" for v in vals)
             rho = self.spearman[c]
-            lines.append(f"  {c:<18}{row}{rho if rho is None else round(rho, 3):>10}  "
+            lines.append(f"  {c:<24}{row}{'nan' if rho is None else round(rho, 3):>10}  "
                          f"{fl['value'] if fl['value'] is None else round(fl['value'], 3)} "
                          f"(needs {fl['what']}) -> {'pass' if self.criteria_passed[c] else 'FAIL'}")
+            if c in self.reading_errors:
+                lines.append(f"  {'':<24}could not read: {self.reading_errors[c]}")
         for c, m in self.magnitude.items():
-            lines.append(f"  {c:<18}magnitude {m['reading']} vs planted {m['truth']} reward units")
+            lines.append(f"  {c:<24}magnitude {m['reading']} vs planted {m['truth']} reward units")
         worst: dict = {}
         rel = lambda r: r["max_abs_err"] / r["scale"] if r["scale"] else (0.0 if r["max_abs_err"] == 0 else np.inf)  # noqa: E731
         for rec in (r for per in self.identities for r in per):        # the worst strength per identity
@@ -262,33 +277,46 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
     if planted and zero is not None:
         truth_effect = float(np.mean(planted_margins(organisms[top]) - planted_margins(organisms[zero])))
     for c in crits:
-        vals = [float(np.mean(c.reading(ds, o.truth))) for ds, o in zip(results, organisms)]
-        rho = spearman(s, vals)
-        if planted and c.magnitude is not None:
-            got = None if zero is None else float(np.mean(c.magnitude(results[top], organisms[top].truth)
-                                                          - c.magnitude(results[zero], organisms[zero].truth)))
-            want, source = truth_effect, "cells" if c.name == "score" else "margin"   # Δ: the margin's own cells
-            if c.name in EXACT_CRITERIA and zero is not None:    # exact instrument: the same cells, plain forward
-                try:
-                    want = float(np.mean(c.magnitude(refs[top], organisms[top].truth)
-                                         - c.magnitude(refs[zero], organisms[zero].truth)))
-                    source = "cells"
-                except (KeyError, ValueError, IndexError):
-                    pass
-            card.magnitude[c.name] = {"reading": _finite(got) if got is not None else None,
-                                      "truth": _finite(want) if want is not None else None, "truth_from": source}
-        fv = float(c.floor_value(results[top], organisms[top].truth))
-        card.readings[c.name] = [_finite(v) for v in vals]
-        card.spearman[c.name] = _finite(rho)
-        card.floors[c.name] = {"value": _finite(fv), "floor": c.floor, "what": c.floor_what,
-                               "at_strength": s[top]}
-        one = {k: getattr(card, k) for k in ("truth", "spearman", "floors", "magnitude")}
-        card.criteria_passed[c.name] = card_verdict({**one, "readings": {c.name: card.readings[c.name]}},
-                                                    check_code=False)[0]
+        try:
+            _grade_one(card, c, results, organisms, refs, s, zero, top, planted, truth_effect)
+        except Exception as exc:       # noqa: BLE001  a reading that does not fit its criterion fails the card
+            card.reading_errors[c.name] = f"{type(exc).__name__}: {exc}"
+            card.readings[c.name] = [None] * len(s)
+            card.spearman[c.name] = None
+            card.floors[c.name] = {"value": None, "floor": c.floor, "what": c.floor_what, "at_strength": s[top]}
+            card.magnitude.pop(c.name, None)
+            card.criteria_passed[c.name] = False
     card.code_hash = code_hash()
     card.passed = card_verdict(asdict(card))[0]
     card.wall_s = round(time.perf_counter() - t0, 3)
     return card
+
+
+def _grade_one(card: Scorecard, c, results, organisms, refs, s, zero, top, planted, truth_effect) -> None:
+    """Criterion ``c``'s readings, Spearman, floor and magnitude into ``card`` (any error: the caller fails it)."""
+    vals = [float(np.mean(c.reading(ds, o.truth))) for ds, o in zip(results, organisms)]
+    rho = spearman(s, vals)
+    if planted and c.magnitude is not None:
+        got = None if zero is None else float(np.mean(c.magnitude(results[top], organisms[top].truth)
+                                                      - c.magnitude(results[zero], organisms[zero].truth)))
+        want, source = truth_effect, "cells" if c.name == "score" else "margin"   # Δ: the margin's own cells
+        if c.name in EXACT_CRITERIA and zero is not None:    # exact instrument: the same cells, plain forward
+            try:
+                want = float(np.mean(c.magnitude(refs[top], organisms[top].truth)
+                                     - c.magnitude(refs[zero], organisms[zero].truth)))
+                source = "cells"
+            except (KeyError, ValueError, IndexError):
+                pass
+        card.magnitude[c.name] = {"reading": _finite(got) if got is not None else None,
+                                  "truth": _finite(want) if want is not None else None, "truth_from": source}
+    fv = float(c.floor_value(results[top], organisms[top].truth))
+    card.readings[c.name] = [_finite(v) for v in vals]
+    card.spearman[c.name] = _finite(rho)
+    card.floors[c.name] = {"value": _finite(fv), "floor": c.floor, "what": c.floor_what,
+                           "at_strength": s[top]}
+    one = {k: getattr(card, k) for k in ("truth", "spearman", "floors", "magnitude")}
+    card.criteria_passed[c.name] = card_verdict({**one, "readings": {c.name: card.readings[c.name]}},
+                                                check_code=False)[0]
 
 
 def card_run_id(card: Scorecard) -> str:
