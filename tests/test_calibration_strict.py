@@ -198,3 +198,25 @@ def test_spread_organism_records_its_random_strengths_and_grades_strictly(spread
     assert card.passed, card.describe()
     for kind in ("lens_L2_as_margin", "dla_x1.03_first_dropped"):
         assert not grade(observable(SUBTLE[kind], tmp_path, kind), organisms=spread).passed
+
+
+@pytest.mark.parametrize("module", ["reward_lens_spec.trust.criteria", "reward_lens_spec.trust.kind_criteria",
+                                    "reward_lens_spec.models.organisms"])
+def test_a_card_graded_by_other_criteria_or_organisms_does_not_calibrate(patch_card, monkeypatch, module):
+    """The criteria, floors and organisms that grade a card are part of the code a card applies to: replacing any
+    function of theirs at run time (as a loosened criterion or a different planted organism would) leaves the card
+    written by other code."""
+    import importlib
+    import inspect
+
+    mod = importlib.import_module(module)
+    fn_name, fn = next((n, f) for n, f in vars(mod).items()
+                       if inspect.isfunction(f) and f.__module__ == module and not n.startswith("__"))
+    assert card_verdict(copy.deepcopy(vars(patch_card)))[0]
+
+    def replaced(*a, **kw):
+        return fn(*a, **kw)
+    monkeypatch.setattr(mod, fn_name, replaced)
+    assert code_changes() and code_hash() != patch_card.code_hash
+    ok, why = card_verdict(copy.deepcopy(vars(patch_card)))
+    assert not ok and "written by other code" in why

@@ -1,5 +1,5 @@
-"""The code a scorecard applies to: ``code_hash()`` of the operator and capture modules' source and the
-package version (a function of theirs replaced at run time changes it too, ``code_changes``).
+"""The code a scorecard applies to: ``code_hash()`` of the operator and capture modules' source, the criteria,
+identities and organisms that grade a card, and the package version (a function of theirs replaced at run time changes it too, ``code_changes``).
 
 A card records the hash of the code that graded it; ``trust.evidence.card_verdict`` passes a card only
 when it equals the hash of the code reading it.
@@ -10,7 +10,11 @@ from __future__ import annotations
 CODE_MODULES = ("ops/*.py", "models/capture.py", "models/patching.py", "models/interventions.py",
                 "models/readout.py", "models/head.py", "models/gated_head.py", "models/attn_heads.py",
                 "models/per_token.py", "models/prefix.py", "models/steering.py", "models/padding.py",
-                "models/copy_skip.py", "models/reparam.py", "models/formatting.py", "run/executor.py", "run/stream.py")
+                "models/copy_skip.py", "models/reparam.py", "models/formatting.py", "run/executor.py", "run/stream.py",
+                # what grades a card: its criteria, floors and identities, and the organisms it plants (a card
+                # graded by older criteria does not calibrate runs read by newer ones)
+                "trust/criteria.py", "trust/kind_criteria.py", "trust/identities.py", "trust/certificate.py",
+                "trust/scorecard.py", "models/*organism*.py")
 _CODE_CACHE: dict = {}
 
 
