@@ -46,7 +46,7 @@ import sys
 
 import yaml
 
-from reward_lens_spec.errors import StoreError, did_you_mean
+from reward_lens_spec.errors import RewardLensError, StoreError, did_you_mean
 from reward_lens_spec.store.trust_root import use_words
 
 COMMANDS = ("ls", "show", "diff", "export", "gc", "migrate", "verify", "keygen", "keys")
@@ -192,7 +192,7 @@ def main(argv: list[str]) -> int:
     try:
         cmd, kv = _parse(argv)
         rc = _run(cmd, kv)
-    except StoreError as e:
+    except RewardLensError as e:                  # a store error, or a bad trust file (SpecError)
         print(f"error: {e}", file=sys.stderr)
         return 2
     return rc or 0
