@@ -88,6 +88,22 @@ def test_scope_and_the_store_raising_the_requirement(tmp_path):
     assert "no trust file" in policy(b).source
 
 
+def test_the_typed_word_names_the_readers_trust_file_and_verify_says_where_the_policy_came_from(tmp_path, capsys):
+    from reward_lens_spec.cli import main
+    from reward_lens_spec.store.writer import check_layout
+
+    url = str(tmp_path / "s.zarr")
+    check_layout(Backend(url), create=True)
+    src = write(tmp_path / "lab.trust", f"alice@lab {url} ed25519:{HEX_A}", f"@require {url}")
+    with pytest.raises(SystemExit) as e:
+        main(["store", "verify", f"url={url}", f"store.trust_file={src}"])
+    out = capsys.readouterr().out.splitlines()
+    assert e.value.code == 0 and os.environ[ENV_TRUST] == src
+    assert out[0] == (f"signer-policy  trust file {src}: alice@lab key {fingerprint(HEX_A)[:16]} (line 1) for this "
+                      f"store; signers required by {src} line 2 (@require {url})"), out
+    assert out[1] == f"no complete runs in {url}"
+
+
 # ----------------------------------------------------------------------------- tampering with real evidence
 
 cryptography = pytest.importorskip("cryptography", reason="signatures need the `sign` extra (cryptography)")
