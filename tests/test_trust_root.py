@@ -165,16 +165,10 @@ def test_a_key_listed_only_in_the_store_adds_no_trust(_signed, keys, tmp_path, c
     assert margin_trust(store, rid)["level"] == "exploratory"
 
 
-def reseal_by_hand(store, rid, keys, how) -> None:
-    """A writer without lab's private key negates the run's margins and re-seals everything: the data's
-    digests and the document's content hash, the run's log entry and every later one (chained again)."""
-    att = open_store(store).document(rid)["attempt"]
-    a = zarr.open_array(store=zarr.storage.LocalStore(store), path=f"runs/{rid}/{att}/score/margin/margin", mode="r+")
-    a[...] = -np.asarray(a[...])
-    forge_digests(store, rid)
-    own = load_private(str(keys / "other.key")) if how == "own_key" else None
-    if how == "own_key":                                   # its own key, listed in the store, requirement off
-        assert store_main(["keys", f"url={store}", f"add={keys / 'other'}.key.pub", "require=false"]) == 0
+def rechain(store, rid, *, own=None, drop_sig=False) -> None:
+    """Rewrite ``rid``'s log entry to its document's current content hash and chain every later entry
+    again (``own``: a private key to sign them with; ``drop_sig``: leave them unsigned), as a writer with
+    store access can."""
     doc, prev, hit = content_hash(open_store(store).document(rid)), None, False
     for f in entries(store):
         e = json.loads(f.read_text())
@@ -184,15 +178,28 @@ def reseal_by_hand(store, rid, keys, how) -> None:
                 e["doc"] = doc
             if prev is not None:
                 e["prev"] = prev
-            if how == "drop_sig":
+            if drop_sig:
                 e.pop("signer", None), e.pop("sig", None)
+            if own is not None:
+                e["signer"] = sign(own, "")[0]             # "signer" is under the hash, "sig" is not
             e["hash"] = entry_hash(e)
             if own is not None:
-                e["signer"], e["sig"] = sign(own, e["hash"])
-                e["hash"] = entry_hash(e)                  # "signer" is under the hash
                 e["sig"] = sign(own, e["hash"])[1]
             f.write_text(json.dumps(e, sort_keys=True))
         prev = e["hash"]
+
+
+def reseal_by_hand(store, rid, keys, how) -> None:
+    """A writer without lab's private key negates the run's margins and re-seals everything: the data's
+    digests and the document's content hash, the run's log entry and every later one (chained again)."""
+    att = open_store(store).document(rid)["attempt"]
+    a = zarr.open_array(store=zarr.storage.LocalStore(store), path=f"runs/{rid}/{att}/score/margin/margin", mode="r+")
+    a[...] = -np.asarray(a[...])
+    forge_digests(store, rid)
+    if how == "own_key":                                   # its own key, listed in the store, requirement off
+        assert store_main(["keys", f"url={store}", f"add={keys / 'other'}.key.pub", "require=false"]) == 0
+    rechain(store, rid, own=load_private(str(keys / "other.key")) if how == "own_key" else None,
+            drop_sig=how == "drop_sig")
 
 
 @pytest.mark.slow
