@@ -25,7 +25,9 @@ correct, but its memory is then that of the whole dataset.
 Resume and shards: a job computes the chunks ``k`` with ``k % store.shards == store.shard``
 that have no marker yet (or whose data no longer match the digests their marker records: each
 marker holds the digest of every region the chunk wrote, and a job re-reads every chunk it adopts
-before trusting it — the completing job every chunk of the run), in the attempt it shares with its launch (``store.launch``, or Hydra's
+before trusting it — the completing job every chunk of the run; or whose marker is not tagged by this
+user's key over exactly its content: a marker rewritten to match altered data is not adopted, and chunks
+another user wrote are recomputed by whoever adopts them), in the attempt it shares with its launch (``store.launch``, or Hydra's
 sweep dir) or adopts from a dead writer (``store.attempts``). Chunks are the same pairs
 whoever computes them, so a resumed or sharded run is bit-identical to one uninterrupted job.
 A killed writer on this host is seen dead at once (its process is gone); one on another host only
@@ -295,15 +297,17 @@ def _chunk_loop(att, role, p, ks, reduced, sh, progress) -> list:
 
 
 def _unverified(att, sh, p, marks: dict) -> set:
-    """Chunks among ``marks`` (chunk index -> its marker) whose stored regions do not match the digests
-    their marker records (or whose marker records none): recomputed, never adopted."""
+    """Chunks among ``marks`` (chunk index -> its marker) whose marker is not this user's own as written
+    (``Attempt.authentic``: edited, copied, or by another user), records no digests, or records digests
+    their stored regions do not match: recomputed, never adopted."""
     if not marks:
         return set()
     b, cache, bad = sh["b"], {}, set()
     for k, m in sorted(marks.items()):
         want = (m or {}).get("digests")
-        if not isinstance(want, dict) or not want:
-            bad.add(k)
+        if not isinstance(want, dict) or not want or not att.authentic(f"chunk.{k}" if p == 0 else
+                                                                        f"pass{p}.chunk.{k}", m):
+            bad.add(k)                          # no digests, or a marker this user's writer did not write
             continue
         sl = sh["slices"][k]
         for key, digest in want.items():
