@@ -60,3 +60,39 @@ def test_a_rewritten_marker_does_not_get_an_altered_chunk_adopted(setup, pristin
     for v in want:
         np.testing.assert_array_equal(got[v].values, want[v].values, err_msg=v)
     assert catalog_cli.main(["verify", f"url={url}"]) == 0
+
+
+# ----------------------------------------------------------------------------- a stalled writer collected
+
+def test_a_stalled_writer_whose_attempt_was_collected_stops_with_one_line(tmp_path, monkeypatch):
+    """The writer stalls between creating its attempt's folder and its first lease; `store gc older_than=0`
+    runs then (the attempt has no lease yet: no live writer holds it) and collects it. The writer resumes:
+    one line naming what happened and the fix, and nothing listed (it used to be "cannot create
+    .../_ctl/lease.shard-0.0.json (FileNotFoundError ...)")."""
+    from reward_lens_spec.errors import StoreError
+    from reward_lens_spec.store import _backend
+    from reward_lens_spec.store.attempts import Attempt
+    from reward_lens_spec.store.gc import collect_run
+    from reward_lens_spec.store.writer import check_layout
+
+    url = str(tmp_path / "s.zarr")
+    b = Backend(url)
+    check_layout(b, create=True)
+    link, collected = os.link, []
+
+    def stalled_link(src, dst):
+        if dst.endswith("lease.shard-0.0.json") and not collected:
+            collected.append(collect_run(Backend(url), "r", older_than_s=0))     # what a gc meanwhile does
+        return link(src, dst)
+
+    monkeypatch.setattr(_backend.os, "link", stalled_link)
+    with pytest.raises(StoreError) as e:
+        Attempt.create(b, "r", {"shards": 1}, role="shard-0")
+    monkeypatch.setattr(_backend.os, "link", link)
+    msg = str(e.value)
+    assert collected and collected[0], collected
+    assert "\n" not in msg and "FileNotFoundError" not in msg and "was removed while this writer was stalled" in msg \
+        and msg.endswith("Fix: run the same command again."), msg
+    runs = os.path.join(url, "runs")
+    left = [a for r in os.listdir(runs) if os.path.isdir(os.path.join(runs, r)) for a in os.listdir(os.path.join(runs, r))]
+    assert len(open_store(url).runs()) == 0 and not [a for a in left if a.startswith("attempt-")], left

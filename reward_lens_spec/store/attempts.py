@@ -219,7 +219,11 @@ class Attempt:
         if cur is not None and lease_live(cur[1], lease_s=self.lease_s):
             return False
         gen = 0 if cur is None else cur[0] + 1
-        if not self.b.create_exclusive(self._lease_key(role, gen), self._lease_doc(False)):
+        try:
+            created = self.b.create_exclusive(self._lease_key(role, gen), self._lease_doc(False))
+        except StoreError as e:
+            raise self._collected(e) from None
+        if not created:
             return False
         with self._lock:
             self._held[role] = gen
@@ -232,7 +236,19 @@ class Attempt:
         with self._lock:
             gen = self._held.pop(role, None)
         if gen is not None:
-            self.b.write_atomic(self._lease_key(role, gen), self._lease_doc(True))
+            try:
+                self.b.write_atomic(self._lease_key(role, gen), self._lease_doc(True))
+            except StoreError as e:
+                raise self._collected(e) from None
+
+    def _collected(self, e: StoreError) -> StoreError:
+        """``e`` in one line naming what happened when the write failed because this attempt's folder went
+        (a ``store gc`` collected it while this writer was stalled), else ``e`` itself."""
+        if not isinstance(e.__cause__, (FileNotFoundError, NotADirectoryError)):
+            return e
+        return StoreError(f"store {self.b.url}: run {self.run_id}: attempt {self.aid} was removed while this writer "
+                          "was stalled (`store gc` collects an attempt whose writer looks dead); nothing of this "
+                          "writer is listed. Fix: run the same command again.")
 
     def fence(self, role: str) -> None:
         """Raise StoreError unless this process still holds ``role`` (heartbeat fresh, not superseded)."""
@@ -293,7 +309,10 @@ class Attempt:
         self.fence(role)
         tag = user_tag(MARKER_TAG, self._marker_text(name, info))
         doc = {**info, "tag": tag} if tag else info
-        self.b.write_atomic(f"{self.prefix}/{CTL}/{name}.json", json.dumps(doc, sort_keys=True).encode())
+        try:
+            self.b.write_atomic(f"{self.prefix}/{CTL}/{name}.json", json.dumps(doc, sort_keys=True).encode())
+        except StoreError as e:
+            raise self._collected(e) from None
 
     def _marker_text(self, name: str, info: dict) -> str:
         return json.dumps([self.run_id, self.aid, name, {k: v for k, v in info.items() if k != "tag"}],
