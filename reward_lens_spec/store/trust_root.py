@@ -12,7 +12,7 @@ ALLOWED SIGNERS): one signer a line, ``#`` starts a comment::
     @require      /data/lab/*.zarr
 
 * a signer line pins a key for the stores whose URL (for a local store: its absolute or its resolved
-  path) matches ``scope`` (``fnmatch``; ``*`` is every store). ``ed25519:`` gives the key itself;
+  path) matches ``scope`` (``fnmatch``: ``*`` also matches ``/``, so ``*`` alone is every store). ``ed25519:`` gives the key itself;
   ``sha256:`` pins its full fingerprint, and the key is then taken from the store's ``keys/`` list only
   where it hashes to that fingerprint;
 * ``@require PATTERN``: the stores matching it require signers: an unsigned log entry, or one signed
@@ -129,7 +129,8 @@ def policy(b: Backend, root: TrustFile | None = None) -> Policy:
     required when the trust file requires it for this store or the store's ``keys/policy.json`` asks for
     it; trusted keys only those the trust file pins for this store. ``SpecError`` for a bad trust file."""
     root = reader_file() if root is None else root
-    listed = trusted_keys(b) if b.exists_key(KEYS) else {}
+    has_keys = b.exists_key(KEYS)
+    listed = trusted_keys(b) if has_keys else {}
     by_fp = {fingerprint(k["public_key"]): k["public_key"] for k in listed.values()}
     keys, unresolved = {}, []
     for s in root.signers:
@@ -141,7 +142,7 @@ def policy(b: Backend, root: TrustFile | None = None) -> Policy:
             continue
         keys[fingerprint(pub)[:16]] = {"public_key": pub, "principal": s.principal, "line": s.line}
     req = [(p, n) for p, n in root.require if _matches(b, p)]
-    store_req = b.exists_key(KEYS) and require_signers(b)
+    store_req = has_keys and require_signers(b)
     parts = []
     if root.path is None:
         parts.append(f"no trust file ({ENV_TRUST} or {WORD}=PATH): no key is trusted")
