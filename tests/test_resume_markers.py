@@ -94,5 +94,6 @@ def test_a_stalled_writer_whose_attempt_was_collected_stops_with_one_line(tmp_pa
     assert "\n" not in msg and "FileNotFoundError" not in msg and "was removed while this writer was stalled" in msg \
         and msg.endswith("Fix: run the same command again."), msg
     runs = os.path.join(url, "runs")
-    left = [a for r in os.listdir(runs) if os.path.isdir(os.path.join(runs, r)) for a in os.listdir(os.path.join(runs, r))]
+    left = [a for r in os.listdir(runs) if os.path.isdir(os.path.join(runs, r))
+            for a in os.listdir(os.path.join(runs, r))]
     assert len(open_store(url).runs()) == 0 and not [a for a in left if a.startswith("attempt-")], left

@@ -12,9 +12,9 @@ ALLOWED SIGNERS): one signer a line, ``#`` starts a comment::
     @require      /data/lab/*.zarr
 
 * a signer line pins a key for the stores whose URL (for a local store: its absolute or its resolved
-  path) matches ``scope`` (``fnmatch``: ``*`` also matches ``/``, so ``*`` alone is every store). ``ed25519:`` gives the key itself;
-  ``sha256:`` pins its full fingerprint, and the key is then taken from the store's ``keys/`` list only
-  where it hashes to that fingerprint;
+  path) matches ``scope`` (``fnmatch``: ``*`` also matches ``/``, so ``*`` alone is every store).
+  ``ed25519:`` gives the key itself; ``sha256:`` pins its full fingerprint, and the key is then taken
+  from the store's ``keys/`` list only where it hashes to that fingerprint;
 * ``@require PATTERN``: the stores matching it require signers: an unsigned log entry, or one signed
   by a key not pinned for the store, orders nothing (``store.log``).
 
