@@ -16,6 +16,7 @@ import textwrap
 from .errors import RewardLensError
 from .overrides import GROUPS, use_config_dirs
 from .run.compose import prepare
+from .store.trust_root import use_words
 from .paths import conf_dir
 from .spec import register_configs
 
@@ -291,6 +292,7 @@ def main(argv: list[str] | None = None) -> None:
         if cmd not in SUBCOMMANDS and any(a in _HELP_FLAGS for a in argv):
             print(help_text())
             return
+        argv = use_words(argv)                # store.trust_file=PATH: this reader's trust root (store.trust_root)
         if cmd == "run":
             argv, cmd = argv[1:], None
         if cmd == "store":

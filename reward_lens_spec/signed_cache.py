@@ -83,6 +83,19 @@ def _mac(key: bytes, *parts: str) -> str:
     return hmac.new(key, "\0".join(parts).encode(), hashlib.sha256).hexdigest()
 
 
+def user_tag(kind: str, text: str) -> str | None:
+    """HMAC-SHA256 of ``text`` under this user's key (created if needed), or ``None`` where no key can be
+    trusted: a tag only this user can have written (``store.attempts``: chunk markers)."""
+    key = _key(create=True)
+    return None if key is None else _mac(key, kind, text)
+
+
+def tagged_by_user(kind: str, text: str, tag) -> bool:
+    """True when ``tag`` is ``user_tag(kind, text)`` under this user's key."""
+    key = _key(create=False)
+    return key is not None and isinstance(tag, str) and hmac.compare_digest(tag, _mac(key, kind, text))
+
+
 def read_signed(kind: str, digest: str) -> dict | None:
     """The entry remembered for ``(kind, digest)`` when its signature verifies under this user's key, else ``None``."""
     key = _key(create=False)

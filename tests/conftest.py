@@ -33,6 +33,13 @@ def _fresh_fingerprint_cache(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def _no_reader_trust_file(monkeypatch):
+    """No lab trust file from the developer's environment; one a test names (``store.trust_file=``, which
+    sets ``REWARD_LENS_SPEC_TRUST_FILE`` in-process) is gone after it."""
+    monkeypatch.delenv("REWARD_LENS_SPEC_TRUST_FILE", raising=False)
+
+
+@pytest.fixture(autouse=True)
 def _user_config_folders_do_not_leak():
     """An in-process ``main([... --config-dir D])`` adds ``D`` to the environment (``paths.add_user_dirs``,
     for launcher workers); restore it so a later test's help and search order are its own."""

@@ -136,8 +136,8 @@ def test_tampered_data_are_caught_on_read(how, pristine, tmp_path, capsys):
     with pytest.raises(Exception, match="digest|checksum|crc|Checksum|decode"):      # lazy: caught when read
         open_store(url).load("r", "dla")[var].values
     assert catalog_cli.main(["verify", f"url={url}", "run=r"]) == 1
-    out = capsys.readouterr().out
-    assert out.startswith("r  FAILED") and len(out.strip().splitlines()) == 1
+    policy, *out = capsys.readouterr().out.strip().splitlines()          # the reader's signer policy first
+    assert policy.startswith("signer-policy  ") and len(out) == 1 and out[0].startswith("r  FAILED"), out
     if how == "labels_swapped":                                        # show reads coords, not data
         assert catalog_cli.main(["show", f"url={url}", "run=r"]) == 2
 

@@ -19,6 +19,7 @@ pytest.importorskip("cryptography", reason="signatures need the `sign` extra (cr
 from reward_lens_spec.store import open_store  # noqa: E402
 from reward_lens_spec.store.catalog_cli import main as store_main  # noqa: E402
 from reward_lens_spec.store.log import entry_hash  # noqa: E402
+from reward_lens_spec.store.trust_root import ENV_TRUST  # noqa: E402
 from reward_lens_spec.trust.evidence import content_hash  # noqa: E402
 from reward_lens_spec.trust.scorecard import write_card  # noqa: E402
 from reward_lens_spec.trust.signing import ENV_KEY  # noqa: E402
@@ -73,9 +74,17 @@ def copy(src, tmp_path):
 
 
 def trust_keys(store, keys, *names, require=True):
+    """List ``names``' keys in the store and pin them (and ``@require``) in a reader's trust file
+    (``store.trust_root``) beside it, named by the environment."""
+    lines = []
     for n in names:
         assert store_main(["keys", f"url={store}", f"add={keys / n}.key.pub", f"name={n}"]) == 0
+        lines.append(f"{n}@lab {store} ed25519:{(keys / f'{n}.key.pub').read_text().strip()}")
     assert store_main(["keys", f"url={store}", f"require={'true' if require else 'false'}"]) == 0
+    path = f"{store}.trust"
+    with open(path, "w") as f:
+        f.write("\n".join(lines + (["@require *"] if require else [])) + "\n")
+    os.environ[ENV_TRUST] = path               # restored after each test (conftest)
 
 
 def test_signed_by_a_trusted_key_calibrates(_signed, keys, tmp_path, capsys):
@@ -86,7 +95,7 @@ def test_signed_by_a_trusted_key_calibrates(_signed, keys, tmp_path, capsys):
     capsys.readouterr()
     assert store_main(["keys", f"url={store}"]) == 0
     out = capsys.readouterr().out
-    assert "1 trusted key(s); signers required" in out and " lab " in out
+    assert "1 listed key(s), 1 trusted; signers required" in out and " lab " in out and "pinned" in out
     assert store_main(["verify", f"url={store}"]) == 0
 
 

@@ -23,14 +23,14 @@ resample ablation, steering in units of the residual's RMS over pairs) makes the
 correct, but its memory is then that of the whole dataset.
 
 Resume and shards: a job computes the chunks ``k`` with ``k % store.shards == store.shard``
-that have no marker yet (or whose data no longer match the digests their marker records: each
-marker holds the digest of every region the chunk wrote, and a job re-reads every chunk it adopts
-before trusting it — the completing job every chunk of the run), in the attempt it shares with its launch (``store.launch``, or Hydra's
-sweep dir) or adopts from a dead writer (``store.attempts``). Chunks are the same pairs
-whoever computes them, so a resumed or sharded run is bit-identical to one uninterrupted job.
-A killed writer on this host is seen dead at once (its process is gone); one on another host only
-when its lease expires (``store.attempts.LEASE_S``, 60 s): a rerun started elsewhere before that
-computes the run in an attempt of its own instead of resuming.
+that have no marker yet, or whose marker is not this user's as written (``Attempt.authentic``) or whose
+data no longer match the digests it records (a job re-reads every chunk it adopts, the completing job
+every chunk of the run), in the attempt it shares with its launch (``store.launch``, or Hydra's sweep
+dir) or adopts from a dead writer (``store.attempts``). Chunks are the same pairs whoever computes them,
+so a resumed or sharded run is bit-identical to one uninterrupted job. A killed writer on this host is
+seen dead at once (its process is gone); one on another host only when its lease expires
+(``store.attempts.LEASE_S``, 60 s): a rerun started elsewhere before that computes the run in an attempt
+of its own instead of resuming.
 """
 from __future__ import annotations
 
@@ -295,14 +295,14 @@ def _chunk_loop(att, role, p, ks, reduced, sh, progress) -> list:
 
 
 def _unverified(att, sh, p, marks: dict) -> set:
-    """Chunks among ``marks`` (chunk index -> its marker) whose stored regions do not match the digests
-    their marker records (or whose marker records none): recomputed, never adopted."""
+    """Chunks among ``marks`` (index -> marker) whose marker is not this user's as written (``Attempt.authentic``),
+    records no digests, or records digests their stored regions do not match: recomputed, never adopted."""
     if not marks:
         return set()
     b, cache, bad = sh["b"], {}, set()
     for k, m in sorted(marks.items()):
         want = (m or {}).get("digests")
-        if not isinstance(want, dict) or not want:
+        if not want or not isinstance(want, dict) or not att.authentic(f"{f'pass{p}.' if p else ''}chunk.{k}", m):
             bad.add(k)
             continue
         sl = sh["slices"][k]

@@ -9,7 +9,9 @@ document naming the attempt whose data it lists::
     runs/<run_id>/<aid>/zarr.json           attempt group; attrs: shards, chunk_pairs, n_pairs, created
     runs/<run_id>/<aid>/<observable>/       that attempt's data (an xarray Dataset in Zarr v3)
     runs/<run_id>/<aid>/_ctl/lease.<role>.<gen>.json   who works on a role, renewed by a heartbeat
-    runs/<run_id>/<aid>/_ctl/chunk.<k>.json chunk ``k``'s regions are written (its counts, its writer)
+    runs/<run_id>/<aid>/_ctl/chunk.<k>.json chunk ``k``'s regions are written (its counts, its writer, the
+                                            digests of its regions, and ``tag``: an HMAC under the
+                                            writing user's key, ``Attempt.authentic``)
     runs/<run_id>/<aid>/_ctl/skeleton.json  the arrays of every chunk exist (regions may be written)
 
 Roles are ``write`` (a whole-dataset ``write_run``), ``skeleton``, ``shard-<i>``
@@ -44,6 +46,7 @@ import time
 import uuid
 
 from reward_lens_spec.errors import StoreError
+from reward_lens_spec.signed_cache import tagged_by_user, user_tag
 from reward_lens_spec.store._backend import DOC, RUNS, Backend, group_doc
 from reward_lens_spec.store.log import append as append_to_log
 from reward_lens_spec.store.state import run_state
@@ -51,6 +54,7 @@ from reward_lens_spec.store.state import run_state
 # a lease whose heartbeat is older than this is dead (env REWARD_LENS_SPEC_LEASE_S: e.g. shorter in tests)
 LEASE_S = float(os.environ.get("REWARD_LENS_SPEC_LEASE_S") or 60.0)
 PREFIX = "attempt-"
+MARKER_TAG = "chunk-marker"     # the kind of a marker's tag (signed_cache.user_tag)
 CTL = "_ctl"
 _LEASE = re.compile(r"^lease\.(?P<role>[A-Za-z0-9-]+)\.(?P<gen>\d+)\.json$")
 _CHUNK = re.compile(r"^chunk\.(?P<k>\d+)\.json$")
@@ -215,7 +219,11 @@ class Attempt:
         if cur is not None and lease_live(cur[1], lease_s=self.lease_s):
             return False
         gen = 0 if cur is None else cur[0] + 1
-        if not self.b.create_exclusive(self._lease_key(role, gen), self._lease_doc(False)):
+        try:
+            created = self.b.create_exclusive(self._lease_key(role, gen), self._lease_doc(False))
+        except StoreError as e:
+            raise self._collected(e) from None
+        if not created:
             return False
         with self._lock:
             self._held[role] = gen
@@ -228,7 +236,19 @@ class Attempt:
         with self._lock:
             gen = self._held.pop(role, None)
         if gen is not None:
-            self.b.write_atomic(self._lease_key(role, gen), self._lease_doc(True))
+            try:
+                self.b.write_atomic(self._lease_key(role, gen), self._lease_doc(True))
+            except StoreError as e:
+                raise self._collected(e) from None
+
+    def _collected(self, e: StoreError) -> StoreError:
+        """``e`` in one line naming what happened when the write failed because this attempt's folder went
+        (a ``store gc`` collected it while this writer was stalled), else ``e`` itself."""
+        if not isinstance(e.__cause__, (FileNotFoundError, NotADirectoryError)):
+            return e
+        return StoreError(f"store {self.b.url}: run {self.run_id}: attempt {self.aid} was removed while this writer "
+                          "was stalled (`store gc` collects an attempt whose writer looks dead); nothing of this "
+                          "writer is listed. Fix: run the same command again.")
 
     def fence(self, role: str) -> None:
         """Raise StoreError unless this process still holds ``role`` (heartbeat fresh, not superseded)."""
@@ -284,9 +304,26 @@ class Attempt:
 
     # -- chunks and completion ---------------------------------------------------------------
     def mark(self, name: str, info: dict, role: str) -> None:
-        """Record ``_ctl/<name>.json`` (e.g. ``chunk.3``, ``skeleton``) after its data are written."""
+        """Record ``_ctl/<name>.json`` (e.g. ``chunk.3``, ``skeleton``) after its data are written, tagged
+        with this user's key (``signed_cache.user_tag``) over the run, the attempt, the name and ``info``."""
         self.fence(role)
-        self.b.write_atomic(f"{self.prefix}/{CTL}/{name}.json", json.dumps(info, sort_keys=True).encode())
+        tag = user_tag(MARKER_TAG, self._marker_text(name, info))
+        doc = {**info, "tag": tag} if tag else info
+        try:
+            self.b.write_atomic(f"{self.prefix}/{CTL}/{name}.json", json.dumps(doc, sort_keys=True).encode())
+        except StoreError as e:
+            raise self._collected(e) from None
+
+    def _marker_text(self, name: str, info: dict) -> str:
+        return json.dumps([self.run_id, self.aid, name, {k: v for k, v in info.items() if k != "tag"}],
+                          sort_keys=True)
+
+    def authentic(self, name: str, marker: dict | None) -> bool:
+        """True when ``marker`` (as read from ``_ctl/<name>.json``) carries this user's tag over exactly its
+        content here: a marker edited, copied from another chunk or attempt, or written by someone else (a
+        writer with store access, or another user) is not, and its chunk is recomputed, never adopted."""
+        return isinstance(marker, dict) and tagged_by_user(MARKER_TAG, self._marker_text(name, marker),
+                                                           marker.get("tag"))
 
     def marker(self, name: str) -> dict | None:
         try:

@@ -12,15 +12,24 @@ Commands (all key=value arguments; loads no model, imports no torch):
     gc       url= [older_than=SECONDS] remove what no live writer holds and no reader lists
                                        (default age 3600 s; never a complete run, never via a symlink)
     migrate  url=                      bring an older store's root to this layout
-    verify   url= [run=] [recompute=K] read every complete run (or one) and check its arrays against the
+    verify   url= [run=] [recompute=K] [trust_file=PATH]
+                                       the reader's signer policy and where it came from (first line), then
+                                       read every complete run (or one) and check its arrays against the
                                        digests in its sealed document, and the evidence log: one line per run;
                                        recompute=K (or --recompute K) also re-executes K sampled pairs of each
                                        run whose model is at hand and every card's organism check, and compares
                                        with the stored values; exit 1 on a failure
     keygen   out=PATH                  a new ed25519 signing key (PATH, mode 0600) and PATH.pub (extra `sign`)
     keys     url= [add=PATH.pub] [name=LABEL] [require=true|false]
-                                       list (add) the store's trusted signers; require: evidence must be
-                                       signed by one of them (writers sign with REWARD_LENS_SPEC_SIGN_KEY=PATH)
+                                       list (add) keys in the store's keys/ and show which the reader's trust
+                                       file pins; a listed key is not trusted, and require=false lowers
+                                       nothing (writers sign with REWARD_LENS_SPEC_SIGN_KEY=PATH)
+
+Trust root: which keys are trusted and which stores require signers is read from the READER's lab trust
+file, ``REWARD_LENS_SPEC_TRUST_FILE=PATH`` or ``trust_file=PATH`` here (``store.trust_file=PATH`` for every
+command), never from the store; one line a signer, git ``allowed_signers``-shaped:
+``PRINCIPAL STORE-PATTERN ed25519:<hex public key>`` (or ``sha256:<hex fingerprint>``), and
+``@require STORE-PATTERN`` (``store.trust_root``).
 
 ``trust`` is derived on read from the store's evidence (``trust.evidence``), never the
 stored label; ``trust_verified=false`` lists the records whose stored label or documents
@@ -37,11 +46,13 @@ import sys
 
 import yaml
 
-from reward_lens_spec.errors import StoreError, did_you_mean
+from reward_lens_spec.errors import RewardLensError, StoreError, did_you_mean
+from reward_lens_spec.store.trust_root import use_words
 
 COMMANDS = ("ls", "show", "diff", "export", "gc", "migrate", "verify", "keygen", "keys")
 KEYS = {"url", "run", "a", "b", "run_b", "observable", "var", "out", "model_fingerprint", "dataset", "trust",
-        "trust_verified", "spec_hash", "model", "older_than", "endpoint_url", "recompute", "add", "name", "require"}
+        "trust_verified", "spec_hash", "model", "older_than", "endpoint_url", "recompute", "add", "name", "require",
+        "trust_file"}
 FILTERS = ("model_fingerprint", "dataset", "observable", "trust", "trust_verified", "spec_hash", "model")
 LS_COLUMNS = ("run_id", "observables", "model", "dataset", "trust", "created", "model_fingerprint")
 WIDTH = 100
@@ -71,6 +82,8 @@ def _parse(argv: list[str]) -> tuple[str, dict]:
             raise StoreError(f"store {cmd}: bad argument {tok!r}; expected key=value with key in "
                              f"{', '.join(sorted(KEYS))}.{did_you_mean(key, KEYS)}")
         kv[key] = value
+    if "trust_file" in kv:                              # the reader's trust root (store.trust_root)
+        use_words([f"trust_file={kv.pop('trust_file')}"], "trust_file")
     if "url" not in kv and cmd != "keygen":
         raise StoreError(f"store {cmd}: url= is required.")
     if cmd == "diff":                                  # the older spelling run= run_b= still works
@@ -179,7 +192,7 @@ def main(argv: list[str]) -> int:
     try:
         cmd, kv = _parse(argv)
         rc = _run(cmd, kv)
-    except StoreError as e:
+    except RewardLensError as e:                  # a store error, or a bad trust file (SpecError)
         print(f"error: {e}", file=sys.stderr)
         return 2
     return rc or 0

@@ -1,10 +1,10 @@
-"""A store's trusted signers: ``<store>/keys/<key id>.json`` (one public key each) and
+"""A store's listed signers: ``<store>/keys/<key id>.json`` (one public key each) and
 ``<store>/keys/policy.json`` (``{"require_signers": true|false}``).
 
 Plain JSON files beside the Zarr hierarchy (zarr ignores them), written with the store's own exclusive
-and atomic writes (``Backend``); see ``trust.signing`` for what they mean on read. Someone who can
-write the store can add a key here too: compare ``reward-lens-spec store keys url=...`` with the
-lab's own list of key ids.
+and atomic writes (``Backend``). They are a list, not trust: someone who can write the store can edit
+them, so a reader trusts only the keys its own trust file pins (``store.trust_root``), and the policy
+file can raise the requirement for signers, never lower it.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ _KEY = re.compile(r"^(?P<id>[0-9a-f]{16})\.json$")
 
 
 def trusted_keys(b: Backend) -> dict[str, dict]:
-    """``{key id: {"public_key": hex, "name": str}}``; a file whose key does not hash to its name is skipped."""
+    """The keys the store lists (not trusted by that alone: ``store.trust_root``):
+    ``{key id: {"public_key": hex, "name": str}}``; a file whose key does not hash to its name is skipped."""
     from reward_lens_spec.trust.signing import key_id
 
     out = {}
@@ -38,7 +39,7 @@ def trusted_keys(b: Backend) -> dict[str, dict]:
 
 
 def add_key(b: Backend, public_hex: str, name: str = "") -> str:
-    """Trust ``public_hex`` in this store; return its key id (adding a key already there is a no-op)."""
+    """List ``public_hex`` in this store; return its key id (adding a key already there is a no-op)."""
     from reward_lens_spec.trust.signing import key_id
 
     kid = key_id(public_hex)
@@ -48,8 +49,8 @@ def add_key(b: Backend, public_hex: str, name: str = "") -> str:
 
 
 def require_signers(b: Backend) -> bool:
-    """True when the store requires every piece of evidence to be signed by a trusted key (a garbled
-    policy file counts as requiring: an edit cannot switch the requirement off)."""
+    """True when the store's own policy file asks for signers (a garbled one counts as asking); it can
+    only raise the reader's requirement (``store.trust_root.policy``)."""
     try:
         doc = b.read_json(POLICY)
     except ValueError:

@@ -19,10 +19,11 @@ killed writer, or another writer completed first) orders nothing.
 Reading (``read_log``): entries ``0, 1, 2, …`` must be contiguous, each holding its own ``seq``,
 chaining to its predecessor's hash and hashing to its ``hash``. At the first entry that fails (edited,
 removed, reordered, garbage) the chain stops: that entry and every later one order nothing, and the
-documents they logged read as not in the log. With trusted keys (``store.keys``), a signed entry must
-verify; when the store requires signers, an unsigned entry or one by an unknown key orders nothing
-either (the chain continues past it). Ordering, "frozen before the run" and which runs an adjudication
-scores all use ``seq``, never a wall clock (``trust.evidence``).
+documents they logged read as not in the log. Which keys are trusted and whether signers are required
+is the READER's policy (``store.trust_root``: a lab trust file the reader names), never the store's
+``keys/``: an entry signed by a trusted key must verify; where signers are required, an unsigned entry or
+one by a key not pinned for this store orders nothing either (the chain continues past it). Ordering,
+"frozen before the run" and which runs an adjudication scores all use ``seq``, never a wall clock (``trust.evidence``).
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from reward_lens_spec.errors import StoreError
 from reward_lens_spec.store._backend import Backend
+from reward_lens_spec.store.trust_root import policy
 
 LOG = "log"
 _ENTRY = re.compile(r"^(?P<seq>\d{12})\.json$")
@@ -98,10 +100,12 @@ def append(b: Backend, run_id: str, attrs: dict, fence=None) -> dict:
 
 
 class LogView:
-    """The verified log of one store, as read now: which documents it orders and at which ``seq``."""
+    """The verified log of one store, as read now: which documents it orders and at which ``seq``;
+    ``policy``: the reader's signer policy it was verified under (``store.trust_root.Policy``)."""
 
-    def __init__(self, entries: list[dict], by_doc: dict, error: str | None, next_seq: int):
+    def __init__(self, entries: list[dict], by_doc: dict, error: str | None, next_seq: int, policy=None):
         self.entries, self.by_doc, self.error, self.next_seq = entries, by_doc, error, next_seq
+        self.policy = policy
 
     @classmethod
     def empty(cls) -> "LogView":
@@ -123,9 +127,10 @@ class LogView:
 
 
 def read_log(b: Backend) -> LogView:
-    """Read and verify the whole log (see the module doc); never raises for a damaged log."""
-    from reward_lens_spec.store.keys import require_signers, trusted_keys
-
+    """Read and verify the whole log under the reader's signer policy (``store.trust_root.policy``: the
+    reader's trust file, never the store's ``keys/``); never raises for a damaged log (``SpecError`` for an
+    unreadable trust file)."""
+    pol = policy(b)
     seqs = _seqs(b)
 
     def load(s):
@@ -137,7 +142,7 @@ def read_log(b: Backend) -> LogView:
     workers = 1 if b.local else min(16, max(1, len(seqs)))
     with ThreadPoolExecutor(workers) as pool:
         docs = list(pool.map(load, seqs))
-    keys, required = (trusted_keys(b), require_signers(b)) if b.exists_key("keys") else ({}, False)
+    keys, required = pol.keys, pol.required
     by_doc, entries, prev, error = {}, [], "", None
     for want, (s, e) in enumerate(zip(seqs, docs)):
         if s != want:
@@ -155,7 +160,7 @@ def read_log(b: Backend) -> LogView:
         by_doc[(str(e.get("id")), str(e.get("doc")))] = (s, _signature_problem(e, keys, required))
         entries.append(e)
         prev = e["hash"]
-    return LogView(entries, by_doc, error, len(seqs) if error is None else max(seqs, default=-1) + 1)
+    return LogView(entries, by_doc, error, len(seqs) if error is None else max(seqs, default=-1) + 1, pol)
 
 
 def _signature_problem(e: dict, keys: dict, required: bool) -> str | None:
@@ -163,7 +168,8 @@ def _signature_problem(e: dict, keys: dict, required: bool) -> str | None:
     if signer is None:
         return "is unsigned and the store requires signers" if required else None
     if signer not in keys:
-        return f"is signed by key {signer}, not a trusted key of this store" if required else None
+        return f"is signed by key {signer}, not a trusted key of this store (none pinned for it by the reader's " \
+               "trust file)" if required else None
     from reward_lens_spec.trust.signing import available, verify
 
     if not available():

@@ -1,10 +1,12 @@
 """``reward-lens-spec store verify url=URL [run=ID] [recompute=K]`` and the signer commands
 ``store keygen out=PATH`` / ``store keys url=URL [add=PATH.pub] [name=LABEL] [require=true|false]``.
 
-verify: each run's arrays are read once and checked against the digests in its sealed run document
-(``store.digest``; chunks also fail their ``crc32c`` checksum at decode), the document's seal is re-checked,
-and the store's evidence log (``store.log``) must verify and order every sealed document (where the store
-requires signers, by a trusted signature). One line per run: ``<run_id>  verified|no-digests|FAILED
+verify: first the reader's signer policy and where it came from (``signer-policy  ...``: the trust
+file named by ``REWARD_LENS_SPEC_TRUST_FILE`` / ``trust_file=``, ``store.trust_root``), then each run's
+arrays are read once and checked against the digests in its sealed run document (``store.digest``;
+chunks also fail their ``crc32c`` checksum at decode), the document's seal is re-checked, and the store's
+evidence log (``store.log``) must verify and order every sealed document (where the reader's policy
+requires signers, by a signature of a key its trust file pins). One line per run: ``<run_id>  verified|no-digests|FAILED
 <detail>``; a broken log adds an ``evidence-log  FAILED`` line. ``recompute=K`` (``--recompute K``) adds a
 ``recompute`` line per run: K sampled pairs re-executed through the one executor, and every scorecard's
 organism check graded again (``trust.recompute``). Exit code 1 when anything fails (the CLI's 2 stays for
@@ -29,9 +31,13 @@ def verify_lines(store, run_id: str | None = None, *, recompute: int = 0,
     ev = store.evidence()
     ids = [run_id] if run_id else sorted(ev.docs, key=ev.order_key)
     lines, ok = [], True
+    if ev.log is not None and ev.log.policy is not None:
+        lines.append(f"signer-policy  {ev.log.policy.source}")
     if ev.log is not None and ev.log.error:
         lines.append(f"evidence-log  FAILED  {ev.log.error}: every document from there on is unordered")
         ok = False
+    if not ids:
+        lines.append(f"no complete runs in {store.url}")
     for rid in ids:
         r = store.verify(rid)
         doc = ev.docs.get(rid) or store.document(rid)
@@ -59,37 +65,40 @@ def run_verify(store, kv: dict) -> int:
     except ValueError:
         raise StoreError(f"store verify: recompute={kv['recompute']!r} is not a number of pairs.") from None
     lines, ok = verify_lines(store, kv.get("run") or None, recompute=k)
-    print("\n".join(lines) if lines else f"no complete runs in {store.url}")
+    print("\n".join(lines))
     return 0 if ok else 1
 
 
 def run_keys(cmd: str, kv: dict, storage_options=None) -> int:
     """``keygen`` and ``keys`` (see the module doc and ``trust.signing``)."""
     from reward_lens_spec.store._backend import Backend
-    from reward_lens_spec.store.keys import add_key, require_signers, set_require_signers, trusted_keys
+    from reward_lens_spec.store.keys import add_key, set_require_signers, trusted_keys
+    from reward_lens_spec.store.trust_root import ENV_TRUST, policy
     from reward_lens_spec.store.writer import check_layout
     from reward_lens_spec.trust.signing import ENV_KEY, generate, read_public
 
     if cmd == "keygen":
         if not kv.get("out"):
             raise StoreError("store keygen: missing out=PATH (where to write the private key).")
-        kid, _ = generate(kv["out"])
+        kid, pub = generate(kv["out"])
         print(f"key {kid}: private {kv['out']} (keep it secret), public {kv['out']}.pub\n"
-              f"trust it: reward-lens-spec store keys url=STORE add={kv['out']}.pub; "
-              f"sign with it: export {ENV_KEY}={kv['out']}")
+              f"trust it: add the line `NAME STORE-PATTERN ed25519:{pub}` to the readers' lab trust file "
+              f"({ENV_TRUST}); sign with it: export {ENV_KEY}={kv['out']}")
         return 0
     b = Backend(kv["url"], storage_options)
     check_layout(b)
     if kv.get("add"):
-        print(f"trusted key {add_key(b, read_public(kv['add']), kv.get('name', ''))} added to {b.url}")
+        pub = read_public(kv["add"])
+        print(f"key {add_key(b, pub, kv.get('name', ''))} listed in {b.url} (a list, not trust: readers trust it "
+              f"once their trust file pins it, e.g. the line `{kv.get('name') or 'NAME'} {b.url} ed25519:{pub}`)")
     if kv.get("require") is not None:
         value = str(kv["require"]).lower()
         if value not in ("true", "false"):
             raise StoreError(f"store keys: require={kv['require']!r}; expected true or false.")
         set_require_signers(b, value == "true")
-    keys = trusted_keys(b)
+    keys, pol = trusted_keys(b), policy(b)
     for kid, k in sorted(keys.items()):
-        print(f"{kid}  {k['name'] or '-'}  {k['public_key']}")
-    print(f"{len(keys)} trusted key(s); signers {'required' if require_signers(b) else 'not required'}"
-          if b.exists_key("keys") else "no trusted keys; signers not required")
+        print(f"{kid}  {k['name'] or '-'}  {k['public_key']}  {'pinned' if kid in pol.keys else 'not pinned'}")
+    print(f"{len(keys)} listed key(s), {len(pol.keys)} trusted; signers "
+          f"{'required' if pol.required else 'not required'} ({pol.source})")
     return 0

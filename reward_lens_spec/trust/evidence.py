@@ -18,8 +18,8 @@ the documents the store holds now:
   hash of the stored study (an edited threshold breaks both);
 * order is the store's evidence log (``store.log``), never a wall clock: each document's ``seq`` (sealed,
   with its ``created``) must be the one of a verified log entry carrying its content hash; a document the
-  log does not order (absent, edited, its entry edited/removed/reordered, or — where the store requires
-  signers — not signed by a trusted key) lifts nothing: a run reads exploratory and unverified, such a
+  log does not order (absent, edited, its entry edited/removed/reordered, or — where the reader's trust
+  file requires signers (``store.trust_root``) — not signed by a key it pins) lifts nothing: a run reads exploratory and unverified, such a
   card or study fails the gate it would pass;
 * a **result run** is ``calibrated`` for each output variable a valid, passing,
   *latest* card (per organism kind and base, same observable content hash and

@@ -7,7 +7,10 @@ A seal says the stored numbers are the ones written; recomputing says they are t
   (seeded, reproducible) and the plan executed on those pairs alone, in memory, through the one
   executor (``run.executor.compute``). Every stored per-pair output is compared with the recomputed one
   on those pairs: max |Δ| per variable, within ``RTOL`` × the variable's largest stored |value|
-  (float error of another batch composition). Outputs that reduce over pairs, or that are expressed in
+  (float error of another batch composition). The descriptive fields (dataset name and checksum, the
+  counts ``effective_n`` incl. ``n_scored``, ``data_flags``, the ``excluded`` and flagged pair ids) are
+  re-derived from the data file and the tokenizer over every pair and must equal the stored ones
+  (``descriptive_mismatches``). Outputs that reduce over pairs, or that are expressed in
   a fitted frame, cannot be recomputed from a sample and are named as skipped. A run whose model (or
   dataset file) is not at hand is skipped, saying why; a mismatch fails.
 * a **scorecard**: its organism check is graded again (``trust.scorecard.grade``: same observable,
@@ -19,8 +22,11 @@ Returns lines for ``store verify`` and whether everything recomputed agreed.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
+
+from ..data.accounting import accounting
 
 RTOL = 1e-3
 
@@ -41,7 +47,7 @@ def recompute_run(store, run_id: str, k: int, *, base_dir: str, seed: int = 0) -
     from ..planning import plan_for
     from ..run.compose import finish
     from ..run.executor import compute
-    from ..run.inputs import load_dataset, load_lm
+    from ..run.inputs import encode, load_dataset, load_lm
 
     attrs = store.document(run_id)
     text = attrs.get("config_yaml")
@@ -52,13 +58,16 @@ def recompute_run(store, run_id: str, k: int, *, base_dir: str, seed: int = 0) -
         plan, info = plan_for(run, base_dir)
         pairs = load_dataset(run.dataset, base_dir)
         lm = load_lm(run.model, base_dir)
+        enc = encode(lm, pairs, run.model)
     except (RewardLensError, OSError, ValueError) as e:
         return None, f"not recomputed: model or data not at hand ({type(e).__name__}: {str(e)[:160]})"
+    wrong = descriptive_mismatches(attrs, run, pairs, enc)
+    described = "descriptive fields " + ("MISMATCH: " + "; ".join(wrong) if wrong else "agree")
     stored = store.load(run_id, run.observable.name, lazy=False)           # digest-checked as read
     expressed = set((attrs.get("frame") or {}).get("expressed_outputs") or ())
     per_pair = [v for v in stored if "pair" in stored[v].dims and v not in expressed]
     if not per_pair:
-        return None, "no per-pair output to recompute on a sample"
+        return (False if wrong else None), f"{described}; no per-pair output to recompute on a sample"
     have = [str(p) for p in stored[per_pair[0]]["pair"].values]
     ids = [i for i in pairs.ids if i in set(have)]
     rng = np.random.default_rng(seed)
@@ -83,8 +92,36 @@ def recompute_run(store, run_id: str, k: int, *, base_dir: str, seed: int = 0) -
         ok &= good
         parts.append(f"{v} max|Δ| {diff:.3g}" + ("" if good else f" > {RTOL:g} × {scale:.3g} MISMATCH"))
     skipped = sorted(set(stored) - set(per_pair))
-    return ok, (f"recomputed {len(chosen)} pair(s): " + ", ".join(parts)
-                + (f"; not recomputable from a sample: {', '.join(skipped)}" if skipped else ""))
+    return ok and not wrong, (f"{described}; recomputed {len(chosen)} pair(s): " + ", ".join(parts)
+                              + (f"; not recomputable from a sample: {', '.join(skipped)}" if skipped else ""))
+
+
+def _plain(x):
+    """``x`` as its JSON round trip (what a stored document holds)."""
+    return json.loads(json.dumps(x, sort_keys=True, default=str))
+
+
+def descriptive_mismatches(attrs: dict, run, pairs, enc) -> list[str]:
+    """The run document's descriptive fields that differ from the ones re-derived from its config, its data
+    file and the model's tokenizer (as ``run.executor`` derives them): ``dataset``, ``dataset_checksum``,
+    ``observable``, ``model``, ``effective_n`` (``n``, ``n_scored``, ``n_unique``, ``n_prompt_clusters``),
+    ``data_flags``, ``excluded`` and ``pair_flags`` (ids). One ``"key: stored X, re-derived Y"`` each."""
+    acc = accounting(pairs, enc)
+    want = {"dataset": run.dataset.name, "dataset_checksum": pairs.checksum, "observable": run.observable.name,
+            "model": run.model.name,
+            "effective_n": {"n": len(pairs), "n_scored": len(enc.pair_ids), "n_unique": pairs.n_unique,
+                            "n_prompt_clusters": pairs.n_prompt_clusters},
+            "data_flags": {k: len(v) for k, v in pairs.flags.items()},
+            "excluded": acc["excluded"], "pair_flags": acc["pair_flags"]}
+    out = []
+    for key, value in _plain(want).items():
+        got = _plain(attrs.get(key))
+        if isinstance(value, dict) and isinstance(got, dict):
+            out += [f"{key}.{k}: stored {str(got.get(k))[:60]}, re-derived {str(v)[:60]}"
+                    for k, v in sorted({**{k: None for k in got}, **value}.items()) if got.get(k) != v]
+        elif got != value:
+            out.append(f"{key}: stored {str(got)[:60]}, re-derived {str(value)[:60]}")
+    return out
 
 
 def recompute_card(store, card_id: str) -> tuple[bool | None, str]:

@@ -4,17 +4,19 @@ A lab that wants evidence nobody can forge without a private key:
 
 * ``reward-lens-spec store keygen out=lab.key`` writes a private key (PEM, mode 0600) and its public
   key next to it (``lab.key.pub``: the raw 32-byte key, hex), and prints the key id;
-* ``reward-lens-spec store keys url=STORE add=lab.key.pub [name=LABEL] [require=true]`` lists the
-  store's trusted public keys (``<store>/keys/<key id>.json``), adds one, and with ``require`` makes
-  the store require signers (``<store>/keys/policy.json``);
+* every reader pins the lab's keys in its own trust file (``store.trust_root``: one line a signer,
+  ``PRINCIPAL STORE-PATTERN ed25519:<hex>``, and ``@require STORE-PATTERN``), named by
+  ``REWARD_LENS_SPEC_TRUST_FILE`` or ``store.trust_file=PATH``; ``reward-lens-spec store keys url=STORE
+  add=lab.key.pub`` only lists a key in the store (``<store>/keys/<key id>.json``): a list, not trust;
 * a writer signs with the private key named by the environment variable ``REWARD_LENS_SPEC_SIGN_KEY``
   (a path; never part of a run's config, so it reaches no provenance): every entry of the store's
   evidence log (``store.log``) — which binds a document's seal (its content hash), its sequence number
   and the previous entry's hash — carries ``signer`` (key id) and ``sig`` (ed25519 over the entry hash).
 
-On read, an entry signed by a trusted key must verify; when the store requires signers, an entry that
-is unsigned, signed by a key not in the list, or badly signed does not order its document, so that
-document reads as not in the log (trust cannot rise above ``exploratory`` from it).
+On read, an entry signed by a trusted key must verify; when the reader's policy requires signers for
+the store, an entry that is unsigned, signed by a key its trust file does not pin, or badly signed does
+not order its document, so that document reads as not in the log (trust cannot rise above
+``exploratory`` from it).
 
 Key id = the first 16 hex digits of sha256 of the raw public key. Ed25519: Bernstein et al. 2012,
 "High-speed high-security signatures" (RFC 8032).
