@@ -127,6 +127,58 @@ def test_patching_the_planted_mlp_removes_the_margin_and_upstream_sites_change_n
     np.testing.assert_allclose(att.sel(layer=2, component="mlp").values, exact, rtol=0, atol=0.2 * np.abs(exact).max())
 
 
+def _plain_implicit_margin(lm, enc, starts, i, hook=None):
+    """β·Σ_t [log π − log π_ref] over the response of each side, chosen minus rejected, from plain forwards;
+    ``hook = (module of the policy, the reference's module)`` swaps that module's output for the reference's."""
+    r = []
+    for s, ids in enumerate((enc.chosen[i], enc.rejected[i])):
+        st = max(1, int(starts[i][s]))
+        ref = _plain_logp(lm.reference.model, ids)
+        if hook is None:
+            pol = _plain_logp(lm.policy.model, ids)
+        else:
+            got = {}
+            h1 = hook[1].register_forward_hook(lambda m, a, o: got.__setitem__("x", o))
+            _plain_logp(lm.reference.model, ids)
+            h1.remove()
+            h2 = hook[0].register_forward_hook(lambda m, a, o: got["x"])
+            try:
+                pol = _plain_logp(lm.policy.model, ids)
+            finally:
+                h2.remove()
+        r.append(lm.beta * (pol - ref)[st - 1:].sum())
+    return r[0] - r[1]
+
+
+def test_fraction_is_a_share_only_where_policy_and_reference_share_their_readout():
+    """Issue 37 item 4. Same readout (the MLP organism): the fraction is (m − m_patched)/m against plain forwards
+    and the last layer's output carries all of it. Different readout (the unembedding organism: only the policy's
+    unembedding differs, so no residual patch moves the margin): the fraction is refused, NaN with a reason."""
+    from reward_lens_spec.models.implicit_patch import readout_difference
+    lm, _ = mlp_organism(0.3, 2, beta=1.0)
+    pairs = make_pairs(2)
+    res, _, enc = _compute(lm, "implicit_patch", pairs, batch_size=8)
+    frac = res["implicit_patch_fraction"]
+    assert readout_difference(lm) is None and "fraction_refused" not in frac.attrs
+    assert frac.attrs["denominator"].startswith("m,")
+    starts = response_starts(lm.tokenizer, pairs, enc)
+    for i in range(2):
+        m = _plain_implicit_margin(lm, enc, starts, i)
+        for layer in (2, 3):
+            mod = (lm.policy.layers[layer], lm.reference.layers[layer])
+            mp = _plain_implicit_margin(lm, enc, starts, i, hook=mod)
+            assert abs(float(frac.isel(pair=i).sel(layer=layer, component="resid")) - (m - mp) / m) < 1e-4
+    np.testing.assert_allclose(frac.sel(layer=3, component="resid").values, 1.0, atol=1e-4)
+
+    other, _ = unembed_organism(0.7, S, beta=0.5)
+    assert "unembedding" in readout_difference(other)
+    res, _, _ = _compute(other, "implicit_patch", pairs, batch_size=8)
+    frac = res["implicit_patch_fraction"]
+    assert np.isnan(frac.values).all() and "not a share" in frac.attrs["fraction_refused"]
+    assert "denominator" not in frac.attrs
+    assert np.isfinite(res["implicit_patch_effect"].values).all()            # the effect is still reported
+
+
 def test_patching_refused_when_reference_free(organism):
     from reward_lens_spec.models.implicit import make_implicit
     base, _ = organism
@@ -163,7 +215,11 @@ def test_shipped_yaml_runs_through_the_executor(observable, tmp_path):
     out = execute(run, resolved_yaml=y, base_dir=str(tmp_path), store_url=str(tmp_path / "s.zarr"), progress=False)
     assert out.status == "complete"
     assert all(np.isfinite(out.result[v].values).any() for v in out.result.data_vars
-               if v not in ("subset_accuracy", "section_accuracy", "rewardbench_score"))   # diagnostic data: no subsets
+               if v not in ("subset_accuracy", "section_accuracy", "rewardbench_score")   # diagnostic data: no subsets
+               and "fraction_refused" not in out.result[v].attrs)
+    if observable == "implicit_patch":       # tiny_implicit: policy and reference differ in their readout
+        assert "unembedding" in out.result["implicit_patch_fraction"].attrs["fraction_refused"] or \
+            "final norm" in out.result["implicit_patch_fraction"].attrs["fraction_refused"]
 
 
 def test_bad_beta_is_a_spec_error():

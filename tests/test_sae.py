@@ -351,3 +351,27 @@ def test_a_multi_objective_head_gets_one_exact_split_per_objective_and_top_featu
                  for s in (enc.chosen[p], enc.rejected[p])]
         got = ds["c"].isel(pair=p).sum("feature").values + ds["e"].isel(pair=p).values
         np.testing.assert_allclose(got, r[0] - r[1], atol=5e-5)
+
+
+def test_patch_effect_description_states_its_sign_and_a_naive_forward_agrees(loaded):
+    """Issue 37 item 8: transplant's value is the rejected side's reward change (the margin change's negative),
+    zero's is the margin change; each checked against a plain forward with the feature edited at h."""
+    lm, sae, ds, ctx = loaded
+    enc, D = ctx.encoded, np.asarray(sae.W_dec, np.float64)
+    w = lm.model.score.weight[0].detach().double().numpy()
+    assert "rejected side's reward" in ds["patch_effect"].attrs["description"]
+    assert "its negative" in ds["patch_effect"].attrs["description"]
+    assert ds["zeroed"].attrs["description"].startswith("margin change")
+    checked = 0
+    for p in range(3):
+        (hc, rc), (hr, rr) = naive_readout(lm, enc.chosen[p]), naive_readout(lm, enc.rejected[p])
+        fc, fr = naive_encode(sae, hc)[0], naive_encode(sae, hr)[0]
+        for i in np.flatnonzero((fc != fr))[:3]:
+            rr_patched = rr + w @ ((fc[i] - fr[i]) * D[i])        # the head is linear in h: r = w·h + b
+            margin_change = (rc - rr_patched) - (rc - rr)
+            got = float(ds["patch_effect"].isel(pair=p, feature=i))
+            assert abs(got - (rr_patched - rr)) < 5e-5 and abs(got + margin_change) < 5e-5, (p, i)
+            zeroed = (rc - w @ (fc[i] * D[i])) - (rr - w @ (fr[i] * D[i])) - (rc - rr)
+            assert abs(float(ds["zeroed"].isel(pair=p, feature=i)) - zeroed) < 5e-5, (p, i)
+            checked += abs(margin_change) > 1e-4
+    assert checked >= 2

@@ -50,6 +50,25 @@ def check_patchable(lm) -> None:
                         f"d={r.hidden_size}, {lm.reference.n_layers} layers.", fix="drop the patch steps.")
 
 
+def readout_difference(lm) -> str | None:
+    """Why the policy and reference do not share a readout (final norm, unembedding, logit soft-cap), or None.
+
+    With one shared readout, patching the last layer's output from the reference makes the policy's run the
+    reference's (implicit margin 0), so ``(m − m_patched) / m`` is a share of the margin; otherwise no site
+    patched reaches the reference and that ratio is not a share of anything (it can exceed 1 or be negative).
+    """
+    pol, ref = lm.policy, lm.reference
+    parts = (("final norm", pol.final_norm, ref.final_norm), ("unembedding", pol.unembed, ref.unembed))
+    for what, a, b in parts:
+        sa, sb = a.state_dict(), b.state_dict()
+        if sa.keys() != sb.keys() or any(not torch.equal(sa[k], sb[k]) for k in sa):
+            return f"the policy's and the reference's {what} differ"
+    caps = [getattr(m.model.config, "final_logit_softcapping", None) for m in (pol, ref)]
+    if caps[0] != caps[1]:
+        return f"the policy's and the reference's final logit soft-caps differ ({caps[0]} vs {caps[1]})"
+    return None
+
+
 def _rows(encoded, pidx):
     seqs, starts = [], []
     for i in pidx:

@@ -8,7 +8,9 @@ one sequence per pair under a 4-D mask, layers below each copy's intervention sk
 the same self-check (the first and last copies are unpatched and must reproduce the captured
 base reward).
 
-Targets are ``(site, layer, head)``:
+Targets are ``(site, layer, head)``, or a tuple of them set together in one copy (a compound target, e.g. an
+ablation and a restore downstream of it; ``values`` then returns one array per setting, in order; no two
+settings of one target may name the same module):
   ``resid_post`` | ``attn_out`` | ``mlp_out``  the module's output at the readout token is set
                                              to the value (width d_model); ``head`` is ignored
   ``head``                                   head ``head``'s slice of the attention output
@@ -72,7 +74,7 @@ def set_readout(lm, encoded, cap, targets, values, pair_indices, *, base_side: i
         for start in range(0, len(targets), chunk):
             part = targets[start:start + chunk]
             n = len(part) + 2                            # unpatched copies first and last
-            vals = [torch.as_tensor(np.asarray(values(start + i, pairs), np.float32)) for i in range(len(part))]
+            vals = [_tensors(part[i], values(start + i, pairs)) for i in range(len(part))]
             cache, pmask, lengths = pb.take(prow)
             last = torch.tensor([seqs[p][-1] for p in pairs], device=dev)
             run = _run_packed if packed else _run_rows
@@ -100,11 +102,23 @@ def set_readout(lm, encoded, cap, targets, values, pair_indices, *, base_side: i
     return (out, counts, final) if keep_final else (out, counts)
 
 
+def settings(target) -> tuple:
+    """A target's settings: ``((site, layer, head),)``, or the tuple a compound target lists."""
+    return tuple(target) if isinstance(target[0], tuple) else (target,)
+
+
+def _tensors(target, v) -> tuple:
+    """The values of one target as float32 tensors, one per setting."""
+    vs = tuple(v) if isinstance(target[0], tuple) else (v,)
+    return tuple(torch.as_tensor(np.asarray(x, np.float32)) for x in vs)
+
+
 def _by_module(part, vals):
     """``{(site, layer): [(copy row, values (pair, width), head)]}``; copy rows start at 1."""
     by: dict = {}
-    for row, ((site, layer, h), v) in enumerate(zip(part, vals), start=1):
-        by.setdefault((site, layer), []).append((row, v, h))
+    for row, (t, vs) in enumerate(zip(part, vals), start=1):
+        for (site, layer, h), v in zip(settings(t), vs):
+            by.setdefault((site, layer), []).append((row, v, h))
     return by
 
 
@@ -145,7 +159,8 @@ def _start(site, layer, n_layers):
 
 def _run_packed(lm, part, vals, cache, pmask, lengths, last, n, dtype, dev, counts, gate=None):
     B, P = pmask.shape
-    skip = CopySkip(lm, np.array([0] + [_start(s, l, lm.n_layers) for s, l, _ in part] + [0]), P, B)
+    first = [min(_start(s, l, lm.n_layers) for s, l, _ in settings(t)) for t in part]
+    skip = CopySkip(lm, np.array([0] + first + [0]), P, B)
     fwd, pre = _hooks(lm, part, vals, skip, packed=True)
     skip.attach()
     handles = [m.register_forward_pre_hook(h) for m, h in pre]

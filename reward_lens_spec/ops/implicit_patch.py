@@ -5,8 +5,13 @@ Each cell re-runs the policy (``model.kind=implicit``) on both sides with that s
 position, by the reference model's output on the same tokens, and recomputes the implicit margin
 (``models.implicit_patch``). Quantities:
   effect    m_patched − m (reward units): the change of the implicit margin m = r_c − r_r
-  fraction  (m − m_patched) / m: the share of the margin the site carries (patching every site gives the
-            reference, whose implicit margin is 0; NaN for a zero margin)
+  fraction  (m − m_patched) / m: the share of the margin the site carries — a share only when the policy and
+            the reference share their readout (final norm, unembedding, logit soft-cap: compared weight for
+            weight, ``models.implicit_patch.readout_difference``), where patching the last layer's output gives
+            the reference, whose implicit margin is 0 (fraction 1 there). Otherwise no patched site reaches the
+            reference and the ratio is not a share (``tiny_implicit``: 6.27, −2.07 at its last layer): every
+            cell is NaN and the ``fraction_refused`` attr says why (read ``effect`` instead). NaN for a zero
+            margin. The ``denominator`` attr names the denominator used.
 ``implicit_attribution_patch`` estimates ``effect`` to first order (gradient × (reference − policy)
 activation, summed over positions and d_model; one forward and backward per batch): labelled approximate.
 ``observable.layers`` / ``observable.components`` / ``observable.pairs`` (first N pairs) restrict the grid.
@@ -81,7 +86,9 @@ class _Base(Operator):
         if key not in ctx.memo:
             ctx.memo[key] = self._compute(lm, ctx, targets, list(range(n))) if n else None
         full = np.full((n_all, len(layers), len(comps)), np.nan)
-        if n:
+        from ..models.implicit_patch import readout_difference          # defers torch
+        refused = readout_difference(lm) if self.p.quantity == "fraction" else None
+        if n and refused is None:
             effect, margin = ctx.memo[key]
             data = effect.reshape(n, len(layers), len(comps))
             if self.p.quantity == "fraction":
@@ -94,6 +101,12 @@ class _Base(Operator):
         out = labelled(arr, units, INVARIANT, f"implicit margin {self.p.quantity} of patching each policy site with "
                        "the reference's activation at every position")
         out.attrs["method"] = "approximate: gradient × activation difference" if self.approximate else "exact"
+        if self.p.quantity == "fraction" and refused is None:
+            out.attrs["denominator"] = "m, the unpatched implicit margin (patching the last layer's output gives " \
+                                       "the reference: m_patched = 0, fraction 1)"
+        if refused is not None:
+            out.attrs["fraction_refused"] = f"{refused}, so no patched site gives the reference and (m − m_patched)" \
+                                            "/m is not a share of the margin; read the effect (reward units) instead"
         return out
 
 

@@ -27,7 +27,10 @@ At the readout the margin is linear in h — Δ = w·(h_c − h_r), w = W[k] the
                   kept), the model re-run from there (``models.interventions.set_readout``, one packed
                   forward per pair and side over every feature; exact at the readout token):
                   ``mode: transplant``: the rejected side's f_i set to the chosen side's value
-                  (x_r + (f_i(x_c) − f_i(x_r)) d_i); effect = r_rejected,patched − r_rejected
+                  (x_r + (f_i(x_c) − f_i(x_r)) d_i); effect = r_rejected,patched − r_rejected, the
+                  denoising convention of activation patching (Heimersheim & Nanda 2024): the reward the
+                  feature restores to the rejected side, + when the feature carries the margin; the
+                  margin change Δ_patched − Δ is its negative (the description attr says so)
                   ``mode: zero``: f_i set to 0 on both sides; effect = Δ_zeroed − Δ
                   pair × feature [× objective]; reward units. At the readout transplant equals
                   ``contribution`` and zero equals −``contribution`` (the head is linear in h); at
@@ -60,6 +63,12 @@ from .base import INVARIANT, Operator
 QUANTITIES = ("contribution", "error", "activation_diff", "patch_effect")
 LINEAR = ("contribution", "error")
 SAE_FIELDS = ("site", "layer", "path", "digest", "train_on", "d_sae", "k", "epochs", "lr", "batch", "chunk", "seed")
+PATCH_DESCRIPTION = {             # what patch_effect computes, per mode (the sign a reader needs)
+    "transplant": "change in the rejected side's reward r_r,patched − r_r with one SAE feature set to the chosen "
+                  "side's value at {where} (denoising; + when the feature carries the margin; the margin change "
+                  "Δ_patched − Δ is its negative; exact re-run)",
+    "zero": "margin change Δ_zeroed − Δ with one SAE feature set to 0 on both sides at {where} (exact re-run)",
+}
 _STORED: dict = {}                     # SAE params → SAE trained from a store (a few, per process)
 
 
@@ -249,7 +258,7 @@ class SaeAttribution(Operator):
             out.attrs["identity_residual"] = resid
         else:
             out = result(ctx, self._patch(ctx, sae, X, f, pidx), pidx, ("feature",), feats, "reward",
-                         f"margin change with one SAE feature {p.mode}ed at {self._where()} (exact re-run)")
+                         PATCH_DESCRIPTION[p.mode].format(where=self._where()))
             out.attrs["mode"] = p.mode
         out.attrs.update(sae=sae.digest(), site=self._where(), k=sae.k, d_sae=sae.d_sae,
                          **({"train_fvu": round(stats["fvu"], 6)} if stats else {}))
