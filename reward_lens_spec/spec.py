@@ -318,7 +318,7 @@ def _check_values(run: RunConfig, partial: bool = False) -> None:
     m = run.model
     bs = m.batch_size
     if not (bs == "auto" or (isinstance(bs, int) and not isinstance(bs, bool) and bs >= 1)):
-        raise SpecError("model.batch_size", f"must be a positive integer or auto, got {bs!r}.",
+        raise SpecError("model.batch_size", f"must be a positive integer or auto (wrong type or value: {bs!r}).",
                         fix="set model.batch_size to a value ≥ 1, or auto (the largest the device holds).")
     for key in ("max_length", "num_labels"):
         if getattr(m, key) <= 0:
