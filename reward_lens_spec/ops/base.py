@@ -68,6 +68,8 @@ class Operator:
                                                    # the only ones it sees (run.inputs.ops_view)
     kinds: ClassVar[tuple[str, ...]] = ()          # model.kind values it reads (empty: any kind that does not
                                                    # refuse it); others are refused at plan time
+    data_dims: ClassVar[tuple[str, ...]] = ()      # output dims whose size depends on the data (PRM steps,
+                                                   # response positions): sized over every pair by ``width``
 
     def __init__(self, params):
         self.p = params
@@ -88,6 +90,13 @@ class Operator:
         return self.per_pair
 
     def out_dims(self, in_dims: list[tuple[str, ...]], info: PlanInfo, where: str) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def width(self, dim: str, ctx) -> int:
+        """Size of ``dim`` (one of ``data_dims``) over every pair of ``ctx``: a ``RunContext`` of the whole run
+        with no capture (model, pairs, encoded pairs). Called once per run, before the first chunk
+        (``planning.data_widths``); a chunk's rows are then padded to it (``run.stream_arrays.pad_widths``), so
+        index ``k`` of ``dim`` must mean the same on every pair (step ``k``, response position ``k``)."""
         raise NotImplementedError
 
     def gauge(self, in_gauges: list[str], info: PlanInfo) -> str:
