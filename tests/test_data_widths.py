@@ -72,6 +72,7 @@ def _assert_same(a: xr.Dataset, b: xr.Dataset) -> None:
             np.testing.assert_array_equal(x, y, err_msg=v)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, dim, width", [("prm_steps", "step", 5), ("prefix", "position", None)])
 def test_three_chunks_of_different_widths_equal_one_chunk(prm_lm, name, dim, width, tmp_path):
     """Chunk 0 holds 1 step (and the shortest responses), a later one 5: every chunk writes rows of the run's
@@ -97,6 +98,7 @@ def test_three_chunks_of_different_widths_equal_one_chunk(prm_lm, name, dim, wid
                    for i in range(3) for s in range(2))
 
 
+@pytest.mark.slow
 def test_a_run_broken_by_a_first_chunk_skeleton_reruns_into_a_fresh_attempt(prm_lm, tmp_path, monkeypatch):
     """The old executor sized ``step`` from the first chunk (here: widths not planned), broke on the next chunk
     and left an attempt behind; the rerun must not resume into that skeleton (its widths differ), and gives the
@@ -158,3 +160,24 @@ def test_every_shipped_observable_streams_in_three_chunks_as_in_one(name, tmp_pa
     one_chunk_only = any(s.op.needs_all_pairs for s in out.plan.steps)    # mean ablation: one chunk by design
     assert outs[2][1] == (1 if one_chunk_only else 3) and outs[6][1] == 1
     _assert_same(outs[2][0], outs[6][0])
+
+
+@pytest.mark.slow
+def test_store_verify_recomputes_a_sample_narrower_than_the_run(tmp_path):
+    """``store verify recompute=K`` re-executes K sampled pairs alone: their ``step`` width is the sample's, not
+    the run's, and is padded to the stored width before comparing (the old code crashed broadcasting)."""
+    import json
+
+    from reward_lens_spec.trust.recompute import recompute_run
+
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps({"id": p.id, "prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected})
+                            + "\n" for p in PAIRS))
+    run, text = compose_run(["model=tiny_prm", "observable=prm_steps", "dataset=jsonl", f"dataset.path={path}"])
+    out = execute(run, resolved_yaml=text, base_dir=str(tmp_path), store_url=str(tmp_path / "s.zarr"), progress=False)
+    n = out.result["step_reward"]["n_steps"].values
+    assert out.result["step_reward"].sizes["step"] == n.max() > n.min()
+    for seed in range(3):
+        ok, detail = recompute_run(open_store(str(tmp_path / "s.zarr")), out.run_id, 1, base_dir=str(tmp_path),
+                                   seed=seed)
+        assert ok is True and "step_reward max|Δ|" in detail, detail

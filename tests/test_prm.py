@@ -165,6 +165,7 @@ def _naive_step_rewards(lm, pair, text, final: bool) -> list[float]:
     return (h[pos] @ model.score.weight.double().T)[:, 0].tolist()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("final_step", ["include", "drop"])
 def test_an_unterminated_final_step_is_read_unless_dropped(tiny_prm_lm, final_step):
     """"x = 7" vs "x = 13" after the last "\\n" is a step of its own (include, the default), read at the last token,

@@ -4,8 +4,9 @@ An operator is one class with a frozen ``Params`` dataclass, the number of
 inputs it reads, the dims it reads and writes (``out_dims``, checked at plan
 time, before any model loads), what it needs from the runtime (``sites`` to
 capture, ``reruns`` for interventions), its stage (``per_pair``: pair by pair, or
-reducing over pairs; checked at plan time by ``planning.stages``) and its gauge
-behaviour (``gauge``).
+reducing over pairs; checked at plan time by ``planning.stages``), its gauge
+behaviour (``gauge``), and which output dims have a size that depends on the data
+(``data_dims``, with ``width``: their size over every pair, taken before the first chunk).
 ``run`` maps ``xarray.DataArray`` inputs to one ``DataArray`` with ``units``
 and ``gauge`` attrs.
 """

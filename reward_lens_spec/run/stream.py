@@ -132,9 +132,8 @@ def stream(b, run_id, lm, pairs, enc, plan, info, *, capture_kw, frame, store_sp
     n, size, shards = len(enc.pair_ids), store_spec.chunk_pairs, store_spec.shards
     slices = chunk_slices(n, size)
     widths = data_widths(plan, RunContext(lm=lm, pairs=pairs, encoded=enc, capture=None, info=info))
-    meta = {"kind": "stream", "shards": shards, "chunk_pairs": size, "n_pairs": n,   # an attempt sized otherwise
-            "pairs_sha": hashlib.sha256("\n".join(enc.pair_ids).encode()).hexdigest()[:16],  # is never resumed
-            **({"widths": widths} if widths else {})}
+    meta = {"kind": "stream", "shards": shards, "chunk_pairs": size, "n_pairs": n, **({"widths": widths} if widths
+            else {}), "pairs_sha": hashlib.sha256("\n".join(enc.pair_ids).encode()).hexdigest()[:16]}
     att, role = _attempt(b, run_id, meta, store_spec.shard, launch_key(store_spec))
     try:
         return _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_kw, frame,
@@ -273,12 +272,10 @@ def _chunk_loop(att, role, p, ks, reduced, sh, progress) -> list:
                     given[i] = reduced[i]
                 elif ps[i] < p:
                     group = out_g if i in plan.outputs else scr_g
-                    v = open_variable(b.zarr_store(), group, i, labels=sh["labels"](group)).isel(pair=sl).load()
-                    given[i] = v
+                    given[i] = open_variable(b.zarr_store(), group, i, labels=sh["labels"](group)).isel(pair=sl).load()
         ds_out, ds_scr, counts, ctx = _pair_chunk(sh["lm"], sh["pairs"], subset(sh["enc"], sl), plan, steps,
-                                                  replace(info, pairs=lim), sh["keep"], sh["capture_kw"],
-                                                  sh["frame"], sh["need_h"] and p == 0, given, sh["pads"],
-                                                  first=p == 0)
+                                                  replace(info, pairs=lim), sh["keep"], sh["capture_kw"], sh["frame"],
+                                                  sh["need_h"] and p == 0, given, sh["pads"], first=p == 0)
         check_storable(Result({**ds_out, **ds_scr}), plan.observable, {s.name: s.op.name for s in plan.steps},
                        att.run_id)
         marker = "skeleton" if p == 0 else f"pass{p}.skeleton"
