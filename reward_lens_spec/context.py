@@ -19,7 +19,8 @@ class RunContext:
 
     def pair_coords(self, idx=None) -> dict:
         """``pair`` (ids) plus non-index coords ``dimension``, ``prompt_id`` (sha256[:12] of the prompt) and
-        one bool coord per flag of ``data.pairs.PAIR_FLAGS`` (``data.accounting.pair_flags``)."""
+        one bool coord per flag of ``data.pairs.PAIR_FLAGS`` and per kind flag of the encoding
+        (``data.accounting.pair_flags``)."""
         from .data.accounting import pair_flags
 
         by_id = {p.id: p for p in self.pairs}

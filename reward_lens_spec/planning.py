@@ -153,3 +153,29 @@ def passes(plan, st=None) -> dict[str, int]:
     for s in plan.steps:
         out[s.name] = max([out[i] + (st[s.name] == "pair" and st[i] == "reduce") for i in s.inputs] or [0])
     return out
+
+
+def data_dims(plan) -> dict[str, tuple[str, ...]]:
+    """Step name -> its output dims whose size depends on the data: those its operator declares
+    (``Operator.data_dims``) and those it keeps from an input that has them (e.g. a ``diff`` of PRM step rewards
+    keeps ``step``). Steps without any are left out."""
+    out: dict[str, tuple[str, ...]] = {}
+    for s in plan.steps:
+        own = set(type(s.op).data_dims).union(*(out.get(i, ()) for i in s.inputs))
+        dims = tuple(d for d in s.dims if d in own)
+        if dims:
+            out[s.name] = dims
+    return out
+
+
+def data_widths(plan, ctx) -> dict[str, int]:
+    """Dim -> its size for this run: the largest any declaring step's operator reports over every pair of ``ctx``
+    (``Operator.width``; a ``RunContext`` of the whole run, no capture). The second half of planning, run once the
+    pairs are encoded and before the first chunk is written (``run.stream``), so every chunk writes rows of one
+    width whatever its own pairs hold; shorter rows are padded (``run.stream_arrays.pad_widths``)."""
+    out: dict[str, int] = {}
+    for s in plan.steps:
+        for d in type(s.op).data_dims:
+            if d in s.dims:
+                out[d] = max(out.get(d, 0), int(s.op.width(d, ctx)))
+    return out

@@ -45,10 +45,13 @@ class PrmSpec:
     ``step_token``: the delimiter that ends a step (found in the formatted token ids); ``step``: which step's
     boundary is the readout position (−1 = last); ``aggregate``: ``last`` | ``min`` | ``prod`` of the
     per-step probabilities σ(r); ``tokens``: null (the sequence-classifier head) or [good, bad] verdict tokens
-    (a Math-Shepherd-style PRM read through the unembedding, as ``model.kind=judge``).
+    (a Math-Shepherd-style PRM read through the unembedding, as ``model.kind=judge``); ``final_step``: ``include``
+    (default) reads a last step that does not end with ``step_token`` (often the final answer) at the side's
+    readout token, ``drop`` leaves it out (the readings before this key existed).
     """
 
     step_token: str = "\n\n"
     step: int = -1
     aggregate: str = "last"
+    final_step: str = "include"
     tokens: Optional[list[str]] = None

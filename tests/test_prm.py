@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from reward_lens_spec.data import Pair
 from reward_lens_spec.errors import SpecError
 from reward_lens_spec.models.prm import aggregate, boundaries
 from reward_lens_spec.models.prm_organism import TEMPLATE, located_steps, prm_organism
@@ -15,7 +16,7 @@ from reward_lens_spec.observables import load_observable
 from reward_lens_spec.ops.base import PlanInfo
 from reward_lens_spec.registry import build_plan
 from reward_lens_spec.run import compose_run, compute, execute
-from reward_lens_spec.run.inputs import load_inputs
+from reward_lens_spec.run.inputs import load_inputs, load_lm
 
 
 def _compute(lm, pairs, observable):
@@ -134,3 +135,84 @@ def test_prm_configs_run_through_the_executor(extra, observable, tmp_path):
     if observable == "prm_steps":
         assert out.result["aggregate"].attrs["aggregate"] == "min"
         assert np.isfinite(out.result["aggregate_margin"].values).all()
+
+
+# -- the unterminated final step and the missing separator (issue 37 Deliver 3, issue 36 item 5) ----------
+ANSWER_PAIRS = [Pair(id="seven", prompt="What is 3 + 4?", chosen="Add 3 and 4.\nx = 7", rejected="Add 3 and 4.\nx = 13"),
+                Pair(id="ended", prompt="What is 2 + 2?", chosen="Add 2 and 2.\nx = 4\n", rejected="Guess.\nx = 5\n"),
+                Pair(id="oneline", prompt="What is 1 + 1?", chosen="x = 2", rejected="Add 1 and 1.\nx = 3")]
+
+
+@pytest.fixture(scope="module")
+def tiny_prm_lm():
+    run, _ = compose_run(["model=tiny_prm", "dataset.limit=1"])
+    return load_lm(run.model)
+
+
+@torch.no_grad()
+def _naive_step_rewards(lm, pair, text, final: bool) -> list[float]:
+    """The head on an unpadded forward's final-norm output at each "\\n" after the solution starts, then (``final``)
+    at the last token when text follows the last "\\n": written from the tokenizer and model alone."""
+    model, tok = lm.model, lm.tokenizer
+    ids = tok(TEMPLATE.format(prompt=pair.prompt, response=text))["input_ids"]
+    start = len(tok(TEMPLATE.format(prompt=pair.prompt, response=""))["input_ids"])
+    nl = tok("\n", add_special_tokens=False)["input_ids"][0]
+    pos = [t for t in range(start, len(ids)) if ids[t] == nl]
+    if final and text.split("\n")[-1].strip():
+        pos.append(len(ids) - 1)
+    pos = pos or [len(ids) - 1]
+    h = model.model(input_ids=torch.tensor([ids])).last_hidden_state[0].double()
+    return (h[pos] @ model.score.weight.double().T)[:, 0].tolist()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("final_step", ["include", "drop"])
+def test_an_unterminated_final_step_is_read_unless_dropped(tiny_prm_lm, final_step):
+    """"x = 7" vs "x = 13" after the last "\\n" is a step of its own (include, the default), read at the last token,
+    and the readout step; ``drop`` reads only the steps that end with the delimiter (the readings before
+    ``model.prm.final_step`` existed). Every step against an independent unpadded forward."""
+    lm = replace(tiny_prm_lm, signal=replace(tiny_prm_lm.signal, final_step=final_step))
+    res, enc = _compute(lm, ANSWER_PAIRS, "prm_steps")
+    include = final_step == "include"
+    by_id = {p.id: p for p in ANSWER_PAIRS}
+    for i, pid in enumerate(enc.pair_ids):
+        for s, side in enumerate(("chosen", "rejected")):
+            ref = _naive_step_rewards(lm, by_id[pid], getattr(by_id[pid], side), include)
+            got = res["step_reward"].values[i, s]
+            assert int(res["step_reward"]["n_steps"].values[i, s]) == len(ref), (pid, side)
+            np.testing.assert_allclose(got[:len(ref)], ref, atol=1e-4, rtol=1e-4, err_msg=f"{pid}/{side}")
+            assert np.isnan(got[len(ref):]).all()
+    seven = enc.pair_ids.index("seven")
+    n = res["step_reward"]["n_steps"].values[seven]
+    assert n.tolist() == ([2, 2] if include else [1, 1])
+    last = res["step_margin"].values[seven, n[0] - 1]
+    np.testing.assert_allclose(res["margin"].values[seven], last, atol=1e-5)     # the readout step is the last one
+    if include:                                   # the two sides differ only in their final answer: it is read
+        assert abs(res["step_margin"].values[seven, 1]) > 1e-3 and abs(res["step_margin"].values[seven, 0]) < 1e-6
+    else:
+        assert abs(res["step_margin"].values[seven, 0]) < 1e-6 and abs(res["margin"].values[seven]) < 1e-6
+
+
+def test_final_step_is_part_of_the_run_identity_and_checked():
+    from reward_lens_spec.run.identity import numerics
+
+    default, _ = compose_run(["model=tiny_prm"])
+    drop, _ = compose_run(["model=tiny_prm", "model.prm.final_step=drop"])
+    assert numerics(default.model)["signal"]["final_step"] == "include"
+    assert numerics(drop.model) != numerics(default.model)
+    with pytest.raises(SpecError, match=r"model.prm.final_step: unknown value 'dorp'. Did you mean 'drop'"):
+        compose_run(["model=tiny_prm", "model.prm.final_step=dorp"])
+
+
+def test_a_side_without_the_step_token_flags_its_pair(tiny_prm_lm):
+    """"x = 2" holds no "\\n": its pair carries ``no_step_separator`` (a coord of every result, and the run's
+    accounting) instead of being read as one step in silence; the other pairs do not."""
+    from reward_lens_spec.data.accounting import accounting
+    from reward_lens_spec.run.inputs import encode
+
+    res, enc = _compute(tiny_prm_lm, ANSWER_PAIRS, "prm_steps")
+    for v in ("step_reward", "margin", "aggregate"):
+        flag = dict(zip(res[v]["pair"].values, res[v]["no_step_separator"].values))
+        assert flag == {"seven": False, "ended": False, "oneline": True}, v
+    enc = encode(tiny_prm_lm, ANSWER_PAIRS, template=TEMPLATE)
+    assert accounting(ANSWER_PAIRS, enc)["pair_flags"]["no_step_separator"] == ["oneline"]

@@ -3,8 +3,9 @@
 ``pair_flags(pairs, encoded, ids)`` gives, for the kept pair ids ``ids`` (dims: ``pair``), one
 boolean array per flag of ``PAIR_FLAGS`` (``data.pairs``): ``empty_response`` and
 ``identical_sides`` come from the loaded ``PairSet.flags``; ``prompt_truncated`` and
-``response_truncated`` from the ``EncodedPairs`` (``models.formatting.encode_pairs``). Every
-stored result with a ``pair`` dim carries them as coords (``RunContext.pair_coords``).
+``response_truncated`` from the ``EncodedPairs`` (``models.formatting.encode_pairs``); a kind's own
+flags (``KIND_FLAGS``, e.g. a PRM's ``no_step_separator``) from ``EncodedPairs.kind_flags``, on that kind's runs
+only. Every stored result with a ``pair`` dim carries them as coords (``RunContext.pair_coords``).
 
 ``accounting(pairs, encoded)`` is what the run attrs record: ``excluded`` (reason -> ids:
 ``prompt_mismatch`` from the loader, ``identical_after_truncation`` and ``response_truncated``
@@ -17,7 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .pairs import PAIR_FLAGS
+from .pairs import KIND_FLAGS, PAIR_FLAGS
 
 
 def _flag_ids(pairs: Any, encoded: Any) -> dict[str, set[str]]:
@@ -25,13 +26,15 @@ def _flag_ids(pairs: Any, encoded: Any) -> dict[str, set[str]]:
     return {"empty_response": set(flags.get("empty_response", ())),
             "identical_sides": set(flags.get("identical_sides", ())),
             "prompt_truncated": set(getattr(encoded, "prompt_truncated", ()) or ()),
-            "response_truncated": set(getattr(encoded, "response_truncated", ()) or ())}
+            "response_truncated": set(getattr(encoded, "response_truncated", ()) or ()),
+            **{k: set(v) for k, v in (getattr(encoded, "kind_flags", None) or {}).items() if k in KIND_FLAGS}}
 
 
 def pair_flags(pairs: Any, encoded: Any, ids: Sequence[str]) -> dict[str, np.ndarray]:
-    """Flag -> bool array over ``ids`` (dims: ``pair``), one per name of ``PAIR_FLAGS``."""
+    """Flag -> bool array over ``ids`` (dims: ``pair``), one per name of ``PAIR_FLAGS`` and per kind flag the
+    encoding carries (``EncodedPairs.kind_flags``)."""
     sets = _flag_ids(pairs, encoded)
-    return {name: np.array([i in sets[name] for i in ids], dtype=bool) for name in PAIR_FLAGS}
+    return {name: np.array([i in ids_on for i in ids], dtype=bool) for name, ids_on in sets.items()}
 
 
 def accounting(pairs: Any, encoded: Any) -> dict[str, dict[str, list[str]]]:
@@ -41,7 +44,7 @@ def accounting(pairs: Any, encoded: Any) -> dict[str, dict[str, list[str]]]:
     kept = list(encoded.pair_ids)
     arrays = pair_flags(pairs, encoded, kept)
     return {"excluded": excluded,
-            "pair_flags": {name: [i for i, on in zip(kept, arrays[name]) if on] for name in PAIR_FLAGS}}
+            "pair_flags": {name: [i for i, on in zip(kept, col) if on] for name, col in arrays.items()}}
 
 
 def _n(v) -> int:

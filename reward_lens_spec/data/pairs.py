@@ -21,7 +21,9 @@ of the file the pairs were read from (``None`` for pairs built in code).
 ``PAIR_FLAGS`` are the per-pair flags every stored result carries as boolean coords on its
 ``pair`` dim (``data.accounting.pair_flags``): ``empty_response``, ``identical_sides`` (from the
 data) and ``prompt_truncated``, ``response_truncated`` (from the encoding,
-``models.formatting.encode_pairs``).
+``models.formatting.encode_pairs``). ``KIND_FLAGS`` are the flags a kind adds to its own runs only (its
+encoding hook, ``EncodedPairs.kind_flags``): ``no_step_separator`` (``model.kind=prm``: a side in which the step
+token never occurs, read as one step; ``models.prm``).
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from typing import Any, Iterator, Mapping
 
 FLAG_REASONS = ("identical_sides", "empty_response", "prompt_mismatch")
 PAIR_FLAGS = ("empty_response", "identical_sides", "prompt_truncated", "response_truncated")
+KIND_FLAGS = ("no_step_separator",)
 
 
 def json_safe(value: Any) -> Any:

@@ -55,7 +55,8 @@ class EncodedPairs:
     ``excluded``: reason -> pair ids left out (``identical_after_truncation``,
     ``response_truncated``). ``n_truncated``: input pairs with at least one side truncated.
     ``prompt_truncated`` / ``response_truncated``: input pair ids (kept or not) that lost prompt
-    tokens / response tokens to truncation.
+    tokens / response tokens to truncation. ``kind_flags``: flag -> ids of kept pairs, the pair flags a kind's
+    encoding hook adds (``data.pairs.KIND_FLAGS``; a PRM's ``no_step_separator``); empty for the other kinds.
     """
 
     pair_ids: list[str]
@@ -69,6 +70,7 @@ class EncodedPairs:
     response_truncated: list[str] = field(default_factory=list)
     prompt_truncated: list[str] = field(default_factory=list)
     template: str = ""          # the plain template used (response starts: models.per_token)
+    kind_flags: dict = field(default_factory=dict)
 
     def __post_init__(self):
         for side in ("chosen", "rejected"):       # stored flat (models.token_rows): 4 bytes per token

@@ -8,7 +8,12 @@ reward (a logit; p = σ(r)). The head is the sequence classifier's (``models.loa
 
 Steps are found in the formatted TOKEN ids, never in text offsets (``boundaries``): every occurrence of
 the delimiter's id sequence at or after the side's first response token (``models.per_token.
-response_starts``) ends a step; a side without one is a single step read at its last token. The readout
+response_starts``) ends a step. A last step that does not end with the delimiter — the response's text has
+something other than whitespace after its last ``step_token``, often the final answer — is a step too, read
+at the side's last token (the readout token the head reads), unless ``model.prm.final_step=drop`` (the
+readings before that key existed). A side in which the delimiter never occurs is one step read at its last
+token, and its pair carries the flag ``no_step_separator`` (a coord on every result of a PRM run, and the run
+attr ``pair_flags``; ``side_steps``): the whole response read as one step is never silent. The readout
 position of every instrument is step ``model.prm.step`` (−1 = the last; default): each side is cut just
 after that step's boundary token (``cut_at_step``, the kind's encoding hook). A causal model's state at
 a position depends only on the tokens up to it, so the cut sequence's last token carries exactly the
@@ -19,7 +24,8 @@ then read that step unchanged. A side with fewer steps than asked is a ``SpecErr
 Per-step rewards and margins (pair × side × step) and the aggregate the model card uses
 (``model.prm.aggregate``: ``last`` σ(r_last), ``min`` min_k σ(r_k), ``prod`` Π_k σ(r_k); probabilities)
 are the ``prm_steps`` operator (``ops/prm_steps.py``; ``conf/observable/prm_steps.yaml``), over the
-steps up to the readout step.
+steps up to the readout step. Its ``step`` dim spans the most steps any side of the run has (sized before
+the first chunk, ``planning.data_widths``); a side with fewer is NaN past its last step (coord ``n_steps``).
 """
 from __future__ import annotations
 
@@ -30,6 +36,8 @@ import numpy as np
 from ..errors import SpecError
 
 AGGREGATES = ("last", "min", "prod")
+FINAL_STEPS = ("include", "drop")
+NO_STEP_SEPARATOR = "no_step_separator"         # the pair flag (data.pairs.KIND_FLAGS)
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,7 @@ class PrmSignal:
     step_ids: tuple[int, ...]
     step: int = -1
     aggregate: str = "last"
+    final_step: str = "include"     # include | drop: a last step that does not end with the delimiter
     verdict: object = None          # a JudgeSignal when the head is a verdict row
     kind: str = "prm"
 
@@ -50,6 +59,9 @@ def check_prm(spec) -> None:
     if p.aggregate not in AGGREGATES:
         raise SpecError("model.prm.aggregate", f"unknown aggregate '{p.aggregate}'.", value=p.aggregate,
                         options=AGGREGATES)
+    if p.final_step not in FINAL_STEPS:
+        raise SpecError("model.prm.final_step", f"unknown value '{p.final_step}'.", value=p.final_step,
+                        options=FINAL_STEPS)
     if not isinstance(p.step_token, str) or not p.step_token:
         raise SpecError("model.prm.step_token", "needs a non-empty delimiter string (or special token).",
                         fix="e.g. model.prm.step_token='\\n\\n'.")
@@ -64,7 +76,7 @@ def check_prm(spec) -> None:
 def prm_settings(spec) -> dict:
     p = spec.prm
     return {"step_token": p.step_token, "step": int(p.step), "aggregate": p.aggregate,
-            "tokens": None if p.tokens is None else list(p.tokens)}
+            "tokens": None if p.tokens is None else list(p.tokens), "final_step": p.final_step}
 
 
 def step_ids(tokenizer, step_token: str) -> tuple[int, ...]:
@@ -79,12 +91,18 @@ def step_ids(tokenizer, step_token: str) -> tuple[int, ...]:
 def prm_signal(spec, tokenizer, verdict=None) -> PrmSignal:
     p = spec.prm
     return PrmSignal(step_token=p.step_token, step_ids=step_ids(tokenizer, p.step_token), step=int(p.step),
-                     aggregate=p.aggregate, verdict=verdict)
+                     aggregate=p.aggregate, final_step=p.final_step, verdict=verdict)
 
 
-def boundaries(ids, delim: tuple[int, ...], start: int) -> list[int]:
+def default_signal(tokenizer) -> PrmSignal:
+    """How ``prm_steps`` reads a model loaded as another kind: delimiter ``"\\n\\n"``, aggregate ``last``, the
+    final step included."""
+    return PrmSignal(step_token="\n\n", step_ids=step_ids(tokenizer, "\n\n"))
+
+
+def delimiter_ends(ids, delim: tuple[int, ...], start: int) -> list[int]:
     """Positions of the last token of every delimiter occurrence at or after ``start`` (non-overlapping,
-    left to right); ``[len(ids) − 1]`` when there is none (the whole response is one step)."""
+    left to right)."""
     out, n, i = [], len(delim), int(start)
     while i + n <= len(ids):
         if tuple(ids[i:i + n]) == delim:
@@ -92,26 +110,54 @@ def boundaries(ids, delim: tuple[int, ...], start: int) -> list[int]:
             i += n
         else:
             i += 1
+    return out
+
+
+def boundaries(ids, delim: tuple[int, ...], start: int, *, final: bool = False) -> list[int]:
+    """Step boundaries of one side: ``delimiter_ends``, then the last position ``len(ids) − 1`` when ``final`` (an
+    unterminated last step, read at the readout token) and no delimiter ends there; ``[len(ids) − 1]`` when there
+    is no delimiter at all (the whole response is one step)."""
+    out = delimiter_ends(ids, delim, start)
+    if final and out and out[-1] != len(ids) - 1:
+        out.append(len(ids) - 1)
     return out or [len(ids) - 1]
 
 
-def side_boundaries(tokenizer, pairs, enc, delim) -> list[list[list[int]]]:
-    """Step boundary positions per (pair, side) of ``enc`` (see ``boundaries``)."""
+def unterminated(response: str, step_token: str) -> bool:
+    """True when ``response`` has text other than whitespace after its last ``step_token`` (all of it when the
+    token never occurs): a last step that does not end with the delimiter."""
+    return bool(response.rsplit(step_token, 1)[-1].strip())
+
+
+def side_steps(tokenizer, pairs, enc, sig: PrmSignal) -> tuple[list[list[list[int]]], list[str]]:
+    """Step boundary positions per (pair, side) of ``enc`` (``boundaries``; the unterminated last step kept unless
+    ``sig.final_step == "drop"``), and the ids of the pairs with a side in which the delimiter never occurs after
+    the response start (flag ``no_step_separator``)."""
     from .per_token import response_starts
 
     starts = response_starts(tokenizer, pairs, enc)
-    return [[boundaries(ids, delim, starts[i, s]) for s, ids in enumerate((c, r))]
-            for i, (c, r) in enumerate(zip(enc.chosen, enc.rejected))]
+    by_id = {p.id: p for p in pairs}
+    out, no_sep = [], []
+    for i, (pid, c, r) in enumerate(zip(enc.pair_ids, enc.chosen, enc.rejected)):
+        texts = (by_id[pid].chosen, by_id[pid].rejected)
+        if any(not delimiter_ends(ids, sig.step_ids, starts[i, s]) for s, ids in enumerate((c, r))):
+            no_sep.append(pid)
+        out.append([boundaries(ids, sig.step_ids, starts[i, s],
+                               final=sig.final_step == "include" and unterminated(texts[s], sig.step_token))
+                    for s, ids in enumerate((c, r))])
+    return out, no_sep
 
 
 def cut_at_step(enc, lm, spec, pairs):
-    """``enc`` with each side cut just after step ``model.prm.step``'s boundary (the kind's encoding hook)."""
+    """``enc`` with each side cut just after step ``model.prm.step``'s boundary (the kind's encoding hook), and
+    the pairs with a side that holds no delimiter flagged ``no_step_separator`` (``EncodedPairs.kind_flags``)."""
     sig = getattr(lm, "signal", None)
     if not isinstance(sig, PrmSignal):
         sig = prm_signal(spec, lm.tokenizer)
     k = sig.step
     chosen, rejected, short = [], [], []
-    for i, sides in enumerate(side_boundaries(lm.tokenizer, pairs, enc, sig.step_ids)):
+    bounds, no_sep = side_steps(lm.tokenizer, pairs, enc, sig)
+    for i, sides in enumerate(bounds):
         cut = []
         for s, (ids, b) in enumerate(zip((enc.chosen[i], enc.rejected[i]), sides)):
             if not -len(b) <= k < len(b):
@@ -124,7 +170,7 @@ def cut_at_step(enc, lm, spec, pairs):
     if short:
         raise SpecError("model.prm.step", f"step {k} does not exist on {len(short)} side(s): {short[:5]}.",
                         value=k, fix="use model.prm.step=-1 (the last step) or a step every response has.")
-    return replace(enc, chosen=chosen, rejected=rejected)
+    return replace(enc, chosen=chosen, rejected=rejected, kind_flags={**enc.kind_flags, NO_STEP_SEPARATOR: no_sep})
 
 
 def load_prm(spec, base_dir: str | None = None):

@@ -4,8 +4,9 @@ An operator is one class with a frozen ``Params`` dataclass, the number of
 inputs it reads, the dims it reads and writes (``out_dims``, checked at plan
 time, before any model loads), what it needs from the runtime (``sites`` to
 capture, ``reruns`` for interventions), its stage (``per_pair``: pair by pair, or
-reducing over pairs; checked at plan time by ``planning.stages``) and its gauge
-behaviour (``gauge``).
+reducing over pairs; checked at plan time by ``planning.stages``), its gauge
+behaviour (``gauge``), and which output dims have a size that depends on the data
+(``data_dims``, with ``width``: their size over every pair, taken before the first chunk).
 ``run`` maps ``xarray.DataArray`` inputs to one ``DataArray`` with ``units``
 and ``gauge`` attrs.
 """
@@ -68,6 +69,8 @@ class Operator:
                                                    # the only ones it sees (run.inputs.ops_view)
     kinds: ClassVar[tuple[str, ...]] = ()          # model.kind values it reads (empty: any kind that does not
                                                    # refuse it); others are refused at plan time
+    data_dims: ClassVar[tuple[str, ...]] = ()      # output dims whose size depends on the data (PRM steps,
+                                                   # response positions): sized over every pair by ``width``
 
     def __init__(self, params):
         self.p = params
@@ -88,6 +91,13 @@ class Operator:
         return self.per_pair
 
     def out_dims(self, in_dims: list[tuple[str, ...]], info: PlanInfo, where: str) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def width(self, dim: str, ctx) -> int:
+        """Size of ``dim`` (one of ``data_dims``) over every pair of ``ctx``: a ``RunContext`` of the whole run
+        with no capture (model, pairs, encoded pairs). Called once per run, before the first chunk
+        (``planning.data_widths``); a chunk's rows are then padded to it (``run.stream_arrays.pad_widths``), so
+        index ``k`` of ``dim`` must mean the same on every pair (step ``k``, response position ``k``)."""
         raise NotImplementedError
 
     def gauge(self, in_gauges: list[str], info: PlanInfo) -> str:

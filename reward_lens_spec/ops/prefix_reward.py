@@ -8,7 +8,9 @@ quantity=margin  ``prefix_margin``  pair × position: chosen minus rejected, ali
 quantity=lens    ``prefix_lens``    pair × side × layer × position: the head (no bias) on the final
                  norm of the residual (layer −1 = embedding output, then resid_post), so its last
                  layer equals ``prefix_reward`` minus ``b``
-NaN marks positions beyond a side's response length. Coords: ``response_tokens`` (pair × side;
+NaN marks positions beyond a side's response length; ``position`` spans the longest response of the whole
+run (``width``: the run is sized before its first chunk, ``planning.data_widths``), so a chunk of shorter
+responses is NaN-padded to it (attr ``padding``). Coords: ``response_tokens`` (pair × side;
 ``response_tokens_chosen`` / ``_rejected`` on the margin). One extra forward per distinct sequence
 (``models.per_token.prefix_pass``, ``batch_size`` rows, shared by every ``prefix`` step of the run,
 the lens computed in the same pass). A
@@ -44,6 +46,12 @@ class Prefix(Operator):
     Params = PrefixParams
     n_inputs = 0
     reruns = True
+    data_dims = ("position",)
+
+    def width(self, dim, ctx):
+        """The longest response over every pair and side (tokens from the response start to the readout)."""
+        from ..models.per_token import response_starts
+        return int((ctx.encoded.lengths() - response_starts(ctx.lm.tokenizer, ctx.pairs, ctx.encoded)).max())
 
     def out_dims(self, in_dims, info, where):
         q = self.p.quantity

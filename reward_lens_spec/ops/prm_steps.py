@@ -1,16 +1,22 @@
 """prm_steps: a process reward model's reward at every step boundary, per-step margins, the aggregate.
 
 quantity=reward            ``step_reward``       pair × side × step: the head (bias included) on the final-norm
-                           output at step k's boundary token (the delimiter's last token; ``models.prm``),
-                           NaN past a side's last step. The readout step's reward equals ``reward``.
+                           output at step k's boundary token (the delimiter's last token; an unterminated
+                           last step's is the side's last token unless ``model.prm.final_step=drop``;
+                           ``models.prm``), NaN past a side's last step. The readout step's reward equals
+                           ``reward``.
 quantity=margin            ``step_margin``       pair × step: chosen − rejected at step k (NaN where either
                            side lacks step k)
 quantity=aggregate         ``aggregate``         pair × side: the model card's aggregate of the per-step
                            probabilities σ(r_k) — ``last``, ``min`` or ``prod`` (``model.prm.aggregate``,
                            recorded in the attr ``aggregate``); units probability
 quantity=aggregate_margin  ``aggregate_margin``  pair: aggregate(chosen) − aggregate(rejected); units probability
-Steps are read up to the run's readout step (``model.prm.step``; −1: all). Coord ``n_steps`` (pair × side).
-A model loaded as another kind is read at the default delimiter ``"\\n\\n"`` with aggregate ``last``.
+Steps are read up to the run's readout step (``model.prm.step``; −1: all). Coord ``n_steps`` (pair × side;
+``n_steps_chosen`` / ``_rejected`` on the margin). Dim ``step`` (step k = the k-th step from the response start)
+spans the most steps any side of the whole run has (``width``: sized before the first chunk,
+``planning.data_widths``), so a side with fewer steps, in any chunk, is NaN from ``n_steps`` on (attr
+``padding``). A model loaded as another kind is read at the default delimiter ``"\\n\\n"`` with aggregate
+``last`` (and no ``no_step_separator`` flag: that is a PRM run's).
 Reads per-position rewards from the shared per-token pass (``models.per_token.prefix_pass``, the same one
 ``prefix`` uses). Gauge: invariant. Source: process supervision (Lightman et al. 2023, "Let's Verify Step
 by Step": product / min of step probabilities; Wang et al. 2024, Math-Shepherd: min).
@@ -23,6 +29,7 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
+from ..models.prm import PrmSignal, aggregate, default_signal, side_steps
 from ..registry import register
 from .base import INVARIANT, Operator, labelled
 
@@ -45,6 +52,11 @@ class PrmSteps(Operator):
     Params = PrmStepsParams
     n_inputs = 0
     reruns = True
+    data_dims = ("step",)
+
+    def width(self, dim, ctx):
+        """The most steps any side of ``ctx``'s pairs has (up to the readout step)."""
+        return max(len(b) for sides in _bounds(ctx)[0] for b in sides)
 
     def out_dims(self, in_dims, info, where):
         if self.p.quantity not in _Q:
@@ -63,7 +75,6 @@ class PrmSteps(Operator):
 
     def _steps(self, ctx):
         from ..models.per_token import prefix_pass, response_starts
-        from ..models.prm import PrmSignal, side_boundaries, step_ids
 
         key = ("prm_steps", self.p.batch_size)
         if key in ctx.memo:
@@ -76,12 +87,7 @@ class PrmSteps(Operator):
                                            gate=ctx.capture.gate)
             ctx.memo[pkey] = (starts, reward, lens_arr)
         starts, reward, _ = ctx.memo[pkey]
-        sig = getattr(ctx.lm, "signal", None)
-        if isinstance(sig, PrmSignal):
-            delim, how = sig.step_ids, sig.aggregate
-        else:
-            delim, how = step_ids(ctx.lm.tokenizer, "\n\n"), "last"
-        bounds = side_boundaries(ctx.lm.tokenizer, ctx.pairs, ctx.encoded, delim)
+        bounds, how = _bounds(ctx)
         n = len(bounds)
         S = max(len(b) for sides in bounds for b in sides)
         out = np.full((n, 2, S), np.nan)
@@ -95,8 +101,6 @@ class PrmSteps(Operator):
         return ctx.memo[key]
 
     def run(self, ctx):
-        from ..models.prm import aggregate
-
         steps, counts, how = self._steps(ctx)
         coords = ctx.pair_coords()
         q = self.p.quantity
@@ -120,3 +124,13 @@ class PrmSteps(Operator):
             out = labelled(arr, "probability", INVARIANT, f"aggregate '{how}' chosen − rejected")
         out.attrs["aggregate"] = how
         return out
+
+
+def _bounds(ctx):
+    """Step boundaries per (pair, side) of ``ctx``'s encoded pairs (``models.prm.side_steps``) and the aggregate
+    the model card uses: the PRM's own signal, or for another kind ``models.prm.default_signal``."""
+    if "prm_bounds" not in ctx.memo:
+        sig = getattr(ctx.lm, "signal", None)
+        sig = sig if isinstance(sig, PrmSignal) else default_signal(ctx.lm.tokenizer)
+        ctx.memo["prm_bounds"] = (side_steps(ctx.lm.tokenizer, ctx.pairs, ctx.encoded, sig)[0], sig.aggregate)
+    return ctx.memo["prm_bounds"]

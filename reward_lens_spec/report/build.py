@@ -57,7 +57,7 @@ def pair_table(ds, prov: dict) -> str:
     """The pairs in the one vocabulary (``data.accounting.pairs_phrase``: scored, excluded by reason with ids,
     flagged by flag, restricted outputs), then per pair its stored flags and its checks (margin ≤ 0, non-finite
     values, crystallization outside [0, 1]); ``margin ≤ 0`` is counted under its own name, not as flagged."""
-    from ..data.accounting import PAIR_FLAGS, pairs_limit, pairs_phrase, restricted_outputs
+    from ..data.accounting import KIND_FLAGS, PAIR_FLAGS, pairs_limit, pairs_phrase, restricted_outputs
 
     excluded = prov.get("excluded") or {}
     eff = prov.get("effective_n") if isinstance(prov.get("effective_n"), dict) else {}
@@ -76,7 +76,7 @@ def pair_table(ds, prov: dict) -> str:
     dim = strs(ds["dimension"].values) if "dimension" in ds.coords else np.array([""] * len(ids))
     cf = (np.asarray(first_objective(ds["crystallization_fraction"])[0].values, float).ravel()
           if "crystallization_fraction" in ds else np.full(len(ids), np.nan))
-    flag_cols = {f: np.asarray(ds[f].values, bool) for f in PAIR_FLAGS
+    flag_cols = {f: np.asarray(ds[f].values, bool) for f in PAIR_FLAGS + KIND_FLAGS
                  if f in ds.coords and ds[f].dims == ("pair",)}
     rows, n_le0, n_nonfinite = [], 0, 0
     for i in range(len(ids)):

@@ -41,14 +41,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 import xarray as xr
 
+from ..context import RunContext
 from ..errors import SpecError, StoreError
-from ..planning import passes, stages
+from ..planning import data_dims, data_widths, passes, stages
 from ..result import Result
 from ..store.attempts import PREFIX, Attempt, list_attempts
 from ..store.digest import KEY as DIGESTS, result_digests, values_digest
 from ..store.groups import open_variable, open_variables, write_variables
 from ..store.writer import check_storable, discard_unstarted, observable_attrs, with_digests
-from .stream_arrays import ensure_skeleton, label_group, labels_once, write_region
+from .stream_arrays import ensure_skeleton, label_group, labels_once, pad_widths, write_region
 
 SCRATCH = "_stage"           # not a valid observable name (store.writer.check_name), so no clash
 READOUT_H = "readout_h"
@@ -130,12 +131,13 @@ def stream(b, run_id, lm, pairs, enc, plan, info, *, capture_kw, frame, store_sp
         store_spec = replace(store_spec, chunk_pairs=max(1, len(enc.pair_ids)))  # read every pair's capture
     n, size, shards = len(enc.pair_ids), store_spec.chunk_pairs, store_spec.shards
     slices = chunk_slices(n, size)
-    meta = {"kind": "stream", "shards": shards, "chunk_pairs": size, "n_pairs": n,
-            "pairs_sha": hashlib.sha256("\n".join(enc.pair_ids).encode()).hexdigest()[:16]}
+    widths = data_widths(plan, RunContext(lm=lm, pairs=pairs, encoded=enc, capture=None, info=info))
+    meta = {"kind": "stream", "shards": shards, "chunk_pairs": size, "n_pairs": n, **({"widths": widths} if widths
+            else {}), "pairs_sha": hashlib.sha256("\n".join(enc.pair_ids).encode()).hexdigest()[:16]}
     att, role = _attempt(b, run_id, meta, store_spec.shard, launch_key(store_spec))
     try:
         return _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_kw, frame,
-                    store_spec, run_attrs, progress, keep_context)
+                    store_spec, run_attrs, progress, keep_context, widths)
     except BaseException:
         discard_unstarted(att)         # failed before any chunk was stored: leave nothing behind
         raise
@@ -165,9 +167,7 @@ def _attempt(b, run_id, meta, shard, launch):
 
 
 def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_kw, frame, store_spec,
-         run_attrs, progress, keep_context):
-    from ..context import RunContext
-
+         run_attrs, progress, keep_context, widths):
     out_g, scr_g = f"{att.prefix}/{plan.observable}", f"{att.prefix}/{SCRATCH}"
     ps = passes(plan, st)
     last_pass = max(ps.values(), default=0)
@@ -179,7 +179,8 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     labels = labels_once(b)
     shared = dict(labels=labels, b=b, lm=lm, pairs=pairs, enc=enc, plan=plan, info=info, st=st, ps=ps,
                   slices=slices, keep=keep, capture_kw=capture_kw, frame=frame, need_h=need_h, full_coords=full_coords,
-                  groups=(out_g, scr_g), size=store_spec.chunk_pairs, keep_context=keep_context)
+                  groups=(out_g, scr_g), size=store_spec.chunk_pairs, keep_context=keep_context,
+                  pads={name: {d: widths[d] for d in dims} for name, dims in data_dims(plan).items()})
     done = att.chunks_done()
     ours = [k for k in range(len(slices)) if k % store_spec.shards == store_spec.shard]
     bad = _unverified(att, shared, 0, {k: done[k] for k in ours if k in done})   # adopted chunks: re-read
@@ -221,7 +222,7 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
                              [s for s in plan.steps if st[s.name] == "reduce" and ps[s.name] == p],
                              out_g, scr_g, frame, need_h, full_coords, reduced, labels))
     chunk_info = {"n": len(slices), "chunk_pairs": store_spec.chunk_pairs, "shards": store_spec.shards,
-                  "by_writer": by_writer}
+                  "by_writer": by_writer, **({"widths": widths} if widths else {})}
     zs = b.zarr_store()       # the outputs as stored: small ones read in one pass, bigger ones block by block
     stored = open_variables(zs, out_g, plan.outputs, lazy=EAGER_BYTES, labels=labels(out_g))
     logits = np.asarray(open_variable(zs, scr_g, HEAD_LOGITS, lazy=False, labels=labels(scr_g)).values)
@@ -271,11 +272,10 @@ def _chunk_loop(att, role, p, ks, reduced, sh, progress) -> list:
                     given[i] = reduced[i]
                 elif ps[i] < p:
                     group = out_g if i in plan.outputs else scr_g
-                    v = open_variable(b.zarr_store(), group, i, labels=sh["labels"](group)).isel(pair=sl).load()
-                    given[i] = v
+                    given[i] = open_variable(b.zarr_store(), group, i, labels=sh["labels"](group)).isel(pair=sl).load()
         ds_out, ds_scr, counts, ctx = _pair_chunk(sh["lm"], sh["pairs"], subset(sh["enc"], sl), plan, steps,
-                                                  replace(info, pairs=lim), sh["keep"], sh["capture_kw"],
-                                                  sh["frame"], sh["need_h"] and p == 0, given, first=p == 0)
+                                                  replace(info, pairs=lim), sh["keep"], sh["capture_kw"], sh["frame"],
+                                                  sh["need_h"] and p == 0, given, sh["pads"], first=p == 0)
         check_storable(Result({**ds_out, **ds_scr}), plan.observable, {s.name: s.op.name for s in plan.steps},
                        att.run_id)
         marker = "skeleton" if p == 0 else f"pass{p}.skeleton"
@@ -322,11 +322,11 @@ def _unverified(att, sh, p, marks: dict) -> set:
     return bad
 
 
-def _pair_chunk(lm, pairs, enc_k, plan, steps, info_k, keep, capture_kw, frame, need_h, given, *, first):
+def _pair_chunk(lm, pairs, enc_k, plan, steps, info_k, keep, capture_kw, frame, need_h, given, pads, *, first):
     """Capture pass + one pass's pair-stage ``steps`` on one chunk; returns (outputs, scratch, counts,
-    context): two ``Result``s. ``given``: inputs computed before this pass. The first pass also keeps the
+    context): two ``Result``s. ``given``: inputs computed before this pass. ``pads``: step -> {dim: the run's
+    size} for the steps with a data-dependent dim (kept rows padded to it). The first pass also keeps the
     model's own head logits (and the readout ``h`` when a reduction reads it) as scratch."""
-    from ..context import RunContext
     from ..frames.express import express
     from ..models.capture import capture
 
@@ -348,7 +348,8 @@ def _pair_chunk(lm, pairs, enc_k, plan, steps, info_k, keep, capture_kw, frame, 
         values[s.name] = s.op.run(ctx, *[values[i] for i in s.inputs])
         values[s.name].attrs.setdefault("gauge", s.gauge)
         if s.name in keep:
-            kept[s.name] = values[s.name]
+            kept[s.name] = pad_widths(values[s.name], pads.get(s.name, {}),
+                                      f"observable {plan.observable}, step {s.name}")
         for name in [*s.inputs, s.name]:           # free what no later step of this chunk reads
             if last.get(name, -1) <= j:
                 values.pop(name, None)
@@ -367,7 +368,6 @@ def _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, 
             reduced, labels) -> dict:
     """One pass's reductions on the stored per-pair arrays (opened lazily) and the earlier passes'
     reductions (``reduced``, updated in place); write the outputs among them into the run's group."""
-    from ..context import RunContext
     from ..frames import Frame, save_frame
     from ..frames.express import express
 

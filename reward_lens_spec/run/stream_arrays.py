@@ -8,11 +8,16 @@ concurrent pass (``store.zarr_io.write_new_groups``), by a writer taking over a 
 concurrent pass (``zarr_io.write_regions``), strings and CF-encoded values through ``to_zarr(region=...)``;
 the digest of every region written goes to the chunk's marker. Every write goes through the attempt's fenced
 store (``store.attempts``).
+
+A dim whose size depends on the data (PRM steps, response positions: ``Operator.data_dims``) is sized for the
+whole run before the first chunk (``planning.data_widths``), and each chunk's rows are padded to that size
+(``pad_widths``: NaN past a row's own length), so the skeleton any chunk creates fits every other chunk.
 """
 from __future__ import annotations
 
 import time
 
+import numpy as np
 import xarray as xr
 
 from ..errors import StoreError
@@ -20,6 +25,33 @@ from ..store.digest import values_digest
 from ..store.groups import (VARIABLES, WRITE_KW, group_labels, label_dataset, set_group_attrs, variable_dataset,
                            write_labels)
 from ..store.zarr_io import plain_region, write_new_groups, write_regions
+
+
+def pad_widths(v: xr.DataArray, widths: dict, where: str) -> xr.DataArray:
+    """``v`` with each dim of ``widths`` (dim -> the run's size, ``planning.data_widths``) padded at its end to
+    that size: NaN values (floats only), index coord ``0 … size−1``; attrs kept, ``padding`` added. Raises
+    ``StoreError`` naming ``where`` when a chunk holds more than the planned size, or a dim to pad has a coord
+    other than ``0 … n−1`` or non-float values (an operator that breaks ``Operator.width``'s contract)."""
+    for dim, size in widths.items():
+        n = v.sizes[dim]
+        if dim in v.indexes and not np.array_equal(v.indexes[dim], np.arange(n)):
+            raise StoreError(f"{where}: dim {dim!r} depends on the data but its coord is not 0 … {n - 1}.")
+        if n > size:
+            raise StoreError(f"{where}: a chunk holds {n} along {dim!r}, more than the {size} planned over every "
+                             "pair (Operator.width disagrees with the operator's run).")
+        if n < size:
+            if v.dtype.kind != "f":
+                raise StoreError(f"{where}: dim {dim!r} depends on the data, so it is padded with NaN; the values "
+                                 f"are {v.dtype}, not floats.")
+            attrs = dict(v.attrs)
+            v = v.pad({dim: (0, size - n)}, constant_values=np.nan)
+            v.attrs = attrs
+            if dim in v.indexes:
+                v = v.assign_coords({dim: np.arange(size)})
+    if widths:
+        v.attrs["padding"] = (f"NaN past each row's own length along {', '.join(widths)}; size = the largest over "
+                              "the run's pairs")
+    return v
 
 
 def labels_once(b):

@@ -7,10 +7,13 @@ A seal says the stored numbers are the ones written; recomputing says they are t
   (seeded, reproducible) and the plan executed on those pairs alone, in memory, through the one
   executor (``run.executor.compute``). Every stored per-pair output is compared with the recomputed one
   on those pairs: max |Δ| per variable, within ``RTOL`` × the variable's largest stored |value|
-  (float error of another batch composition). The descriptive fields (dataset name and checksum, the
-  counts ``effective_n`` incl. ``n_scored``, ``data_flags``, the ``excluded`` and flagged pair ids) are
-  re-derived from the data file and the tokenizer over every pair and must equal the stored ones
-  (``descriptive_mismatches``). Outputs that reduce over pairs, or that are expressed in
+  (float error of another batch composition). A dim whose size depends on the data (PRM steps, response
+  positions) is sized over the sample alone, so the recomputed rows are NaN-padded to the stored width
+  first (``run.stream_arrays.pad_widths``): stored values past the sample's width then mismatch. The
+  descriptive fields (dataset name and checksum, the counts ``effective_n`` incl. ``n_scored``,
+  ``data_flags``, the ``excluded`` and flagged pair ids) are re-derived from the data file and the tokenizer
+  over every pair and must equal the stored ones (``descriptive_mismatches``). Outputs that reduce over
+  pairs, or that are expressed in
   a fitted frame, cannot be recomputed from a sample and are named as skipped. A run whose model (or
   dataset file) is not at hand is skipped, saying why; a mismatch fails.
 * a **scorecard**: its organism check is graded again (``trust.scorecard.grade``: same observable,
@@ -44,10 +47,11 @@ def recompute_run(store, run_id: str, k: int, *, base_dir: str, seed: int = 0) -
     from omegaconf import OmegaConf
 
     from ..errors import RewardLensError
-    from ..planning import plan_for
+    from ..planning import data_dims, plan_for
     from ..run.compose import finish
     from ..run.executor import compute
     from ..run.inputs import encode, load_dataset, load_lm
+    from ..run.stream_arrays import pad_widths           # xarray: deferred like the rest
 
     attrs = store.document(run_id)
     text = attrs.get("config_yaml")
@@ -86,6 +90,12 @@ def recompute_run(store, run_id: str, k: int, *, base_dir: str, seed: int = 0) -
         keep = [i for i in (str(p) for p in result[v]["pair"].values) if i in chosen]
         got = result[v].sel(pair=keep)
         want = stored[v].sel(pair=keep).transpose(*got.dims)
+        wider = {d: want.sizes[d] for d in data_dims(plan).get(v, ()) if want.sizes[d] > got.sizes[d]}
+        got = pad_widths(got, wider, v)
+        if got.shape != want.shape:
+            ok = False
+            parts.append(f"{v}: shape {dict(got.sizes)} recomputed, {dict(want.sizes)} stored MISMATCH")
+            continue
         scale = float(np.nanmax(np.abs(np.asarray(stored[v].values, np.float64)), initial=0.0))
         diff = _max_diff(got.values, want.values)
         good = diff <= RTOL * max(scale, 1e-6)
