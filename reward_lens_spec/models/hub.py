@@ -25,14 +25,16 @@ import threading
 from contextlib import contextmanager
 
 from ..errors import SpecError
+from .admission import permitted
 
 _PROMPT_LOCK = threading.Lock()
 _DEPTH, _SAVED = [0], [None]          # how many callers are inside no_prompt; transformers' own timeout
 
 
 def trust_remote_code(spec) -> bool:
-    """``model.trust_remote_code`` as a bool, never ``None``: transformers asks on stdin when given ``None``."""
-    return getattr(spec, "trust_remote_code", False) is True
+    """``model.trust_remote_code`` as a bool, never ``None`` (transformers asks on stdin when given ``None``),
+    honoured only as the model door allowed it (``models.admission.permitted``; ``SpecError`` otherwise)."""
+    return permitted(spec, "trust_remote_code")
 
 
 def _source(spec_or_source) -> str:
