@@ -351,3 +351,32 @@ def test_a_multi_objective_head_gets_one_exact_split_per_objective_and_top_featu
                  for s in (enc.chosen[p], enc.rejected[p])]
         got = ds["c"].isel(pair=p).sum("feature").values + ds["e"].isel(pair=p).values
         np.testing.assert_allclose(got, r[0] - r[1], atol=5e-5)
+
+
+@pytest.mark.parametrize("fmt", ["pickle", "torch.save", "cfg not json"])
+def test_weights_that_are_not_safetensors_give_one_line_and_are_never_unpickled(tmp_path, fmt):
+    """A pickle named sae_weights.safetensors (issue 36: SafetensorError "header too large" traceback)."""
+    import os
+    import pickle
+
+    import torch
+
+    marker = tmp_path / "ran.marker"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+    save_sae(random_sae(), tmp_path / "sae")
+    weights = tmp_path / "sae" / "sae_weights.safetensors"
+    if fmt == "pickle":
+        weights.write_bytes(pickle.dumps({"W_enc": Evil()}))
+    elif fmt == "torch.save":
+        torch.save({"W_enc": Evil()}, weights)
+    else:
+        (tmp_path / "sae" / "cfg.json").write_text("{not json")
+    with pytest.raises(SpecError) as e:
+        load_sae(tmp_path / "sae", "observable.steps.path")
+    text = str(e.value)
+    assert text.startswith("observable.steps.path") and "\n" not in text, text
+    assert ("cfg.json" if fmt == "cfg not json" else "a pickle") in text
+    assert not marker.exists()
