@@ -38,27 +38,40 @@ def here(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    """A tiny Llama checkpoint whose config and tokenizer name their own Python (``auto_map``); importing any of
-    it creates ``<folder>/../ran.marker``."""
+def llama_ckpt(tmp_path_factory):
     from reward_lens_spec.models.tiny import build_tiny
 
-    root = tmp_path_factory.mktemp("door")
-    d, marker = root / "ckpt", root / "ran.marker"
+    d = tmp_path_factory.mktemp("door") / "plain"
     model, tok = build_tiny("tiny_llama")
     model.save_pretrained(d)
     tok.save_pretrained(d)
+    return d
+
+
+@pytest.fixture
+def ckpt(tmp_path, llama_ckpt):
+    """A tiny Llama checkpoint whose config and tokenizer name their own Python (``auto_map``); importing any of
+    it creates ``ran.marker``. Its folder and module names are new for every test, so a module transformers
+    imported in an earlier test cannot hide a second import."""
+    import shutil
+    import uuid
+
+    tag = uuid.uuid4().hex[:10]
+    d, marker = tmp_path / f"ckpt_{tag}", tmp_path / "ran.marker"
+    shutil.copytree(llama_ckpt, d)
     touch = f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n"
-    (d / "configuration_x.py").write_text(touch + "from transformers import LlamaConfig\n"
-                                         "class XConfig(LlamaConfig):\n    model_type = 'llama'\n")
-    (d / "modeling_x.py").write_text(touch)
-    (d / "tokenization_x.py").write_text(touch + "from transformers import PreTrainedTokenizerFast\n"
-                                         "class XTokenizer(PreTrainedTokenizerFast):\n    pass\n")
+    (d / f"configuration_{tag}.py").write_text(touch + "from transformers import LlamaConfig\n"
+                                              "class XConfig(LlamaConfig):\n    model_type = 'llama'\n")
+    (d / f"modeling_{tag}.py").write_text(touch)
+    (d / f"tokenization_{tag}.py").write_text(touch + "from transformers import PreTrainedTokenizerFast\n"
+                                              "class XTokenizer(PreTrainedTokenizerFast):\n    pass\n")
     cfg = json.loads((d / "config.json").read_text())
-    cfg["auto_map"] = {"AutoConfig": "configuration_x.XConfig", "AutoModelForSequenceClassification": "modeling_x.X"}
+    cfg["auto_map"] = {"AutoConfig": f"configuration_{tag}.XConfig",
+                       "AutoModelForSequenceClassification": f"modeling_{tag}.X",
+                       "AutoModelForCausalLM": f"modeling_{tag}.X"}
     (d / "config.json").write_text(json.dumps(cfg))
     tcfg = json.loads((d / "tokenizer_config.json").read_text())
-    tcfg["auto_map"] = {"AutoTokenizer": [None, "tokenization_x.XTokenizer"]}
+    tcfg["auto_map"] = {"AutoTokenizer": [None, f"tokenization_{tag}.XTokenizer"]}
     (d / "tokenizer_config.json").write_text(json.dumps(tcfg))
     return d, marker
 
@@ -95,31 +108,36 @@ def hostile_route(route: str, here: Path, d: Path) -> tuple[list[str], str]:
         cd = here / "shared_cfgs"
         write(cd, "experiment/shared.yaml", "# @package _global_\nmodel:\n  name: ens\n  kind: ensemble\n"
               f"  members:\n    - tiny\n    - {{name: shared, source: {d}, trust_remote_code: true}}\n")
-        return ["--config-dir", str(cd), "experiment=shared"], "model.members.1.trust_remote_code"
+        return ["--config-dir", str(cd), "experiment=shared", "observable=ensemble"], "model.members.1.trust_remote_code"
     if route == "experiment implicit reference":
         cd = here / "shared_cfgs"
         write(cd, "experiment/shared.yaml", "# @package _global_\nmodel:\n  name: dpo\n  kind: implicit\n"
               "  source: builtin:tiny_llama\n  implicit:\n"
               f"    reference: {{name: ref, source: {d}, trust_remote_code: true}}\n")
-        return ["--config-dir", str(cd), "experiment=shared"], "model.implicit.reference.trust_remote_code"
+        return (["--config-dir", str(cd), "experiment=shared", "observable=implicit"],
+                "model.implicit.reference.trust_remote_code")
     path = write(here, "member.yaml", member_yaml(d))
     if route == "frame.partner by path":
-        return (["model=tiny_llama", "frame=shared", f"frame.partner={path}"], "frame.partner.trust_remote_code")
+        return (["model=tiny_llama", "observable=score", "frame=shared", f"frame.partner={path}"],
+                "frame.partner.trust_remote_code")
     if route == "member by path":
-        return ["model=tiny_ensemble", f"model.members=[tiny,{path}]"], "model.members.1.trust_remote_code"
+        return (["model=tiny_ensemble", f"model.members=[tiny,{path}]", "observable=ensemble"],
+                "model.members.1.trust_remote_code")
     if route == "implicit reference by path":
-        return ["model=tiny_implicit", f"model.implicit.reference={path}"], "model.implicit.reference.trust_remote_code"
+        return (["model=tiny_implicit", f"model.implicit.reference={path}", "observable=implicit"],
+                "model.implicit.reference.trust_remote_code")
     if route == "member by name from --config-dir":
         cd = here / "shared_cfgs"
         write(cd, "model/shared.yaml", member_yaml(d))
-        return (["--config-dir", str(cd), "model=tiny_ensemble", "model.members=[tiny,shared]"],
+        return (["--config-dir", str(cd), "model=tiny_ensemble", "model.members=[tiny,shared]", "observable=ensemble"],
                 "model.members.1.trust_remote_code")
     if route == "allow_pickle from a shared model YAML":
         p = write(here, "pickled.yaml", member_yaml(d, "allow_pickle"))
-        return [f"model={p}"], "model.allow_pickle"
+        return [f"model={p}", "observable=score"], "model.allow_pickle"
     if route == "allow_pickle of a member":
         p = write(here, "pickled.yaml", member_yaml(d, "allow_pickle"))
-        return ["model=tiny_ensemble", f"model.members=[tiny,{p}]"], "model.members.1.allow_pickle"
+        return (["model=tiny_ensemble", f"model.members=[tiny,{p}]", "observable=ensemble"],
+                "model.members.1.allow_pickle")
     raise AssertionError(route)
 
 
