@@ -121,23 +121,25 @@ def _build(raw: dict, key: str, where: str) -> ModelSpec:
     return obj
 
 
-def _resolve(ref, key: str, base_dir: str | None) -> tuple[ModelSpec, str, bool]:
-    """``(spec, where, from_file)`` of a reference (see the module doc); the flags are not judged here."""
+def _resolve(ref, key: str, base_dir: str | None) -> tuple[ModelSpec, str]:
+    """``(spec, where it came from)`` of a reference (see the module doc); the flags are not judged here. A
+    model file without ``name`` is named after its source (``spec.default_model_name``), an inline mapping
+    without one by its source."""
     if isinstance(ref, ModelSpec):
-        return ref, "the composed config", False
+        return ref, "the composed config"
     if isinstance(ref, str):
         path = _file_of(ref, key, base_dir)
-        where = f"model file {path}"
-        spec = _build(_read_file(path, key), key, where)
-        if "name" not in _read_file(path, key):
+        raw, where = _read_file(path, key), f"model file {path}"
+        spec = _build(raw, key, where)
+        if "name" not in raw:
             spec.name = default_model_name(spec.source, spec.gguf_file)
-        return spec, where, True
+        return spec, where
     if isinstance(ref, Mapping) or OmegaConf.is_dict(ref):
         raw = OmegaConf.to_container(ref, resolve=False) if OmegaConf.is_dict(ref) else dict(ref)
         spec = _build(raw, key, "the inline model mapping")
         if "name" not in raw:
             spec.name = str(spec.source)
-        return spec, "the inline model mapping", False
+        return spec, "the inline model mapping"
     raise SpecError(key, f"expected a model option name, a YAML path or a mapping, got {ref!r}.", fix=_FIX_REF)
 
 
@@ -148,7 +150,7 @@ def admit(ref, key: str, *, granted: frozenset = frozenset(), base_dir: str | No
     mapping; ``granted``: ``grants`` of what the person typed. Raises ``SpecError`` naming ``key`` (or
     ``<key>.<flag>``) for an unknown option or file, a resolver / ``ext://`` / code name, a spec that does not
     fit the schema, and a flag set true that was not typed for ``key``."""
-    spec, where, _ = _resolve(ref, key, base_dir)
+    spec, where = _resolve(ref, key, base_dir)
     for flag in FLAGS:
         if getattr(spec, flag, False) is True and (key, flag) not in granted:
             raise flag_error(key, flag, where)
@@ -166,7 +168,7 @@ def nested(parent, ref, key: str, base_dir: str | None = None) -> ModelSpec:
         own = frozenset((key, f) for f in FLAGS if _get(ref, f) is True)
         return admit(ref, key, granted=own, base_dir=base_dir)
     if adm.via != "door":
-        spec, _, _ = _resolve(ref, key, base_dir)
+        spec, _ = _resolve(ref, key, base_dir)
         return stamp(spec, Admission(key=key, via="config"))
     return admit(ref, key, granted=adm.grants, base_dir=base_dir)
 
