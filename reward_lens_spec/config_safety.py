@@ -415,13 +415,13 @@ def _norm(value: Any) -> Any:
     return value
 
 
-def _values(value: Any) -> Iterator[Any]:
+def override_values(value: Any) -> Iterator[Any]:
     """Every value an override can take: sweep choices one by one, glob patterns, containers as they are."""
     from hydra.core.override_parser.types import ChoiceSweep, Glob, IntervalSweep, RangeSweep
 
     if isinstance(value, ChoiceSweep):
         for v in value.list:
-            yield from _values(v)
+            yield from override_values(v)
     elif isinstance(value, Glob):
         yield from list(value.include) + list(value.exclude)
     elif isinstance(value, (IntervalSweep, RangeSweep)):
@@ -459,7 +459,7 @@ def _check_override_list(overrides: list[str], typed: bool, where: str | None = 
             for d in _search_dirs(line):
                 check_files(Path(d).resolve(), "config folder " + d)
             continue
-        values = list(_values(o._value)) if o is not None else [raw]
+        values = list(override_values(o._value)) if o is not None else [raw]
         if o is not None and o.is_delete():
             values = [None]
         for v in values:

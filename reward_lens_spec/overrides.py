@@ -3,7 +3,8 @@
 ``prepare_overrides`` turns what a user types into what Hydra composes: ``--config-dir DIR`` and
 ``hydra.searchpath=[...]`` become the user's config folders (``paths.add_user_dirs``) and one
 ``hydra.searchpath`` override; ``group=path/to/file.yaml`` registers that file as an option of the
-group; ``dataset.fields.<name>=<key>`` adds a mapping entry (no ``+`` needed). ``precheck_overrides``
+group; ``dataset.fields.<name>=<key>`` adds a mapping entry (no ``+`` needed); ``model.checkpoints=...``
+replaces the chosen option's sequence (a list over ``tiny_checkpoints``' ``{folder, steps}``, as its Fix says). ``precheck_overrides``
 then checks ``group=option`` and ``group.key=value`` against the folders and schemas, so a typo gets
 "did you mean" and a non-zero exit instead of Hydra's traceback; shared by the main app and ``fit``.
 """
@@ -118,16 +119,22 @@ def _check_launcher(value: str) -> None:
                         fix=EXTRA)
 
 
-def _check_file(group: str, option: str) -> None:
+def _check_file(group: str, option: str, typed: list[str]) -> None:
     """A chosen option's YAML fits its group's schema (user files and built-ins alike); ``SpecError``
-    naming the key, with "did you mean", instead of Hydra's composition traceback."""
+    naming the key, with "did you mean", instead of Hydra's composition traceback. A model file goes
+    through the model door (``models.door.admit``) with what the person ``typed``."""
+    from .models.door import admit, grants
     from .paths import find_config
     from .spec import group_config
 
     if group not in GROUP_SCHEMAS:
         return
     path = _REGISTERED.get(group, {}).get(option) or find_config(group, option)
-    if path is not None:
+    if path is None:
+        return
+    if group == "model":
+        admit(str(path), group, granted=grants(typed))
+    else:
         group_config(group, str(path), key=group)
 
 
@@ -150,6 +157,8 @@ def prepare_overrides(argv: list[str]) -> list[str]:
                 continue
         elif eq and key.startswith("dataset.fields."):
             arg = "++" + arg                    # add or set one mapping entry
+        elif eq and key == "model.checkpoints" and value.strip() not in ("", "null"):
+            out.append("model.checkpoints=null")    # replace the option's sequence: a list over a mapping, or back
         elif eq and key.lstrip("+") == "hydra/launcher":
             for v in value.split(","):
                 _check_launcher(v)
@@ -187,7 +196,7 @@ def precheck_overrides(args: list[str]) -> None:
                     raise SpecError(head, f"unknown option '{v}'.", value=v, options=opts,
                                     fix=f"name an option, a file ({head}=./my_{head}.yaml), or add your folder "
                                         f"with --config-dir DIR (holding DIR/{head}/<name>.yaml).")
-                _check_file(head, v)
+                _check_file(head, v, args)
         elif head in GROUP_SCHEMAS and rest:
             names = [f.name for f in fields(GROUP_SCHEMAS[head])]
             sub = rest.split(".")[0]

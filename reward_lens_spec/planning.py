@@ -88,13 +88,14 @@ def _width(cfg) -> int:
 
 def check_frame_configs(run, base_dir=None) -> None:
     """Plan-time checks of ``frame.partner`` / ``frame.reference`` (configs only, no weights)."""
+    from .models.door import nested
     from .spec import group_config
 
     f = run.frame
     if f.reference:
         group_config("dataset", f.reference, key="frame.reference", base_dir=base_dir)
     if f.partner:
-        partner = group_config("model", f.partner, key="frame.partner", base_dir=base_dir)
+        partner = nested(run.model, f.partner, "frame.partner", base_dir)
         if partner.name == run.model.name:
             raise SpecError("frame.partner", f"the partner model has the same name as this model ('{partner.name}'); "
                             "a shared frame tells its two models apart by name.",

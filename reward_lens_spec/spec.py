@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ConfigTypeError, ValidationError
 
 from .errors import SpecError
+from .models.admission import Admission, stamp
 from .spec_kinds import EnsembleSpec, ImplicitSpec, JudgeSpec, PrmSpec  # noqa: F401  (schemas of ModelSpec)
 
 
@@ -257,6 +258,7 @@ def validate(cfg: DictConfig | dict, *, partial: bool = False) -> RunConfig:
                         fix="set a list as a whole, e.g. 'observable.steps=[{name: e, op: patch, mode: noise}]', "
                             "or write an observable YAML (conf/observable/examples).") from None
     obj = OmegaConf.to_object(merged)
+    stamp(obj.model, Admission(key="model", via="config"))      # loaders honour its flags after models.door only
     if not named:
         _name_after_source(obj.model)
     _check_values(obj, partial)
@@ -388,11 +390,15 @@ def _check_frame(f: FrameSpec, partial: bool) -> None:
 def group_config(group: str, ref: str, *, key: str, base_dir: str | None = None):
     """One group's config, typed by its schema: an option of ``conf/<group>/`` or a YAML file path.
 
-    ``key`` is the config key that named it (for errors, e.g. ``frame.partner``). Raises
+    ``key`` is the config key that named it (for errors, e.g. ``frame.reference``). Raises
     ``SpecError`` naming ``key`` for an unknown option / missing file (listing the options) or a
-    config that does not fit the schema.
+    config that does not fit the schema. A model is not read here: every model spec crosses the one
+    guarded door (``models.door.admit``), which refuses resolvers and untyped flags.
     """
     from pathlib import Path
+
+    if group == "model":
+        raise TypeError("model specs are resolved by models.door (admit / nested), the one guarded door")
 
     from .paths import find_config, group_options
 
@@ -410,10 +416,7 @@ def group_config(group: str, ref: str, *, key: str, base_dir: str | None = None)
     try:
         loaded = OmegaConf.load(path)
         merged = OmegaConf.merge(OmegaConf.structured(GROUP_SCHEMAS[group]), loaded)
-        obj = OmegaConf.to_object(merged)
-        if group == "model" and "name" not in loaded:      # a model YAML without a name: named after its source
-            obj.name = default_model_name(obj.source, obj.gguf_file)
-        return obj
+        return OmegaConf.to_object(merged)
     except yaml.YAMLError as exc:
         raise SpecError(key, f"{path} is not valid YAML ({str(exc).splitlines()[0]}).",
                         fix=f"fix the YAML of that {group} config.") from None

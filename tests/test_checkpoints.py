@@ -114,3 +114,18 @@ def test_all_expands_to_one_multirun_over_the_sequence():
     with pytest.raises(SpecError) as err:
         expand_checkpoints(["model=tiny", "model.checkpoint=all"])
     assert err.value.field == "model.checkpoint"
+
+
+@pytest.mark.parametrize("value, checkpoint, source, cps", [
+    ("[runs/a,runs/b]", 1, "runs/b", ["runs/a", "runs/b"]),                   # a list over the option's mapping
+    ("{folder: r, steps: [5, 9]}", 0, "r/checkpoint-5", {"folder": "r", "steps": [5, 9]}),
+])
+def test_the_checkpoint_list_override_its_fix_names_works_over_a_checkpoint_option(value, checkpoint, source, cps):
+    """Issue 36: ``model=tiny_checkpoints model.checkpoints=[a,b]`` (the form the Fix text gives) was Hydra's raw
+    5-line merge error; now it replaces the option's sequence."""
+    with pytest.raises(SpecError) as e:
+        select_checkpoint(ModelSpec(checkpoint=0))
+    assert "model.checkpoints=[folder_a, folder_b, ...]" in str(e.value)
+    run, _ = compose_run(["model=tiny_checkpoints", f"model.checkpoints={value}", f"model.checkpoint={checkpoint}"])
+    assert run.model.checkpoints == cps and run.model.source == source
+    assert run.model.name == f"tiny_checkpoints@{source.rsplit('/', 1)[-1].replace('checkpoint-', 'step')}"

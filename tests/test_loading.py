@@ -68,3 +68,26 @@ def test_half_precision_runs_with_a_float32_head(dtype, tol):
     assert lm.head.W.dtype == np.float32
     ref = scores(load_model(ModelSpec(source="builtin:tiny")))
     np.testing.assert_allclose(scores(lm), ref, atol=tol)
+
+
+def test_pickle_weights_torch_refuses_give_one_line(saved, tmp_path):
+    """With model.allow_pickle granted, a pickle torch's weights_only loader refuses (it names os.system) is one
+    SpecError line naming model.allow_pickle, not an UnpicklingError traceback; nothing of it runs."""
+    import os
+    import shutil
+
+    _, pickled = saved
+    marker = tmp_path / "ran.marker"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+    d = tmp_path / "hostile"
+    shutil.copytree(pickled, d)
+    state = torch.load(d / "pytorch_model.bin", weights_only=True)
+    torch.save({**state, "evil": Evil()}, d / "pytorch_model.bin")
+    with pytest.raises(SpecError) as e:
+        load_model(ModelSpec(name="p", source=str(d), allow_pickle=True))
+    text = str(e.value)
+    assert text.startswith("model.allow_pickle") and "\n" not in text and "posix.system" in text, text
+    assert not marker.exists()

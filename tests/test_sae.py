@@ -375,3 +375,32 @@ def test_patch_effect_description_states_its_sign_and_a_naive_forward_agrees(loa
             assert abs(float(ds["zeroed"].isel(pair=p, feature=i)) - zeroed) < 5e-5, (p, i)
             checked += abs(margin_change) > 1e-4
     assert checked >= 2
+
+
+@pytest.mark.parametrize("fmt", ["pickle", "torch.save", "cfg not json"])
+def test_weights_that_are_not_safetensors_give_one_line_and_are_never_unpickled(tmp_path, fmt):
+    """A pickle named sae_weights.safetensors (issue 36: SafetensorError "header too large" traceback)."""
+    import os
+    import pickle
+
+    import torch
+
+    marker = tmp_path / "ran.marker"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+    save_sae(random_sae(), tmp_path / "sae")
+    weights = tmp_path / "sae" / "sae_weights.safetensors"
+    if fmt == "pickle":
+        weights.write_bytes(pickle.dumps({"W_enc": Evil()}))
+    elif fmt == "torch.save":
+        torch.save({"W_enc": Evil()}, weights)
+    else:
+        (tmp_path / "sae" / "cfg.json").write_text("{not json")
+    with pytest.raises(SpecError) as e:
+        load_sae(tmp_path / "sae", "observable.steps.path")
+    text = str(e.value)
+    assert text.startswith("observable.steps.path") and "\n" not in text, text
+    assert ("cfg.json" if fmt == "cfg not json" else "a pickle") in text
+    assert not marker.exists()

@@ -31,6 +31,7 @@ import numpy as np
 import yaml
 
 from ..errors import RewardLensError, SpecError
+from ..models.door import derive
 from . import evaluate as ev
 from .head import DEFAULT_L2_GRID, fit_bt_head, save_checkpoint, set_head
 from .split import PARTS, split_by_prompt
@@ -211,7 +212,7 @@ def _verify(run, folder: Path, base_dir: str, pairs, expected) -> dict:
     from ..models.capture import capture
     from ..run.inputs import batch_size, encode, load_lm
 
-    spec = dataclasses.replace(run.model, source=str(folder), gguf_file=None)
+    spec = derive(run.model, source=str(folder), gguf_file=None)
     lm = load_lm(spec, base_dir)
     enc = encode(lm, pairs, spec)
     cap = capture(lm, enc, sites=(), batch_size=batch_size(spec, lm, enc), padding_side=spec.padding_side.value)

@@ -120,6 +120,7 @@ def resolve_frame(run, lm, store_url: str, base_dir: str | None = None) -> Frame
     """The run's frame (``None`` for native); fits, stores and reuses as the module doc says."""
     from ..run.identity import numerics
     from ..run.inputs import load_lm
+    from ..models.door import nested
     from ..spec import group_config
     from .io import save_frame
 
@@ -134,7 +135,7 @@ def resolve_frame(run, lm, store_url: str, base_dir: str | None = None) -> Frame
     models = [(name, fingerprint, numerics(run.model))]
     partner = None
     if kind == "shared":
-        pspec = group_config("model", f.partner, key="frame.partner", base_dir=base_dir)
+        pspec = nested(run.model, f.partner, "frame.partner", base_dir)
         partner = load_lm(pspec, base_dir)
         models.append((pspec.name, body_fingerprint(partner), numerics(pspec)))
     key = fit_key(kind, models, ref_pairs.checksum, f.reference_limit, f.shrinkage)

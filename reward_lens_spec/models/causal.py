@@ -56,13 +56,15 @@ def load_causal(spec, base_dir: str | None = None) -> CausalLM:
 
     Raises ``SpecError`` naming the config key at fault (``model.source``, ``model.gguf_file``, ``model.family``).
     """
-    from .hub import load_causal_lm, load_tokenizer, trust_remote_code
+    from .admission import permissions
+    from .hub import load_causal_lm, load_tokenizer
     from .loading import gguf_for, resolve_device, resolve_source
     from .tiny import TINY_CONFIGS, build_tiny_causal
 
     device = resolve_device(str(getattr(spec.device, "value", spec.device)))
     dtype = str(getattr(spec.dtype, "value", spec.dtype))
     padding_side = str(getattr(spec.padding_side, "value", spec.padding_side))
+    trust, pickle = permissions(spec)               # every spec's flags through the model door, any source
     kind, loc = resolve_source(spec.source, base_dir)
     if kind == "builtin":
         if loc not in TINY_CONFIGS:
@@ -77,10 +79,10 @@ def load_causal(spec, base_dir: str | None = None) -> CausalLM:
                 if importlib.util.find_spec(need) is None:
                     raise SpecError("model.gguf_file", f"loading GGUF needs the '{need}' package.",
                                     fix="pip install 'reward_lens_spec[real]'")
-        common = dict(trust_remote_code=trust_remote_code(spec), source=spec.source, gguf_file=gguf,
+        common = dict(trust_remote_code=trust, source=spec.source, gguf_file=gguf,
                       revision=spec.revision or None)
         tok = load_tokenizer(loc, **common)
-        model = load_causal_lm(loc, dtype=_DTYPES[dtype], allow_pickle=bool(spec.allow_pickle),
+        model = load_causal_lm(loc, dtype=_DTYPES[dtype], allow_pickle=pickle,
                                attn_implementation=spec.attn_implementation or None, **common)
         tok.padding_side = padding_side
     if tok.pad_token_id is None and tok.eos_token_id is not None:

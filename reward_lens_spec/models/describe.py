@@ -13,17 +13,19 @@ from ..signed_cache import read_signed, write_signed
 
 def model_config(spec, base_dir=None):
     """The transformers config of ``spec`` (a ``ModelSpec``), read without weights."""
-    from .hub import load_config, trust_remote_code
+    from .admission import permissions
+    from .hub import load_config
     from .loading import gguf_for, resolve_source
     from .tiny import TINY_CONFIGS, tiny_config
 
+    trust, _ = permissions(spec)                    # every spec's flags through the model door, any source
     kind, loc = resolve_source(spec.source, base_dir)
     if kind == "builtin":
         if loc not in TINY_CONFIGS:
             raise SpecError("model.source", f"unknown built-in model '{loc}'.", value=loc, options=TINY_CONFIGS)
         cfg = tiny_config(loc)
     else:
-        cfg = load_config(loc, trust_remote_code=trust_remote_code(spec), source=spec.source,
+        cfg = load_config(loc, trust_remote_code=trust, source=spec.source,
                           gguf_file=gguf_for(spec, kind, loc), revision=getattr(spec, "revision", None) or None)
     return cfg
 

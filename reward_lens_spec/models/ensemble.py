@@ -32,7 +32,8 @@ import torch
 
 from ..errors import SpecError
 from .capture import CaptureResult
-from .implicit import LINEAR_OPS, _KindConfig, canonical_spec, member_spec
+from .door import nested
+from .implicit import LINEAR_OPS, _KindConfig, canonical_spec
 from .readout import ReadoutHead
 
 REDUCES = ("mean", "min", "quantile")
@@ -106,15 +107,15 @@ def check_ensemble(spec) -> None:
         raise SpecError("model.members", f"an ensemble needs at least two members, got {len(spec.members)}.",
                         fix="list conf/model options, e.g. model.members=[tiny,tiny_llama].")
     for i, ref in enumerate(spec.members):
-        m = member_spec(ref, f"model.members[{i}]")
+        m = nested(spec, ref, f"model.members.{i}")
         if str(getattr(m, "kind", "classifier")) != "classifier":
-            raise SpecError(f"model.members[{i}]", f"member '{m.name}' is model.kind={m.kind}; ensemble members are "
+            raise SpecError(f"model.members.{i}", f"member '{m.name}' is model.kind={m.kind}; ensemble members are "
                             "sequence classifiers (one readout each).", fix="list classifier models as members.")
 
 
 def ensemble_settings(spec, base_dir=None) -> dict:
     """The members' specs, ``reduce`` and ``q``: in the run id (``run.identity.numerics``)."""
-    return {"members": [canonical_spec(member_spec(r, f"model.members[{i}]", base_dir))
+    return {"members": [canonical_spec(nested(spec, r, f"model.members.{i}", base_dir))
                         for i, r in enumerate(spec.members)],
             "reduce": spec.ensemble.reduce, "q": float(spec.ensemble.q) if spec.ensemble.reduce == "quantile" else None}
 
@@ -135,18 +136,18 @@ def load_ensemble(spec, base_dir=None) -> EnsembleModel:
     check_ensemble(spec)
     members, names, fps = [], [], []
     for i, ref in enumerate(spec.members):
-        ms = member_spec(ref, f"model.members[{i}]", base_dir)
+        ms = nested(spec, ref, f"model.members.{i}", base_dir)
         ms.device, ms.dtype, ms.padding_side = spec.device, spec.dtype, spec.padding_side
         lm = load_model(ms, base_dir)
         if lm.head.n_outputs != 1:
-            raise SpecError(f"model.members[{i}]", f"member '{ms.name}' has {lm.head.n_outputs} outputs; an ensemble "
+            raise SpecError(f"model.members.{i}", f"member '{ms.name}' has {lm.head.n_outputs} outputs; an ensemble "
                             "reduces one reward per member.", fix="use single-output members (num_labels=1).")
         if members and tokenizer_dict(lm.tokenizer) != tokenizer_dict(members[0].tokenizer):
-            raise SpecError(f"model.members[{i}]", f"member '{ms.name}' has another tokenizer than "
+            raise SpecError(f"model.members.{i}", f"member '{ms.name}' has another tokenizer than "
                             f"'{names[0]}'; the pairs are tokenized once for every member.",
                             fix="ensemble members that share a tokenizer.")
         if ms.name in names:
-            raise SpecError(f"model.members[{i}]", f"two members are named '{ms.name}'.",
+            raise SpecError(f"model.members.{i}", f"two members are named '{ms.name}'.",
                             fix="give inline members distinct name: keys.")
         members.append(lm)
         names.append(ms.name)

@@ -101,16 +101,18 @@ def remember(key: str | None, fingerprint: str) -> None:
 def load_tokenizer_only(spec, base_dir: str | None = None):
     """The tokenizer ``models.loading.load_model`` would give ``spec``'s model, without its weights."""
     from .armorm import is_armorm_folder
-    from .hub import load_tokenizer, trust_remote_code
+    from .admission import permissions
+    from .hub import load_tokenizer
     from .loading import gguf_for, resolve_source
     from .tiny_tokenizer import build_tiny_tokenizer
 
     padding_side = str(getattr(spec.padding_side, "value", spec.padding_side))
+    trust, _ = permissions(spec)                    # every spec's flags through the model door, any source
     kind, loc = resolve_source(spec.source, base_dir)
     if kind == "builtin":
         return build_tiny_tokenizer(padding_side=padding_side)
     gguf = None if (kind == "folder" and is_armorm_folder(loc)) else gguf_for(spec, kind, loc)
-    tok = load_tokenizer(loc, trust_remote_code=trust_remote_code(spec), source=spec.source, gguf_file=gguf,
+    tok = load_tokenizer(loc, trust_remote_code=trust, source=spec.source, gguf_file=gguf,
                          revision=spec.revision or None)
     tok.padding_side = padding_side
     return tok

@@ -12,7 +12,8 @@ partners):
   own class when the model type is one transformers ships; otherwise it is refused with a
   one-line ``SpecError`` naming ``model.trust_remote_code`` (``remote_code_error``).
 * Weights: safetensors only (``use_safetensors=True``) unless ``allow_pickle``; GGUF files are read
-  by transformers' GGUF loader (``gguf_file``).
+  by transformers' GGUF loader (``gguf_file``). Pickle weights that torch's safe loader (``weights_only``)
+  refuses give one ``SpecError`` naming ``model.allow_pickle`` (``unpickling_error``), not a traceback.
 * ``load_classifier`` also returns the tensors the checkpoint lacked (transformers'
   ``output_loading_info``), so the caller can refuse, or deterministically make, a missing head
   (``models.head_init``) instead of taking transformers' random one.
@@ -21,18 +22,21 @@ Other failures to read a checkpoint raise a ``SpecError`` naming ``model.source`
 """
 from __future__ import annotations
 
+import pickle
 import threading
 from contextlib import contextmanager
 
 from ..errors import SpecError
+from .admission import permitted
 
 _PROMPT_LOCK = threading.Lock()
 _DEPTH, _SAVED = [0], [None]          # how many callers are inside no_prompt; transformers' own timeout
 
 
 def trust_remote_code(spec) -> bool:
-    """``model.trust_remote_code`` as a bool, never ``None``: transformers asks on stdin when given ``None``."""
-    return getattr(spec, "trust_remote_code", False) is True
+    """``model.trust_remote_code`` as a bool, never ``None`` (transformers asks on stdin when given ``None``),
+    honoured only as the model door allowed it (``models.admission.permitted``; ``SpecError`` otherwise)."""
+    return permitted(spec, "trust_remote_code")
 
 
 def _source(spec_or_source) -> str:
@@ -89,6 +93,16 @@ def _kwargs(trust, gguf_file, revision) -> dict:
     if revision:
         kw["revision"] = revision
     return kw
+
+
+def unpickling_error(source, exc: Exception) -> SpecError:
+    """One line for pickle weights torch's safe loader (``weights_only``) refused: the global it would have
+    called, named; nothing of the file ran."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    why = next((ln for ln in lines if "GLOBAL" in ln or "Unsupported" in ln), lines[0] if lines else "")
+    return SpecError("model.allow_pickle", f"torch refused to unpickle the weights of '{source}' ({why.rstrip('.')}); "
+                     "nothing of the file was run.",
+                     fix="use a safetensors checkpoint of this model (convert it only where you trust the file).")
 
 
 def _first_line(exc: Exception) -> str:
@@ -150,6 +164,8 @@ def _weights(auto: str, loc, *, trust_remote_code: bool, dtype, allow_pickle: bo
         if err is None:
             raise
         raise err from None
+    except pickle.UnpicklingError as exc:
+        raise unpickling_error(source or loc, exc) from None
     except OSError as exc:
         hint = ("weights are not safetensors: set model.allow_pickle=true only if you trust the file."
                 if "safetensors" in str(exc).lower() else "check model.source (tests never download).")

@@ -34,6 +34,7 @@ import torch
 
 from ..errors import SpecError
 from .capture import CaptureResult, _first
+from .door import nested
 from .formatting import EncodedPairs
 from .head import read_final_norm
 from .padding import batches_by_length, pad_batch
@@ -139,35 +140,15 @@ def implicit_settings(spec, base_dir=None) -> dict:
     """β, the normalization and the reference (its spec, or null): in the run id (``run.identity.numerics``)."""
     ref = spec.implicit.reference
     return {"beta": float(spec.implicit.beta), "length_normalize": bool(spec.implicit.length_normalize),
-            "reference": None if ref is None else canonical_spec(member_spec(ref, "model.implicit.reference",
+            "reference": None if ref is None else canonical_spec(nested(spec, ref, "model.implicit.reference",
                                                                              base_dir))}
-
-
-def member_spec(ref, key: str, base_dir=None):
-    """A ``ModelSpec`` from a ``conf/model`` option, a model YAML path or an inline mapping (``key``: for errors)."""
-    from omegaconf import OmegaConf
-
-    from ..spec import ModelSpec, group_config
-    if isinstance(ref, str):
-        return group_config("model", ref, key=key, base_dir=base_dir)
-    if isinstance(ref, dict) or OmegaConf.is_dict(ref):
-        raw = OmegaConf.to_container(ref) if OmegaConf.is_dict(ref) else dict(ref)
-        try:
-            obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelSpec), raw))
-        except Exception as exc:
-            raise SpecError(key, f"not a model spec: {str(exc).splitlines()[0]}",
-                            fix="give a conf/model option name, a model YAML path or a mapping of model keys.") from None
-        if "name" not in raw:
-            obj.name = str(obj.source)
-        return obj
-    raise SpecError(key, f"expected a model option name, a YAML path or a mapping, got {ref!r}.")
 
 
 def check_implicit(spec) -> None:
     """Plan-time checks of ``model.implicit``; ``SpecError`` naming the key."""
     beta = spec.implicit.beta
     if spec.implicit.reference is not None:
-        member_spec(spec.implicit.reference, "model.implicit.reference")
+        nested(spec, spec.implicit.reference, "model.implicit.reference")
     if not isinstance(beta, (int, float)) or not np.isfinite(beta) or beta <= 0:
         raise SpecError("model.implicit.beta", f"must be a positive number, got {beta!r}.", fix="e.g. 0.1")
 
@@ -184,7 +165,7 @@ def load_implicit(spec, base_dir=None) -> ImplicitModel:
     policy = load_causal(spec, base_dir)
     ref = None
     if spec.implicit.reference is not None:
-        rspec = member_spec(spec.implicit.reference, "model.implicit.reference", base_dir)
+        rspec = nested(spec, spec.implicit.reference, "model.implicit.reference", base_dir)
         rspec.device, rspec.dtype, rspec.padding_side = spec.device, spec.dtype, spec.padding_side
         ref = load_causal(rspec, base_dir)
         if tokenizer_dict(ref.tokenizer) != tokenizer_dict(policy.tokenizer):

@@ -25,6 +25,7 @@ from .discover import family_or_discovered
 from .families import Family
 from .head import FinalNorm, ReadoutHead, read_final_norm, read_head
 from .head_init import init_missing_head
+from .admission import permissions
 from .hub import load_classifier, load_tokenizer, remote_code_error, trust_remote_code  # noqa: F401  (public here too)
 from .sources import gguf_for, resolve_source  # noqa: F401  (public here too)
 from .tiny import TINY_CONFIGS, build_tiny
@@ -73,7 +74,7 @@ def load_model(spec, base_dir: str | None = None) -> LoadedModel:
     device = resolve_device(str(getattr(spec.device, "value", spec.device)))
     dtype = str(getattr(spec.dtype, "value", spec.dtype))
     padding_side = str(getattr(spec.padding_side, "value", spec.padding_side))
-    trust = trust_remote_code(spec)
+    trust, pickle = permissions(spec)               # every spec's flags through the model door, any source
     kind, loc = resolve_source(spec.source, base_dir)
     if kind == "builtin":
         if loc not in TINY_CONFIGS:
@@ -103,7 +104,7 @@ def load_model(spec, base_dir: str | None = None) -> LoadedModel:
         common = dict(trust_remote_code=trust, source=spec.source, gguf_file=gguf, revision=spec.revision or None)
         tok = load_tokenizer(loc, **common)
         model, missing = load_classifier(loc, num_labels=spec.num_labels, dtype=_DTYPES[dtype],
-                                         allow_pickle=bool(spec.allow_pickle),
+                                         allow_pickle=pickle,
                                          attn_implementation=spec.attn_implementation or None, **common)
         init_missing_head(model, missing, head_init=getattr(spec, "head_init", None), seed=spec.seed,
                           source=spec.source)

@@ -98,15 +98,25 @@ def save_sae(sae: TopKSAE, folder) -> Path:
     return folder
 
 
+_FIX_FORMAT = "point it at a folder saved in SAE-Lens' format (cfg.json + sae_weights.safetensors)."
+
+
 def load_sae(folder, where: str = "path") -> TopKSAE:
-    """Read an SAE-Lens TopK SAE from ``folder``; ``SpecError`` at ``where`` when it is not one."""
+    """Read an SAE-Lens TopK SAE from ``folder``; ``SpecError`` (one line) at ``where`` when it is not one:
+    a missing or non-JSON ``cfg.json``, weights that are not safetensors (a pickle is never unpickled), another
+    architecture, or shapes that disagree with the cfg."""
+    from safetensors import SafetensorError
     from safetensors.numpy import load_file
     folder = Path(folder)
     for name in (CFG, WEIGHTS):
         if not (folder / name).is_file():
-            raise SpecError(where, f"no {name} in '{folder}'.",
-                            fix="point it at a folder saved in SAE-Lens' format (cfg.json + sae_weights.safetensors).")
-    cfg = json.loads((folder / CFG).read_text())
+            raise SpecError(where, f"no {name} in '{folder}'.", fix=_FIX_FORMAT)
+    try:
+        cfg = json.loads((folder / CFG).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise SpecError(where, f"{CFG} in '{folder}' is not JSON ({exc}).", fix=_FIX_FORMAT) from None
+    if not isinstance(cfg, dict):
+        raise SpecError(where, f"{CFG} in '{folder}' is not a JSON object.", fix=_FIX_FORMAT)
     arch = cfg.get("architecture", "standard")
     k = cfg.get("k", (cfg.get("activation_fn_kwargs") or {}).get("k"))
     if not (arch == "topk" or cfg.get("activation_fn_str") == "topk") or not isinstance(k, int) or k < 1:
@@ -116,7 +126,13 @@ def load_sae(folder, where: str = "path") -> TopKSAE:
         raise SpecError(where, f"'{folder}' normalizes its inputs ({cfg['normalize_activations']}); the exact "
                         "margin decomposition needs the SAE to read raw activations.",
                         fix="fold the normalization into the weights, or use an SAE trained with none.")
-    w = load_file(str(folder / WEIGHTS))
+    try:
+        w = load_file(str(folder / WEIGHTS))
+    except SafetensorError as exc:
+        head = (folder / WEIGHTS).read_bytes()[:4]
+        what = "a pickle" if head[:1] == b"\x80" or head == b"PK\x03\x04" else "not a safetensors file"
+        raise SpecError(where, f"{WEIGHTS} in '{folder}' is {what} ({exc}); it was not unpickled.",
+                        fix=_FIX_FORMAT) from None
     missing = [n for n in ("W_enc", "b_enc", "W_dec", "b_dec") if n not in w]
     if missing:
         raise SpecError(where, f"{WEIGHTS} in '{folder}' lacks {missing}.")

@@ -23,6 +23,7 @@ import hashlib
 from pathlib import Path
 
 from ..config_safety import check_argv
+from ..models.door import admit_run
 from ..overrides import precheck_overrides, prepare_overrides
 
 
@@ -124,7 +125,7 @@ def finish(cfg, typed: list[str]):
     from ..spec import validate
 
     config_safety.check_composed_config(OmegaConf.to_container(cfg, resolve=False), list(typed))
-    return validate(cfg), OmegaConf.to_yaml(cfg)
+    return admit_run(validate(cfg), list(typed)), OmegaConf.to_yaml(cfg)
 
 
 def compose_run(argv: list[str], *, typed: list[str] | None = None):
