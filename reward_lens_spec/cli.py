@@ -27,7 +27,7 @@ COMMANDS = {   # name: (arguments, one line)
     "ops": ("[NAME]", "registered operators: params, defaults, dims; NAME: its whole docstring"),
     "store": ("ls|show|diff|export|gc|migrate url=STORE ...", "browse a result store; loads no model"),
     "compare": ("url=STORE a=RUN b=RUN [vars=...] [paired=...]", "two models' runs: margins, paired accuracy "
-                "(McNemar, Holm/Sidak); directions only in one shared frame"),
+                "tests; directions in a shared frame"),
     "report": ("url=STORE [run=RUN|all] [out=DIR]", "plots and markdown from a store; loads no model"),
     "calibrate": ("observable=NAME [organism=...]", "trust scorecard on planted model organisms"),
     "freeze": ("experiment=NAME", "hash and store a study before any data is read"),

@@ -38,6 +38,9 @@ def test_pairwise_matrix_reads_its_off_diagonal_not_the_ones_on_the_diagonal():
     naive = (m.sum() - np.trace(m)) / 6
     assert np.isclose(_num(summary_cell(da), "off-diagonal mean "), naive, rtol=1e-3)
     assert not np.isclose(naive, m.mean(), rtol=1e-3)         # the mean over all cells would differ
+    grid = xr.DataArray(RNG.normal(size=(5, 4, 4)), dims=("pair", "layer", "head"),
+                        coords={"layer": range(4), "head": range(4)})    # same labels, not a pairwise matrix
+    assert np.isclose(_num(summary_cell(grid), "mean "), grid.values.mean(), rtol=1e-3)
 
 
 def test_estimate_with_interval_is_one_cell_not_averaged_with_its_bounds():

@@ -7,7 +7,9 @@ with its own bounds. ``summary_cell`` picks, in this order:
 
 1. ``bound`` dim with ``estimate``, ``ci_low``, ``ci_high``: the estimate with its interval as one cell
    (``0.904 [0.85, 0.95]``), per element of one other dim when there is one (``before …; after …``);
-2. two dims with the same coordinate labels (a pairwise matrix): the mean of the finite off-diagonal cells;
+2. a pairwise matrix — a dim ``d`` and its partner ``other``, ``d_b`` or ``d_2`` with the same coordinate
+   labels (members × other, objective × objective_b): the mean of the finite off-diagonal cells (``layer ×
+   head`` with labels 0…3 each is not one);
 3. a dim (not ``pair``) along which every finite slice sums to one constant (a share, a density): the mean
    of each element over the other dims (``embed 0.12 attn 0.55 mlp 0.33``); past six elements, the
    element with the largest mean (``peak <label> 0.41``);
@@ -57,7 +59,8 @@ def _off_diagonal(var) -> str | None:
     dims = list(var.dims)
     for i, a in enumerate(dims):
         for b in dims[i + 1:]:
-            if var.sizes[a] == var.sizes[b] > 1 and _labels(var, a) == _labels(var, b):
+            if (b in ("other", f"{a}_b", f"{a}_2") and var.sizes[a] == var.sizes[b] > 1
+                    and _labels(var, a) == _labels(var, b)):
                 n = var.sizes[a]
                 v = np.moveaxis(np.asarray(var.transpose(a, b, ...).values, float), (0, 1), (-2, -1))
                 off = v[..., ~np.eye(n, dtype=bool)]

@@ -12,7 +12,6 @@ from dataclasses import dataclass, replace
 
 from ..data import load_pairs
 from ..errors import SpecError
-from ..models.batch_size import AUTO, choose_batch_size
 from ..models.formatting import encode_pairs
 from ..models.kinds import encode_kind, load_kind
 
@@ -57,7 +56,8 @@ def ops_view(pairs, fields):
 def batch_size(spec, lm, enc) -> int:
     """Rows per forward for ``spec`` (a ``ModelSpec``) on ``enc``: ``model.batch_size``, or for ``auto`` the
     size ``models.batch_size.choose_batch_size`` finds on this device (fixed for the whole run)."""
-    if spec.batch_size == AUTO:
+    if spec.batch_size == "auto":
+        from ..models.batch_size import choose_batch_size        # torch: not on validate's or a rerun's path
         return choose_batch_size(lm, enc, padding_side=spec.padding_side.value)
     return spec.batch_size
 
