@@ -146,13 +146,50 @@ ROUTES = ["experiment member", "experiment implicit reference", "frame.partner b
           "allow_pickle of a member"]
 
 
+def grant_form(key: str) -> str:
+    """What the Fix must say for ``<spec key>.<flag>`` (a form Hydra composes; ``model.members.1.x=true`` is not)."""
+    spec, _, flag = key.rpartition(".")
+    if spec == "model":
+        return f"type model.{flag}=true on the command line"
+    if spec.startswith("model.members."):
+        return f"'model.members=[tiny,{{source: ..., {flag}: true}}]'"
+    if spec == "model.implicit.reference":
+        return f"'model.implicit.reference={{source: ..., {flag}: true}}'"
+    return "cannot be granted that"
+
+
+def test_a_grant_for_ones_own_member_never_covers_a_partner_files_member(here, ckpt):
+    """Adversarial pass (after issue 36): a grant typed for one's own member 0 or implicit reference also covered
+    the member 0 / reference named inside a shared frame.partner YAML, whose checkpoint code then ran. Keys are
+    absolute now: the partner's member is ``frame.partner.members.0``, which nothing typed grants."""
+    d, marker = ckpt
+    typed = ["model=tiny_llama", "frame=shared",
+             "model.members=[{name: m0, source: builtin:tiny_llama, trust_remote_code: true}]",
+             "model.implicit.reference={name: r, source: builtin:tiny_llama, trust_remote_code: true}"]
+    g = door.grants(typed)
+    assert ("model.members.0", "trust_remote_code") in g and ("model.implicit.reference", "trust_remote_code") in g
+    partner_file = write(here, "partner.yaml", f"name: p\nkind: ensemble\nmembers:\n  - {{name: e, source: {d}, "
+                                               f"trust_remote_code: true}}\nimplicit: {{reference: {{name: q, source: "
+                                               f"{d}, trust_remote_code: true}}}}\n")
+    top = door.admit(door.ModelSpec(name="tiny_llama", source="builtin:tiny_llama"), "model", granted=g)
+    partner = door.nested(top, str(partner_file), "frame.partner")
+    for rel, ref in (("model.members.0", partner.members[0]), ("model.implicit.reference", partner.implicit.reference)):
+        with pytest.raises(SpecError) as e:
+            door.nested(partner, ref, rel)
+        key = "frame.partner" + rel[len("model"):] + ".trust_remote_code"
+        assert str(e.value).startswith(key) and "cannot be granted" in str(e.value) and "\n" not in str(e.value)
+    own = door.nested(top, {"name": "m0", "source": "builtin:tiny_llama", "trust_remote_code": True}, "model.members.0")
+    assert admission.permitted(own, "trust_remote_code") is True          # the grant still counts where typed
+    assert not marker.exists()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("route", ROUTES)
 def test_a_shared_file_never_enables_checkpoint_code_or_pickle(here, capsys, ckpt, route):
     d, marker = ckpt
     argv, key = hostile_route(route, here, d)
     line = refused(capsys, argv + RUN, key)
-    assert f"type {key}=true on the command line" in line
+    assert grant_form(key) in line                       # the Fix names a form Hydra accepts for that key
     assert not marker.exists()
     assert not (here / "s.zarr").exists()
 

@@ -324,3 +324,39 @@ def _independent_chain(tmp_path, over) -> str:
                 c.update(f"{p.relative_to(root).as_posix()}\0{hashlib.sha256(p.read_bytes()).hexdigest()}\n".encode())
         h = hashlib.sha256(f"{h or 'reward_lens_spec.chain.v1'}|{c.hexdigest()}".encode()).hexdigest()
     return h
+
+
+INC = """name: myinc
+steps:
+  - {name: r, op: capture, site: readout}
+  - {name: reward, op: project, input: r, bias: true}
+  - {name: margin, op: diff, input: reward}
+outputs: [margin]
+"""
+TOP = "name: mytop\ninclude: [myinc]\nsteps:\n  - {name: m2, op: scale, input: margin, by: 1.0}\noutputs: [m2]\n"
+
+
+@pytest.mark.slow
+def test_an_included_observable_edited_in_a_user_folder_is_recomputed(tmp_path, monkeypatch):
+    """Adversarial pass (after issue 36): the resolved config keeps ``include: [myinc]`` unexpanded, so editing
+    the included file in ``--config-dir`` kept the reuse key and returned the old numbers ("reused")."""
+    _remember_fresh_files(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "cfg" / "observable"
+    cfg.mkdir(parents=True)
+    (cfg / "myinc.yaml").write_text(INC)
+    (cfg / "mytop.yaml").write_text(TOP)
+
+    def go(*extra):
+        run, y = compose_run(["--config-dir", str(tmp_path / "cfg"), "observable=mytop", "dataset.limit=4", *extra])
+        return execute(run, resolved_yaml=y, base_dir=str(tmp_path), store_url=str(tmp_path / "s.zarr"),
+                       progress=False)
+    first = go()
+    assert go().reused
+    (cfg / "myinc.yaml").write_text(INC.replace("bias: true", "bias: false")
+                                    .replace("op: diff, input: reward", "op: reduce, input: reward, dim: side, how: sum"))
+    again, forced = go(), go("store.force=true")
+    assert not again.reused and again.run_id == forced.run_id != first.run_id
+    s = open_store(str(tmp_path / "s.zarr"))
+    a, f = (np.asarray(s.load(o.run_id, "mytop", lazy=False)["m2"].values) for o in (again, forced))
+    assert np.array_equal(a, f)

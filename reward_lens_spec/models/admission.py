@@ -51,9 +51,21 @@ def flag_error(key: str, flag: str, where: str) -> SpecError:
     """One line: ``<key>.<flag>`` true from ``where``, which only the person at the keyboard may allow."""
     return SpecError(f"{key}.{flag}", f"{where} sets it true, which {WHAT[flag]}; only the person at the keyboard "
                      "may allow that, for that one model spec.",
-                     fix=f"type {key}.{flag}=true on the command line if you trust this checkpoint (a model named "
-                         "by option or path: give it inline instead, "
-                         f"{key}={{source: ..., {flag}: true}}).")
+                     fix=_grant_fix(key, flag))
+
+
+def _grant_fix(key: str, flag: str) -> str:
+    """How the person at the keyboard grants ``flag`` for the spec at ``key``, in a form Hydra accepts."""
+    parts = key.split(".")
+    if key == "model":
+        return f"type model.{flag}=true on the command line if you trust this checkpoint."
+    if parts[:2] == ["model", "members"] and len(parts) == 3:
+        return (f"if you trust this checkpoint, type the member list on the command line with member {parts[2]} "
+                f"inline, e.g. 'model.members=[tiny,{{source: ..., {flag}: true}}]'.")
+    if key == "model.implicit.reference":
+        return f"if you trust this checkpoint, type 'model.implicit.reference={{source: ..., {flag}: true}}'."
+    return ("a model named inside another model's file or a frame partner cannot be granted that; use a "
+            "checkpoint without its own code (safetensors weights), or name it at the top level.")
 
 
 def permitted(spec, flag: str) -> bool:

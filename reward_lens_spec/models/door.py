@@ -12,10 +12,11 @@ or an inline mapping; each is resolved by ``admit`` under the top level's rules:
   (``${oc.env:...}``, ``${oc.decode:...}``), no ``ext://``, no ``_target_``. So a secret is never resolved into a
   model name, and never reaches a store.
 - **``trust_remote_code`` and ``allow_pickle`` count only when typed for that exact spec.** ``grants`` reads
-  the command line the person typed: ``<key>.<flag>=true`` (``model.trust_remote_code=true``,
-  ``model.members.1.allow_pickle=true``, ``model.implicit.reference.trust_remote_code=true``), or the flag
+  the command line the person typed: ``<key>.<flag>=true`` (``model.trust_remote_code=true``), or the flag
   inside an inline mapping typed as that key's value (``model.members=[tiny,{source: X, trust_remote_code:
-  true}]``). A YAML file (``conf/``, ``--config-dir``, an experiment, a file named by path) never enables
+  true}]``, ``model.implicit.reference={source: X, allow_pickle: true}``). Keys are absolute: a spec named
+  inside another (a frame partner's members) is admitted under its parent's key (``rebased``:
+  ``frame.partner.members.0``), which nothing typed can grant. A YAML file (``conf/``, ``--config-dir``, an experiment, a file named by path) never enables
   them; neither does a stored study (it is composed with nothing typed). A ``frame.partner`` is a name or
   path only, so a partner never runs checkpoint code or unpickles.
 - **The same loader guards.** Every spec leaves the door stamped (``models.admission``); every loader reads
@@ -167,10 +168,20 @@ def nested(parent, ref, key: str, base_dir: str | None = None) -> ModelSpec:
     if adm is None:
         own = frozenset((key, f) for f in FLAGS if _get(ref, f) is True)
         return admit(ref, key, granted=own, base_dir=base_dir)
+    key = rebased(adm.key, key)
     if adm.via != "door":
         spec, _ = _resolve(ref, key, base_dir)
         return stamp(spec, Admission(key=key, via="config"))
     return admit(ref, key, granted=adm.grants, base_dir=base_dir)
+
+
+def rebased(parent_key: str, key: str) -> str:
+    """``key`` (named relative to a top-level ``model``: ``model.members.0``) under the parent's own key, so a
+    grant typed for one spec never covers another's: a frame partner's member 0 is ``frame.partner.members.0``,
+    a member's reference ``model.members.1.implicit.reference``; the top level's keys are unchanged."""
+    if parent_key != "model" and (key == "model" or key.startswith("model.")):
+        return parent_key + key[len("model"):]
+    return key
 
 
 def _get(ref, flag: str):

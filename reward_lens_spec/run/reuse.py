@@ -14,7 +14,10 @@ smaller set of bytes, hashed here into a *reuse key*:
   built-in model), and a checkpoint sequence's chain up to this checkpoint;
 - every source and data file of this package, and the installed versions of the libraries that
   tokenize and compute (torch, transformers, tokenizers, numpy);
-- the study the run is registered under, if any.
+- the study the run is registered under, if any;
+- every YAML of the config folders, built-in and the user's (``run.compose.folders_digest``): the
+  resolved config keeps ``include: [name]`` unexpanded, so an included observable edited in a user
+  folder must change the key.
 
 The key maps to the run id a previous execution computed the slow way (``remember_run``), in the
 per-user signed cache (``signed_cache``, kind ``runs``). A key is made only where every input is a local
@@ -69,6 +72,7 @@ def reuse_key(run, resolved_yaml: str, base_dir: str | None, study_hash: str | N
     """The reuse key of a composed run (see the module doc), or ``None`` when it has none."""
     from ..models.checkpoints import chain
     from ..models.fingerprint_cache import file_sha256, weights_key
+    from .compose import folders_digest
 
     if run.store.force or run.frame.name.value != "native":
         return None
@@ -78,7 +82,7 @@ def reuse_key(run, resolved_yaml: str, base_dir: str | None, study_hash: str | N
         return None
     doc = {"config": resolved_yaml, "data": [[str(f), file_sha256(f)] for f in files], "weights": wkey,
            "checkpoint": chain(run.model, base_dir), "package": package_digest(), "libraries": _versions(),
-           "study": study_hash}
+           "study": study_hash, "folders": folders_digest()}     # an observable it includes from a user folder
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
