@@ -360,3 +360,26 @@ def test_an_included_observable_edited_in_a_user_folder_is_recomputed(tmp_path, 
     s = open_store(str(tmp_path / "s.zarr"))
     a, f = (np.asarray(s.load(o.run_id, "mytop", lazy=False)["m2"].values) for o in (again, forced))
     assert np.array_equal(a, f)
+
+
+@pytest.mark.slow
+def test_an_observable_included_by_path_outside_the_config_folders_is_recomputed(tmp_path, monkeypatch):
+    """Second adversarial pass: ``observable=./x.yaml`` with ``include: [/abs/y.yaml]`` (outside every config
+    folder) kept the reuse key when y was edited; the key now hashes every included file's bytes."""
+    _remember_fresh_files(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    inc = tmp_path / "elsewhere" / "y.yaml"
+    inc.parent.mkdir()
+    inc.write_text(INC)
+    top = tmp_path / "x.yaml"
+    top.write_text(TOP.replace("include: [myinc]", f"include: [{inc}]"))
+
+    def go(*extra):
+        run, y = compose_run([f"observable={top}", "dataset.limit=4", *extra])
+        return execute(run, resolved_yaml=y, base_dir=str(tmp_path), store_url=str(tmp_path / "s.zarr"),
+                       progress=False)
+    first = go()
+    assert go().reused
+    inc.write_text(INC.replace("op: diff, input: reward", "op: reduce, input: reward, dim: side, how: sum"))
+    again, forced = go(), go("store.force=true")
+    assert not again.reused and again.run_id == forced.run_id != first.run_id

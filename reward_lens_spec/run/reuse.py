@@ -15,9 +15,9 @@ smaller set of bytes, hashed here into a *reuse key*:
 - every source and data file of this package, and the installed versions of the libraries that
   tokenize and compute (torch, transformers, tokenizers, numpy);
 - the study the run is registered under, if any;
-- every YAML of the config folders, built-in and the user's (``run.compose.folders_digest``): the
-  resolved config keeps ``include: [name]`` unexpanded, so an included observable edited in a user
-  folder must change the key.
+- every YAML of the config folders, built-in and the user's (``run.compose.folders_digest``), and the
+  bytes of every observable file included, transitively, by name or by path (``include_files``): the
+  resolved config keeps ``include:`` unexpanded, so an edited included observable must change the key.
 
 The key maps to the run id a previous execution computed the slow way (``remember_run``), in the
 per-user signed cache (``signed_cache``, kind ``runs``). A key is made only where every input is a local
@@ -82,8 +82,25 @@ def reuse_key(run, resolved_yaml: str, base_dir: str | None, study_hash: str | N
         return None
     doc = {"config": resolved_yaml, "data": [[str(f), file_sha256(f)] for f in files], "weights": wkey,
            "checkpoint": chain(run.model, base_dir), "package": package_digest(), "libraries": _versions(),
-           "study": study_hash, "folders": folders_digest()}     # an observable it includes from a user folder
+           "study": study_hash, "folders": folders_digest(), "includes": include_files(run.observable)}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def include_files(obs) -> list[list[str]]:
+    """``[[path, sha256], ...]`` of every observable file ``obs`` includes, transitively, by option name or by
+    path (a path may lie outside every config folder; the resolved config keeps ``include:`` unexpanded)."""
+    from ..observables import load_observable, observable_path
+
+    seen: dict[str, str] = {}
+    todo = [str(r) for r in (obs.include or ())]
+    while todo:
+        ref = todo.pop()
+        path = observable_path(ref, "observable.include")
+        if str(path) in seen:
+            continue
+        seen[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+        todo += [str(r) for r in (load_observable(ref).include or ())]
+    return sorted([k, v] for k, v in seen.items())
 
 
 def validate_key(run, resolved_yaml: str, base_dir: str | None) -> str | None:
