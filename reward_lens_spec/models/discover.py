@@ -101,7 +101,7 @@ def discover_from_config(cfg) -> Family:
     import transformers as tf
     with torch.device("meta"):
         try:
-            model = tf.AutoModelForSequenceClassification.from_config(cfg)
+            model = tf.AutoModelForSequenceClassification.from_config(cfg, trust_remote_code=False)   # never stdin
         except ValueError as exc:
             raise SpecError("model.family", f"model_type '{cfg.model_type}' has no sequence-classification class in "
                             f"transformers ({str(exc).splitlines()[0]}).") from None
