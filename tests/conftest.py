@@ -35,8 +35,11 @@ def _fresh_fingerprint_cache(tmp_path_factory, monkeypatch):
 @pytest.fixture(autouse=True)
 def _no_reader_trust_file(monkeypatch):
     """No lab trust file from the developer's environment; one a test names (``store.trust_file=``, which
-    sets ``REWARD_LENS_SPEC_TRUST_FILE`` in-process) is gone after it."""
-    monkeypatch.delenv("REWARD_LENS_SPEC_TRUST_FILE", raising=False)
+    sets ``REWARD_LENS_SPEC_TRUST_FILE`` in-process) is gone after it. (``monkeypatch.delenv`` of an absent
+    variable records nothing to undo, so the variable is set here first: its teardown then removes whatever
+    the test left, and the next test on this worker does not read that trust file.)"""
+    monkeypatch.setenv("REWARD_LENS_SPEC_TRUST_FILE", "")
+    monkeypatch.delenv("REWARD_LENS_SPEC_TRUST_FILE")
 
 
 @pytest.fixture(autouse=True)
