@@ -22,7 +22,24 @@ def plan_for(run, base_dir=None):
     plan = build_plan(obs, info, load_observable)
     restricted_steps(obs, plan)
     refuse_kind_ops(run.model, plan)
+    refuse_shape(run.dataset, plan)
     return plan, info
+
+
+def refuse_shape(dataset, plan) -> None:
+    """One-response rows (``dataset=trl_stepwise``) are read only by row operators (``Operator.rows``), and
+    those only on such rows: ``SpecError`` naming the first step that does not fit the data's shape."""
+    kind = getattr(dataset.kind, "value", dataset.kind)
+    for s in plan.steps:
+        rows = type(s.op).rows
+        if kind == "trl_stepwise" and rows is None:
+            raise SpecError(f"observable.steps.{s.name}", f"op '{type(s.op).name}' reads preference pairs; "
+                            "dataset=trl_stepwise holds one response per row (prompt, steps, step labels).",
+                            fix="use observable=prm_labels on stepwise data, or a preference dataset (e.g. dataset=trl).")
+        if kind != "trl_stepwise" and rows == "only":
+            raise SpecError("dataset.kind", f"op '{type(s.op).name}' (step {s.name}) reads stepwise rows "
+                            f"(prompt, completions, labels); dataset.kind={kind} holds preference pairs.",
+                            fix="use dataset=trl_stepwise dataset.path=<file.jsonl>.")
 
 
 def refuse_kind_ops(model, plan) -> None:

@@ -59,6 +59,8 @@ class DatasetKind(str, Enum):
     hh_rlhf = "hh_rlhf"
     rewardbench = "rewardbench"
     rewardbench2 = "rewardbench2"
+    trl = "trl"                      # TRL's four preference shapes (data.readers)
+    trl_stepwise = "trl_stepwise"    # TRL's stepwise supervision: one response per row (observable=prm_labels)
 
 
 class FrameKind(str, Enum):
@@ -115,7 +117,12 @@ class ModelSpec:
 
 @dataclass
 class DatasetSpec:
-    """Which preference pairs to read (see ``reward_lens_spec.data.load_pairs``)."""
+    """Which preference pairs to read (see ``reward_lens_spec.data.load_pairs``).
+
+    ``chat_template``: kind ``trl``, conversational shapes: the Jinja chat template that renders the messages
+    (null: the model's tokenizer's). ``step_separator``: kind ``trl_stepwise``: what follows every step when
+    the steps are joined into one response (TRL's ``step_separator``; a PRM's ``model.prm.step_token``).
+    """
 
     name: str = "diagnostic"
     kind: DatasetKind = DatasetKind.diagnostic
@@ -124,6 +131,8 @@ class DatasetSpec:
     limit: Optional[int] = None
     dimensions: Optional[list[str]] = None
     subset: Optional[str] = None          # rewardbench kinds: the subset of rows that name none
+    chat_template: Optional[str] = None   # trl conversational shapes: a declared Jinja template (null: the model's)
+    step_separator: str = "\n"            # trl_stepwise: appended to every step (TRL's default)
 
 
 @dataclass

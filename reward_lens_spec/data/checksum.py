@@ -17,7 +17,7 @@ import unicodedata
 from typing import Any, Iterable, Mapping
 
 CHECKSUM_FIELDS = ("prompt", "prompt_rejected", "chosen", "rejected", "dimension")
-LABEL_META = ("group", "agreement", "votes")      # meta keys that count (see pair_hash)
+LABEL_META = ("group", "agreement", "votes", "step_labels")   # meta keys that count (see pair_hash)
 
 
 def normalize(text: str | None) -> str | None:
@@ -37,7 +37,8 @@ def pair_hash(pair: Any) -> str:
     """sha256 hex of one pair's exact content (code points as given; nothing normalized).
 
     The content is ``prompt, prompt_rejected, chosen, rejected, dimension``, plus the label
-    fields ``group``, ``agreement`` and ``votes`` of ``meta`` where a pair has any (the
+    fields ``group``, ``agreement``, ``votes`` and ``step_labels`` (a stepwise row's, ``data.readers``) of
+    ``meta`` where a pair has any (the
     preference-structure operators read them; a pair without them hashes as before). The id,
     rubric, source and other meta do not count. A ``prompt_rejected`` equal to ``prompt`` counts
     as absent. Generated pair ids (``data.loaders``) are built from it.

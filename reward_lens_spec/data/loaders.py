@@ -15,6 +15,12 @@ Kinds:
   exact prompt, prompt_rejected, chosen, rejected and dimension), and the k-th exact repeat of
   one content (k >= 2, in file order) gets ``-k`` appended. Reordering a file therefore keeps
   every pair's id, and the id of a margin always names the text it was computed on.
+- ``trl``: TRL's four preference shapes (standard or conversational, explicit or implicit prompt), and
+  ``trl_stepwise``: TRL's stepwise supervision (one response per row): read by the reader objects of
+  ``data.readers`` (its docstring states the implicit-prompt rule). ``fields`` may rename the shape's keys
+  and ``id``, ``dimension``, ``source``; ids, duplicates, ``dimensions`` and ``limit`` as for ``jsonl``.
+  ``chat_template`` (conversational shapes) and ``step_separator`` (stepwise) are recorded on the
+  ``PairSet`` (``shape``, ``PairSet.shape_record``). A stepwise row is never flagged ``identical_sides``.
 - ``hh_rlhf``: like ``jsonl``. ``attribute`` becomes the ``dimension`` when a row has no
   dimension. A row with no prompt key (and ``fields`` not mapping one) is read as a raw
   Anthropic HH-RLHF row: ``chosen`` and ``rejected`` are whole transcripts. Each is split at
@@ -54,8 +60,10 @@ from .checksum import dataset_checksum, effective_sample_size, pair_hash
 from .files import (check_dimension_names, check_limit, file_info, file_stem, json_list_records, jsonl_records,
                     read_text, resolve_path)
 from .pairs import FLAG_REASONS, Pair, PairSet, make_meta
+from .readers import CONVERSATIONAL, STEPWISE, preference_reader
 
-KINDS = ("diagnostic", "jsonl", "hh_rlhf", "rewardbench", "rewardbench2")
+KINDS = ("diagnostic", "jsonl", "hh_rlhf", "rewardbench", "rewardbench2", "trl", "trl_stepwise")
+TRL_KINDS = ("trl", "trl_stepwise")
 FIELD_NAMES = ("id", "prompt", "chosen", "rejected", "dimension", "rubric", "source",
                "prompt_rejected")
 META_FIELDS = ("group", "agreement", "votes")   # kept in Pair.meta under these names (ops/pair_labels.py)
@@ -66,7 +74,8 @@ DIAGNOSTIC_FILE = "diagnostic.jsonl"
 
 def load_pairs(kind: str, *, path: str | None = None, fields: Mapping[str, str] | None = None,
                limit: int | None = None, dimensions: Iterable[str] | None = None,
-               base_dir: str | None = None, subset: str | None = None) -> PairSet:
+               base_dir: str | None = None, subset: str | None = None, chat_template: str | None = None,
+               step_separator: str = "\n") -> PairSet:
     """Load, check and filter preference pairs; see the module docstring for the rules.
 
     ``rewardbench``/``rewardbench2`` (and ``subset``, the subset of rows without one) are read by
@@ -81,7 +90,11 @@ def load_pairs(kind: str, *, path: str | None = None, fields: Mapping[str, str] 
         raise SpecError("dataset.subset", f"kind={kind} has no subsets.", fix="drop dataset.subset, or use "
                         "dataset=rewardbench.")
     limit = check_limit(limit)
-    mapping, explicit = _check_fields(fields, kind)
+    _check_trl_options(kind, chat_template, step_separator)
+    if kind in TRL_KINDS:
+        mapping, explicit = _check_trl_fields(fields, kind), frozenset()
+    else:
+        mapping, explicit = _check_fields(fields, kind)
     wanted = check_dimension_names(dimensions)
     if path is not None and str(path).strip() == "":
         path = None
@@ -114,10 +127,17 @@ def load_pairs(kind: str, *, path: str | None = None, fields: Mapping[str, str] 
     pairs: list[Pair] = []
     seen: dict[str, str] = {}
     repeats: dict[str, int] = {}
+    reader = None
     for index, where, row in records:
-        pair = _row_to_pair(row, index=index, where=where, kind=kind, mapping=mapping,
-                            explicit=explicit, file_label=file_label,
-                            default_source="" if kind == "diagnostic" else Path(file_label).name)
+        if kind in TRL_KINDS:
+            reader = reader or _trl_reader(kind, row, f"{file_label} {where}", mapping)
+            pair = _read_trl(reader, row, f"{file_label} {where}", mapping, step_separator)
+            if not pair.source:
+                pair = replace(pair, source=Path(file_label).name)
+        else:
+            pair = _row_to_pair(row, index=index, where=where, kind=kind, mapping=mapping,
+                                explicit=explicit, file_label=file_label,
+                                default_source="" if kind == "diagnostic" else Path(file_label).name)
         if pair.id is None:                       # generated from content, never from the line
             base = "pair-" + pair_hash(pair)[:16]
             repeats[base] = repeats.get(base, 0) + 1
@@ -159,16 +179,75 @@ def load_pairs(kind: str, *, path: str | None = None, fields: Mapping[str, str] 
 
     flags: dict[str, list[str]] = {reason: [] for reason in FLAG_REASONS}
     flags["prompt_mismatch"] = mismatched
+    shape = reader.name if reader is not None else None
+    conversational = shape in CONVERSATIONAL
     for p in pairs:
-        if p.chosen == p.rejected:
+        if p.chosen == p.rejected and shape != "stepwise":
             flags["identical_sides"].append(p.id)
-        if not p.chosen.strip() or not p.rejected.strip():
+        if any(_empty(t, conversational) for t in (p.chosen, p.rejected)):
             flags["empty_response"].append(p.id)
 
     ess = effective_sample_size(pairs)
     return PairSet(name=name, pairs=tuple(pairs), checksum=dataset_checksum(pairs),
                    n_unique=ess["n_unique"], n_prompt_clusters=ess["n_prompt_clusters"],
-                   flags=flags, source_file=source_file)
+                   flags=flags, source_file=source_file, shape=shape,
+                   chat_template=chat_template if conversational else None,
+                   step_separator=step_separator if shape == "stepwise" else None)
+
+
+# ----------------------------------------------------------------------------- TRL shapes (data.readers)
+
+TRL_FIELDS = {"trl": ("id", "prompt", "chosen", "rejected", "dimension", "source"),
+              "trl_stepwise": ("id", "prompt", "completions", "labels", "dimension", "source")}
+
+
+def _check_trl_options(kind: str, chat_template: Any, step_separator: Any) -> None:
+    if chat_template is not None and (kind != "trl" or not isinstance(chat_template, str) or not chat_template):
+        raise SpecError("dataset.chat_template", "a declared chat template (Jinja text) renders the messages of "
+                        f"kind=trl's conversational shapes; got {type(chat_template).__name__} with kind={kind}.",
+                        fix="drop dataset.chat_template (the model's tokenizer template is used), or use dataset=trl.")
+    if not isinstance(step_separator, str) or not step_separator:
+        raise SpecError("dataset.step_separator", f"must be a non-empty string, got {step_separator!r}.",
+                        fix="e.g. dataset.step_separator='\\n' (TRL's default).")
+
+
+def _check_trl_fields(fields: Any, kind: str) -> dict[str, str]:
+    given = {str(k): v for k, v in dict(fields or {}).items()}
+    for name, key in given.items():
+        if name not in TRL_FIELDS[kind]:
+            raise SpecError(f"dataset.fields.{name}", f"kind={kind} has no field '{name}'.", value=name,
+                            options=TRL_FIELDS[kind], fix="map only the shape's keys, id, dimension or source.")
+        if not isinstance(key, str) or not key:
+            raise SpecError(f"dataset.fields.{name}", f"must name a key of the file, got {key!r}.",
+                            fix=f"set dataset.fields.{name}=<key>.")
+    return given
+
+
+def _trl_reader(kind: str, row: Any, where: str, mapping: dict):
+    if kind == "trl_stepwise":
+        return STEPWISE
+    return preference_reader(row, where, mapping)
+
+
+def _read_trl(reader, row: Any, where: str, mapping: dict, step_separator: str) -> Pair:
+    if not isinstance(row, dict):
+        raise SpecError("dataset.path", f"{where}: expected a JSON object, got {type(row).__name__}.",
+                        fix="make every record one JSON object.")
+    pair = reader.read_row(row, where, mapping, step_separator) if reader is STEPWISE else \
+        reader.read_row(row, where, mapping)
+    for name in ("prompt", "chosen", "rejected"):
+        _check_encodable(getattr(pair, name), f"dataset.fields.{name}", where, f"field {name!r}")
+    for k, v in pair.meta:
+        _check_encodable(v, "dataset.path", where, f"key {k!r}")
+    return pair
+
+
+def _empty(text: str, conversational: bool) -> bool:
+    """An empty response: blank text, or (messages) every message's content blank."""
+    if not conversational:
+        return not text.strip()
+    import json
+    return all(not str(m.get("content", "")).strip() for m in json.loads(text))
 
 
 # ----------------------------------------------------------------------------- arguments

@@ -93,6 +93,23 @@ class PairSet:
     n_prompt_clusters: int
     flags: dict = field(default_factory=dict)
     source_file: dict | None = None
+    shape: str | None = None            # a TRL shape (data.readers), None for the other kinds
+    chat_template: str | None = None    # dataset.chat_template (conversational shapes; None: the model's)
+    step_separator: str | None = None   # dataset.step_separator (stepwise shape)
+
+    def shape_record(self) -> dict | None:
+        """What a run records (and its id covers) about the shape: ``{shape, chat_template, step_separator}``
+        — ``chat_template`` is ``"model"`` (the tokenizer's) or ``"dataset:<sha256>"`` of the declared one for
+        conversational shapes, else None — or ``None`` for data not read by a TRL reader."""
+        if self.shape is None:
+            return None
+        import hashlib
+        tmpl = None
+        if self.shape.startswith("conversational"):
+            tmpl = "model" if self.chat_template is None else \
+                "dataset:" + hashlib.sha256(self.chat_template.encode("utf-8")).hexdigest()
+        return {"shape": self.shape, "chat_template": tmpl,
+                "step_separator": self.step_separator if self.shape == "stepwise" else None}
 
     @property
     def ids(self) -> tuple[str, ...]:
@@ -124,4 +141,5 @@ class PairSet:
         """What a store records about the dataset: name, file, checksum, sizes, flag counts."""
         return {"name": self.name, "file": self.source_file, "checksum": self.checksum, "n": len(self.pairs),
                 "n_unique": self.n_unique, "n_prompt_clusters": self.n_prompt_clusters,
-                "flags": {k: len(v) for k, v in self.flags.items()}}
+                "flags": {k: len(v) for k, v in self.flags.items()},
+                **({"shape": self.shape_record()} if self.shape else {})}

@@ -9,6 +9,10 @@ Rules (``encode_pairs``):
 - ``fmt="chat_template"``: ``tokenizer.apply_chat_template([user, assistant], tokenize=True,
   add_generation_prompt=False)`` tokenized ONCE from the template; the text is never rendered
   and re-tokenized (that would add a second BOS).
+- ``fmt="messages"`` (pairs of TRL's conversational shapes, ``data.readers``: ``prompt`` and each response
+  are canonical JSON message lists): ``tokenizer.apply_chat_template(prompt + response messages,
+  chat_template=template or the tokenizer's own, tokenize=True, add_generation_prompt=False)``; chosen by
+  ``run.inputs.encode`` from the data, never by ``model.format``.
 - BOS check: when the tokenizer has a ``bos_token_id``, the leading BOS ids of every sequence
   are counted; more than one, or a count that differs between sequences, is a ``CaptureError``
   naming the model and the fix. The result records ``bos_count`` (0 or 1).
@@ -43,7 +47,7 @@ import numpy as np
 from ..errors import CaptureError, SpecError
 from .token_rows import TokenRows
 
-FORMATS = ("plain", "chat_template")
+FORMATS = ("plain", "chat_template", "messages")
 TRUNCATED_RESPONSES = ("exclude", "keep")
 _SLOT = re.compile(r"\{(prompt|response|other)\}")
 
@@ -118,6 +122,11 @@ def _encode(tokenizer, prompt: str, response: str, fmt: str, template: str, othe
     if fmt == "plain":
         text = _fill(template, prompt, response, other)
         return _ids(tokenizer(text, add_special_tokens=True))
+    if fmt == "messages":                       # canonical JSON message lists (data.readers.messages_text)
+        import json
+        messages = json.loads(prompt) + (json.loads(response) if response else [])
+        return _ids(tokenizer.apply_chat_template(messages, chat_template=template or None, tokenize=True,
+                                                  add_generation_prompt=False, return_dict=False))
     messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
     return _ids(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=False))
 
@@ -214,6 +223,10 @@ def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
     if fmt == "chat_template" and not getattr(tokenizer, "chat_template", None):
         raise SpecError("model.chat_template", f"the tokenizer of {model_name!r} has no chat template.",
                         fix="use model.format=plain or give the tokenizer a chat_template.")
+    if fmt == "messages" and not template and not getattr(tokenizer, "chat_template", None):
+        raise SpecError("dataset.chat_template", f"the data are message lists, and the tokenizer of {model_name!r} "
+                        "has no chat template to render them.",
+                        fix="set dataset.chat_template=<Jinja chat template text>, or use a model with one.")
     if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
         raise SpecError("model.max_length", f"must be an integer >= 2, got {max_length!r}.", value=max_length)
     bos_id = getattr(tokenizer, "bos_token_id", None)
@@ -275,4 +288,4 @@ def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
                         excluded={"identical_after_truncation": identical, "response_truncated": dropped_cut},
                         n_truncated=n_trunc, bos_count=bos, max_length=max_length, fmt=fmt,
                         response_truncated=resp_cut, prompt_truncated=prompt_cut,
-                        template=template if fmt == "plain" else "")
+                        template=template if fmt in ("plain", "messages") else "")

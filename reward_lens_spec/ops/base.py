@@ -69,6 +69,9 @@ class Operator:
                                                    # the only ones it sees (run.inputs.ops_view)
     kinds: ClassVar[tuple[str, ...]] = ()          # model.kind values it reads (empty: any kind that does not
                                                    # refuse it); others are refused at plan time
+    rows: ClassVar[Optional[str]] = None           # None: reads preference pairs (refused on one-response rows,
+                                                   # dataset=trl_stepwise); "only": reads such rows only;
+                                                   # "any": reads only other row steps (planning.refuse_shape)
     data_dims: ClassVar[tuple[str, ...]] = ()      # output dims whose size depends on the data (PRM steps,
                                                    # response positions): sized over every pair by ``width``
 

@@ -233,6 +233,7 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
             "checkpoint": parts.get("checkpoint"),        # a checkpoint sequence's chain (models.checkpoints)
             "summary": summary_of(result),                # the console table, printed again on a rerun
             "run_id": run_id, "created": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+            **({"data_shape": parts["data_shape"]} if parts.get("data_shape") else {}),   # a TRL shape (data.readers)
         }
         return seal_run(run_id, attrs, result, run, store_url, logits=logits, pair_ids=enc.pair_ids, lm=lm,
                         storage_options=so)                   # identities, seal, derived trust cache

@@ -12,6 +12,9 @@
   RewardBench 2's ``item`` …); operators see no other field (``run.inputs.ops_view``);
 - ``observable``: the expanded steps, outputs, version and restrictions; ``numerics`` (dtype,
   max_length, format, template, objectives); ``package_version``; the study and frame it ran under;
+- ``data_shape`` (data read by a TRL reader only, ``data.readers``): the shape, the chat template that renders
+  messages (``model`` or the sha256 of ``dataset.chat_template``) and a stepwise file's step separator
+  (``PairSet.shape_record``); data of the other kinds have none, so their run ids are as before;
 - ``checkpoint`` (a ``model.checkpoints`` sequence only): index, step, the checkpoint's content digest
   and the chain hash up to it (``models.checkpoints``).
 
@@ -72,6 +75,9 @@ def identity_parts(run, inputs, plan, fingerprint, accounting, *, study_hash=Non
     if fields:
         parts["pair_fields"] = {"fields": list(fields),
                                 "sha256": pair_fields_digest(inputs.pairs, inputs.enc.pair_ids, fields)}
+    shape = getattr(inputs.pairs, "shape_record", lambda: None)()
+    if shape is not None:                  # a TRL shape: which one, and the template that rendered it
+        parts["data_shape"] = shape
     members = getattr(inputs.lm, "member_fingerprints", None)      # an ensemble (models.ensemble): each member
     if members:
         parts["member_fingerprints"] = list(members)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..data import load_pairs
+from ..data.readers import CONVERSATIONAL
 from ..errors import SpecError
 from ..models.formatting import encode_pairs
 from ..models.kinds import encode_kind, load_kind
@@ -23,7 +24,8 @@ def load_dataset(ds, base_dir: str | None = None, *, limit=_DATASET_LIMIT):
     subset). ``limit`` replaces ``dataset.limit`` (a frame's ``reference_limit``). Raises ``SpecError``."""
     return load_pairs(ds.kind.value, path=ds.path, fields=dict(ds.fields) or None,
                       limit=ds.limit if limit is _DATASET_LIMIT else limit, dimensions=ds.dimensions,
-                      base_dir=base_dir, subset=ds.subset)
+                      base_dir=base_dir, subset=ds.subset, chat_template=ds.chat_template,
+                      step_separator=ds.step_separator)
 
 
 def load_lm(spec, base_dir: str | None = None):
@@ -35,9 +37,12 @@ def load_lm(spec, base_dir: str | None = None):
 def encode(lm, pairs, spec=None, **kw):
     """``EncodedPairs`` of ``pairs`` as ``lm`` sees them under ``spec``'s ``format``, ``template`` and
     ``max_length`` (a ``ModelSpec``; ``None``: the defaults, as organisms use); ``kw`` passes
-    ``truncated_responses``. Raises ``SpecError`` for a bad template or format."""
+    ``truncated_responses``. Pairs of a conversational TRL shape (``data.readers``) are rendered as messages by
+    ``pairs.chat_template`` (``dataset.chat_template``) or the tokenizer's chat template (format ``messages``). Raises ``SpecError`` for a bad template or format."""
     if spec is not None:
         kw = dict(fmt=spec.format.value, template=spec.template, max_length=spec.max_length, **kw)
+    if getattr(pairs, "shape", None) in CONVERSATIONAL:     # messages: rendered by a chat template, never model.template
+        kw.update(fmt="messages", template=pairs.chat_template or "")
     enc = encode_pairs(lm.tokenizer, list(pairs), model_name=lm.name, **kw)
     return encode_kind(enc, lm, spec, pairs)           # a kind may move the readout (a PRM: after the chosen step)
 
