@@ -18,7 +18,8 @@ one chunk at a time). Seeded: the same chunks and seed give the same SAE.
 
 Format (SAE-Lens, github jbloomAus/SAELens): a folder with ``cfg.json`` (``d_in``, ``d_sae``,
 ``architecture: "topk"``, ``k``, ``apply_b_dec_to_input``, ``normalize_activations``, ``dtype``,
-``metadata``) and ``sae_weights.safetensors`` (``W_enc`` [d_in, d_sae], ``b_enc`` [d_sae], ``W_dec``
+``metadata``; ``model_name``, at the top level or in ``metadata``, names the model it was trained on: the
+``sae_base_model`` of ``ops.sae_attribution``) and ``sae_weights.safetensors`` (``W_enc`` [d_in, d_sae], ``b_enc`` [d_sae], ``W_dec``
 [d_sae, d_in], ``b_dec`` [d_in]). Older cfgs giving ``activation_fn_str: "topk"`` with
 ``activation_fn_kwargs: {k}`` load too. Errors: ``SpecError`` naming ``where`` for a missing file, a
 non-TopK architecture, normalized activations, or shapes that disagree with the cfg.
@@ -141,8 +142,11 @@ def load_sae(folder, where: str = "path") -> TopKSAE:
     for n, shape in want.items():
         if tuple(w[n].shape) != shape:
             raise SpecError(where, f"{n} has shape {tuple(w[n].shape)}, cfg.json says {shape}.")
+    meta = dict(cfg.get("metadata") or {})
+    if isinstance(cfg.get("model_name"), str):          # SAE-Lens: the model it was trained on (older cfgs: top level)
+        meta.setdefault("model_name", cfg["model_name"])
     return TopKSAE(w["W_enc"], w["b_enc"], w["W_dec"], w["b_dec"], int(k),
-                   bool(cfg.get("apply_b_dec_to_input", True)), dict(cfg.get("metadata") or {}))
+                   bool(cfg.get("apply_b_dec_to_input", True)), meta)
 
 
 def rows_of(arr, chunk: int) -> Callable[[], Iterator[np.ndarray]]:

@@ -60,8 +60,9 @@ from ..registry import register
 from ._grid import choice, first_pairs, need_site, result
 from .base import INVARIANT, Operator
 
-QUANTITIES = ("contribution", "error", "activation_diff", "patch_effect")
+QUANTITIES = ("contribution", "error", "activation_diff", "patch_effect", "variance_explained", "relative_error")
 LINEAR = ("contribution", "error")
+FIT = ("variance_explained", "relative_error")      # how well the SAE reconstructs this model (reduce stage)
 SAE_FIELDS = ("site", "layer", "path", "digest", "train_on", "d_sae", "k", "epochs", "lr", "batch", "chunk", "seed")
 PATCH_DESCRIPTION = {             # what patch_effect computes, per mode (the sign a reader needs)
     "transplant": "change in the rejected side's reward r_r,patched − r_r with one SAE feature set to the chosen "
@@ -88,12 +89,17 @@ class SaeAttributionParams:
     chunk: int = 256                   # pairs per streamed training chunk
     seed: int = 0
     mode: str = "transplant"           # patch_effect: transplant | zero
+    base_model: Optional[str] = None   # the model the SAE was trained on (null: the SAE folder's cfg, or this one)
 
 
 def check_params(p, info, where: str) -> None:
     choice(p.quantity, QUANTITIES, where + ".quantity")
     choice(p.site, ("readout", "resid_post"), where + ".site")
     choice(p.mode, ("transplant", "zero"), where + ".mode")
+    if p.quantity in FIT and p.site != "readout":
+        raise SpecError(where + ".site", f"'{p.quantity}' is measured on every pair's stored readout activations; "
+                        f"at {p.site} they are not kept past their chunk.",
+                        fix="measure the fit with site: readout (an SAE over the final-norm output).")
     if p.site == "resid_post":
         need_site(info, "resid_post", where)
         if not (isinstance(p.layer, int) and 0 <= p.layer < info.n_layers):
@@ -105,7 +111,11 @@ def check_params(p, info, where: str) -> None:
                             fix="use site: readout, or quantity: patch_effect at resid_post.")
     if p.path is not None:
         from ..models.sae import load_sae
-        got = load_sae(p.path, where + ".path").digest()
+        loaded = load_sae(p.path, where + ".path")
+        got, named = loaded.digest(), loaded.metadata.get("model_name")
+        if p.base_model is not None and named not in (None, p.base_model):
+            raise SpecError(where + ".base_model", f"the SAE at '{p.path}' says it was trained on {named!r}, not "
+                            f"{p.base_model!r}.", fix=f"set base_model: {named} (or drop base_model to take the SAE's).")
         if p.digest != got:
             raise SpecError(where + ".digest", ("a loaded SAE is pinned by its digest, so the run id covers its "
                             "weights; none given." if p.digest is None else
@@ -177,6 +187,10 @@ class SaeAttribution(Operator):
     def needs_all_pairs(self):                # trained on this run's activations: every pair, one chunk
         return self.p.path is None and self.p.train_on == "run"
 
+    @property
+    def reads_capture(self):                  # the fit: every pair's stored readout h, after the last chunk
+        return self.p.quantity in FIT
+
     def sites(self, info):
         return {"resid_post"} if self.p.site == "resid_post" else set()
 
@@ -188,6 +202,8 @@ class SaeAttribution(Operator):
 
     def out_dims(self, in_dims, info, where):
         check_params(self.p, info, where)
+        if self.p.quantity in FIT:
+            return ()
         obj = ("objective",) if info.n_outputs > 1 and self.p.quantity != "activation_diff" else ()
         return ("pair",) + (() if self.p.quantity == "error" else ("feature",)) + obj
 
@@ -227,8 +243,19 @@ class SaeAttribution(Operator):
                             fix="use an SAE trained on this model's activations at this site.")
         return sae, stats
 
+    def base_model(self, ctx, sae) -> str:
+        """What the SAE was trained on: ``base_model`` as declared, else the SAE folder's ``model_name``, else
+        (trained in this run or on a store) this run's model; ``"unknown"`` for a folder that names none."""
+        if self.p.base_model is not None:
+            return str(self.p.base_model)
+        if self.p.path is not None:
+            return str(sae.metadata.get("model_name") or "unknown")
+        return str(ctx.lm.name)
+
     def run(self, ctx):
         p = self.p
+        if p.quantity in FIT:
+            return self._fit(ctx)
         pidx = first_pairs(ctx) if p.quantity == "patch_effect" else list(range(len(ctx.encoded.pair_ids)))
         sae, stats = self.sae(ctx)
         X = self._acts(ctx)[pidx].astype(np.float64)                                  # pair × side × d
@@ -260,9 +287,26 @@ class SaeAttribution(Operator):
             out = result(ctx, self._patch(ctx, sae, X, f, pidx), pidx, ("feature",), feats, "reward",
                          PATCH_DESCRIPTION[p.mode].format(where=self._where()))
             out.attrs["mode"] = p.mode
-        out.attrs.update(sae=sae.digest(), site=self._where(), k=sae.k, d_sae=sae.d_sae,
+        out.attrs.update(sae=sae.digest(), site=self._where(), k=sae.k, d_sae=sae.d_sae, quantity=p.quantity,
+                         sae_base_model=self.base_model(ctx, sae),
                          **({"train_fvu": round(stats["fvu"], 6)} if stats else {}))
         return out
+
+    def _fit(self, ctx):
+        """variance_explained / relative_error of the SAE on every pair's readout h, both sides (``reconstruction``)."""
+        import xarray as xr
+        sae, _ = self.sae(ctx)
+        fit = reconstruction(sae, self._acts(ctx))
+        q = self.p.quantity
+        out = xr.DataArray(fit[q])
+        out.attrs = {"units": "fraction", "gauge": INVARIANT, "description": {
+            "variance_explained": "1 − Σ‖h − ĥ‖² / Σ‖h − h̄‖² of the SAE on this model's readout h (every pair, both "
+                                  "sides)",
+            "relative_error": "‖H − Ĥ‖_F / ‖H‖_F of the SAE on this model's readout h (every pair, both sides)"}[q],
+            "sae": sae.digest(), "site": self._where(), "k": sae.k, "d_sae": sae.d_sae, "quantity": q,
+            "sae_base_model": self.base_model(ctx, sae), "n_rows": fit["n_rows"]}
+        return out
+
 
     def _where(self) -> str:
         return "readout" if self.p.site == "readout" else f"resid_post[{self.p.layer}]"
@@ -289,3 +333,14 @@ class SaeAttribution(Operator):
             got[side] = out - r[:, side][:, None]                                     # pair × feature × output
         ctx.memo[key] = got[1] if p.mode == "transplant" else got[0] - got[1]
         return ctx.memo[key]
+
+
+def reconstruction(sae, acts) -> dict:
+    """How well ``sae`` reconstructs ``acts`` (…, d_in; every leading index a row), float64:
+    ``variance_explained`` = 1 − Σ‖h − ĥ‖² / Σ‖h − h̄‖² (h̄ the mean row; the complement of the fraction of
+    variance unexplained, Gao et al. 2024 §2) and ``relative_error`` = ‖H − Ĥ‖_F / ‖H‖_F; ``n_rows``."""
+    H = np.asarray(acts, np.float64).reshape(-1, sae.d_in)
+    sse = float((sae.error(H) ** 2).sum())
+    sst = float(((H - H.mean(0)) ** 2).sum())
+    return {"variance_explained": 1.0 - sse / sst if sst > 0 else float("nan"),
+            "relative_error": float(np.sqrt(sse / max(float((H ** 2).sum()), 1e-300))), "n_rows": int(H.shape[0])}

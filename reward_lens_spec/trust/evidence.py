@@ -24,7 +24,8 @@ the documents the store holds now:
 * a **result run** is ``calibrated`` for each output variable a valid, passing,
   *latest* card (per organism kind and base, same observable content hash and
   model family) graded, provided every latest card is valid and passing and the
-  run's own exactness identities hold (``identities_ok``); ``registered`` when
+  run's own exactness identities hold (``identities_ok``), and — for an SAE attribution output — its SAE
+  reconstructs this model's activations above the floor (``trust.sae_gate``); ``registered`` when
   additionally it executed a valid frozen study, logged before the run, whose
   pins (observable content hash, model fingerprint, dataset checksum) equal the
   run's. Ungraded variables stay ``exploratory``; the run's level is the lowest
@@ -55,6 +56,7 @@ import json
 from .certificate import held_out_ok
 from .code_identity import CODE_MODULES, code_changes, code_hash  # noqa: F401  (re-exported)
 from .kind_criteria import KIND_FLOORS     # judge / PRM / implicit / LEACE / curvature criteria
+from .sae_gate import sae_caps              # SAE attribution: exploratory below the reconstruction floor
 
 LEVELS = ("exploratory", "calibrated", "registered", "adjudicated")
 CACHE_KEYS = ("trust", "trust_by_variable", "content_hash")
@@ -321,11 +323,13 @@ class Evidence:
         graded, scopes, cal_why = self.calibration(a)
         reg_ok, reg_why = self.registration(rid, a) if graded else (False, "")
         top = "registered" if reg_ok else "calibrated"
-        by_var = {v: top if v in graded else "exploratory" for v in outputs}
+        caps = sae_caps(a)                        # an SAE that does not reconstruct this model: exploratory
+        by_var = {v: top if v in graded and v not in caps else "exploratory" for v in outputs}
         level = min(by_var.values(), key=_rank) if by_var else "exploratory"
         ungraded = sorted(v for v in outputs if v not in graded)
         reason = cal_why + (f"; {reg_why}" if reg_why else "") + \
-            (f"; not graded by any card: {ungraded}" if graded and ungraded else "")
+            (f"; not graded by any card: {ungraded}" if graded and ungraded else "") + \
+            "".join(f"; {v} exploratory: {why}" for v, why in sorted(caps.items()))
         return _verdict(a, level, by_var, None, reason, scopes)
 
     def _adjudication(self, rid: str, a: dict) -> dict:

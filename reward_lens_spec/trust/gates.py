@@ -61,6 +61,10 @@ def seal_run(run_id: str, attrs: dict, result, run, store_url: str, *, logits, p
              "identities": check_identities(result, logits, pair_ids,
                                             n_layers=lm.n_layers, objectives=lm.head.objectives,
                                             dtype=str(lm.dtype), signal=getattr(lm, "signal", None))}
+    from .sae_gate import sae_record
+    sae = sae_record(result)
+    if sae is not None:                 # an SAE's fit to this model, under the seal (trust.sae_gate)
+        attrs["sae"] = sae
     if run.experiment and not attrs.get("study_hash"):     # executed a study never frozen: say which
         from .study_doc import load_study, study_hash
         attrs["study_hash"] = study_hash(load_study(dict(run.experiment)))
