@@ -119,3 +119,22 @@ def test_the_fit_is_refused_at_a_site_whose_activations_are_not_kept(tmp_path):
            "layer: 0}\noutputs: [v]\n")
     with pytest.raises(SpecError, match="site: readout"):
         _run(tmp_path, obs)
+
+
+def test_the_gate_reads_the_stored_fit_against_this_packages_floor_and_names_the_reason():
+    """``sae_caps`` on sealed-attr shapes: above the floor no cap; below, or not measured, a one-line reason."""
+    from reward_lens_spec.ops.sae_attribution import reconstruction
+    from reward_lens_spec.trust.sae_gate import sae_caps
+    from tests.test_sae import random_sae
+    sae = random_sae(d_in=8, d_sae=6, k=2)
+    h = np.random.default_rng(3).normal(size=(5, 2, 8))
+    fit = reconstruction(sae, h)
+    assert (fit["variance_explained"], fit["relative_error"]) == pytest.approx(naive_fit(sae, h), abs=1e-12)
+    key = "d" * 64 + "@readout"
+    attrs = {"sae": {"outputs": {"c": key}, "fits": {key: {"variance_explained": MIN_VARIANCE_EXPLAINED,
+                                                           "relative_error": 0.2, "base_model": "base"}}}}
+    assert sae_caps(attrs) == {}                                                # at the floor: passes
+    attrs["sae"]["fits"][key]["variance_explained"] = MIN_VARIANCE_EXPLAINED - 1e-9
+    assert "below the floor" in sae_caps(attrs)["c"] and "trained on base" in sae_caps(attrs)["c"]
+    attrs["sae"]["fits"] = {}
+    assert "not measured" in sae_caps(attrs)["c"]

@@ -37,6 +37,14 @@ At the readout the margin is linear in h — Δ = w·(h_c − h_r), w = W[k] the
                   resid_post it is the feature's causal effect through the layers above.
                   Only on the first ``observable.pairs`` pairs (NaN on the rest); the other quantities
                   need no re-run and cover every pair.
+  variance_explained  1 − Σ‖h − ĥ‖² / Σ‖h − h̄‖² of the SAE on this model's readout h, every pair and both sides
+  relative_error      ‖H − Ĥ‖_F / ‖H‖_F, the same rows (``reconstruction``); both scalars (units fraction),
+                  computed after the last chunk on the stored readout (site ``readout`` only: a SpecError
+                  elsewhere); the run attr ``sae`` seals them and ``trust.sae_gate`` keeps every attribution
+                  output of an SAE below 0.7 variance explained here (or not measured) exploratory, with the reason.
+``base_model``: the model the SAE was trained on (SAEs are trained on base LMs and attached to fine-tuned ones,
+SAELens #436/#469); null takes the SAE folder's ``model_name`` (this run's model for an SAE trained here); a
+declared one the folder contradicts is a SpecError. Recorded on every output as ``sae_base_model``.
 Gated heads: the gate is frozen at each side's h (as ``project`` reads them), so the direction w_s differs
 by side and the exact form is Σ_i [f_i(h_c)(w_c·d_i) − f_i(h_r)(w_r·d_i)] + [w_c·e_c − w_r·e_r +
 (w_c − w_r)·b_dec] (the same numbers as above when w_c = w_r); patch_effect there is the model's own
