@@ -101,7 +101,8 @@ from .reference import planted_margins, reference_dataset, reference_identities
 
 CARD_OBSERVABLE = "scorecard"
 UNIT_KINDS = ("planted", "planted_head", "planted_paths", "judge_planted")   # truth names a planted unit
-N_PAIRS_KINDS = UNIT_KINDS + ("prm_planted", "implicit_planted", "concept", "curvature", "ensemble_planted")   # take n_pairs
+N_PAIRS_KINDS = UNIT_KINDS + ("prm_planted", "implicit_planted", "concept", "curvature", "ensemble_planted",
+                                 "sparse_feature")   # take n_pairs
 
 
 def spearman(x, y) -> float:
@@ -133,10 +134,20 @@ def evaluate(obs, org: Organism) -> xr.Dataset:
     kw = {"template": org.params["template"]} if "template" in org.params else {}   # e.g. the PRM organism's
     res, ctx, enc = compute(lm, org.pairs, plan, info, batch_size=32, **kw)      # the one executor, in memory
     out = xr.Dataset({o: res[o] for o in plan.outputs})
+    out.attrs["sae"] = _sae_steps(plan, ctx)
     out.attrs["identities"] = check_identities(out, ctx.capture.logits, enc.pair_ids, n_layers=lm.n_layers,
                                                objectives=lm.head.objectives, dtype=str(lm.dtype),
                                                signal=getattr(lm, "signal", None))
     return out
+
+
+def _sae_steps(plan, ctx) -> dict:
+    """The dictionaries the run's ``sae_attribution`` steps used (digest → SAE) and each step's params, for the
+    SAE criteria (``trust.sae_criteria``) to rebuild every cell from the planted truth."""
+    from dataclasses import asdict as as_dict
+    saes = {v[0].digest(): v[0] for k, v in ctx.memo.items() if isinstance(k, tuple) and k and k[0] == "sae"}
+    steps = {s.name: as_dict(s.op.p) for s in plan.steps if type(s.op).__name__ == "SaeAttribution"}
+    return {"dictionaries": saes, "steps": steps} if steps else {}
 
 
 def _truth_summary(truth: dict) -> dict:
