@@ -87,6 +87,7 @@ def grade_drift(url: str, observable: str = "checkpoint_dynamics", model: str | 
     from ..models.checkpoints import content_digest
     from ..models.training_organism import PLANTED_STEP, truth
     from ..store import open_store
+    from .coverage import why_not
     from .criteria import Criterion
     from .drift_criteria import drift_criteria, truth_series
     from .evidence import card_verdict, code_hash
@@ -122,6 +123,7 @@ def grade_drift(url: str, observable: str = "checkpoint_dynamics", model: str | 
     used = {v for c in crits for v in c.needs}
     card.graded = sorted(v for v in ds.data_vars if v in used)
     card.ungraded = sorted(v for v in ds.data_vars if v not in used)
+    card.why_not = {v: why_not(v, "training") for v in card.ungraded}
     card.scope = {"family": card.model_family, "organism": "training", "base": card.base, "strengths": steps,
                   "n_pairs": len(pairs), "drift_run": drift_id}
     for c in crits:
