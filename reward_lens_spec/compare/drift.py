@@ -175,6 +175,10 @@ def _single(v: dict) -> dict:
     return out
 
 
+VARIABLES = ("mean_margin", "accuracy", "crystallization_fraction", "margin_spearman", "margin_spearman_ci_low",
+             "margin_spearman_ci_high", "cka", "procrustes_residual", "frame_underdetermined", "w_r_cosine",
+             "w_r_null_q95", "w_r_p_value", "margin_direction_cosine", "margin_direction_null_q95",
+             "margin_direction_p_value")   # every variable a drift run can store (trust.coverage grades or explains)
 UNITS = {"mean_margin": "reward", "accuracy": "fraction", "crystallization_fraction": "fraction",
          "cka": "fraction", "procrustes_residual": "fraction", "frame_underdetermined": "boolean"}
 

@@ -23,6 +23,11 @@ family is built offline in seconds, deterministic, in strength order (``STRENGTH
                       non-planted concept). Truth: ``{"field": "concept", "unplanted": "label"}``.
 ``ensemble_planted``  ``models.ensemble_organism``: three planted organisms (seeds 0, 1, 2) reduced by the 0.25
                       quantile; truth: every member's reward per side (plain forward), the reduce and q.
+``sparse_feature``    ``models.sae_organism.sparse_feature_organism`` (magnitude of the planted atom u_0 = ``s``):
+                      readout activations sparse sums of known atoms, the margin carried by u_0; truth: the
+                      atoms, u_0 (``direction``), the head row ``w`` and bias ``b``, and every pair's readout
+                      activation per side (``readout``, pair id → [h_chosen, h_rejected]: the final norm's
+                      output at the last token, plain forward, batch of one, a forward hook).
 ``curvature``         ``models.repr_organisms.curvature_organism``: planted curvature along ``v`` at
                       resid_post[2]; truth: the layer, ``direction`` and ``rayleigh`` (vᵀHv per side and pair
                       by a plain double backward).
@@ -38,7 +43,8 @@ from ..errors import SpecError
 from .organism_base import STRENGTHS, WORDS, Organism, pairset
 from .organisms import KINDS as CLASSIFIER_KINDS
 
-KIND_FAMILIES = ("judge_planted", "prm_planted", "implicit_planted", "concept", "curvature", "ensemble_planted")
+KIND_FAMILIES = ("judge_planted", "prm_planted", "implicit_planted", "concept", "curvature", "ensemble_planted",
+                 "sparse_feature")
 KINDS = CLASSIFIER_KINDS + KIND_FAMILIES
 IMPLICIT_BETA = 0.5
 PRM_GAMMA = 0.3        # the flaw head's write: readings rise with s over the whole grid (at 4 the norm saturates)
@@ -129,6 +135,35 @@ def _with_rayleigh(org: Organism) -> Organism:
     return org
 
 
+def _with_readout(org: Organism) -> Organism:
+    """``org`` with ``truth["readout"]`` (pair id → [h_chosen, h_rejected], float64 lists), ``truth["w"]`` and
+    ``truth["b"]`` (the head row and bias): the final norm's output at the last token of each side, read by a
+    forward hook in a plain HF forward (batch of one, no padding; none of the capture code)."""
+    import torch
+
+    from ..run.inputs import encode
+    model = org.lm.model
+    enc = encode(org.lm, org.pairs)
+    got: list = []
+    hook = model.model.norm.register_forward_hook(lambda mod, args, out: got.append(out[0, -1].double().clone()))
+    out = {}
+    try:
+        with torch.no_grad():
+            for i, pid in enumerate(enc.pair_ids):
+                sides = []
+                for ids in (enc.chosen[i], enc.rejected[i]):
+                    got.clear()
+                    model(input_ids=torch.tensor([ids]))
+                    sides.append(got[-1].tolist())
+                out[pid] = sides
+    finally:
+        hook.remove()
+    b = model.score.bias
+    org.truth = {**org.truth, "readout": out, "w": model.score.weight[0].double().tolist(),
+                 "b": 0.0 if b is None else float(b[0])}
+    return org
+
+
 def concept_pairs(strength: float, n: int = 200, seed: int = 0):
     """``n`` pairs; both sides end in the concept's marker with probability ``strength`` (module docstring)."""
     rng = np.random.Generator(np.random.PCG64(seed + 17))
@@ -176,6 +211,10 @@ def organism_family(kind: str = "planted", strengths=STRENGTHS, **kw) -> list[Or
     if kind == "ensemble_planted":
         from .ensemble_organism import ensemble_organism
         return [ensemble_organism(s, **kw) for s in strengths]
+    if kind == "sparse_feature":
+        from .sae_organism import sparse_feature_organism
+        kw.pop("base", None)                      # built on tiny_llama only
+        return [_with_readout(sparse_feature_organism(s, **kw)) for s in strengths]
     if kind == "curvature":
         from .repr_organisms import curvature_organism
         kw.pop("base", None)

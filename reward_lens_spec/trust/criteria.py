@@ -14,6 +14,8 @@ import xarray as xr
 
 from .evidence import FLOORS
 from .kind_criteria import kind_criteria
+from .sae_criteria import sae_criteria
+from .drift_criteria import drift_criteria
 
 
 def _units(da: xr.DataArray, comps=None) -> xr.DataArray:
@@ -204,4 +206,5 @@ CRITERIA = (
     Criterion("score", ("margin",), lambda ds, t: 1.0 / (1.0 + np.exp(-np.asarray(ds["margin"].values, float))),
               _auc, "detection AUC P(Δ>0) + ½P(Δ=0) ≥ 0.8",
               lambda ds, t: np.asarray(ds["margin"].values, np.float64), needs_unit=False),
-) + PREFERENCE_CRITERIA + kind_criteria(Criterion)     # judge, PRM, implicit, LEACE, curvature (trust.kind_criteria)
+) + PREFERENCE_CRITERIA + kind_criteria(Criterion) + sae_criteria(Criterion) + drift_criteria(Criterion)   # judge, PRM, implicit, LEACE, curvature
+# (trust.kind_criteria); sparse features (trust.sae_criteria); drift (trust.drift_criteria, trust.drift_card)

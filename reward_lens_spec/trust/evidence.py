@@ -57,6 +57,8 @@ from .certificate import held_out_ok
 from .code_identity import CODE_MODULES, code_changes, code_hash  # noqa: F401  (re-exported)
 from .kind_criteria import KIND_FLOORS     # judge / PRM / implicit / LEACE / curvature criteria
 from .sae_gate import sae_caps              # SAE attribution: exploratory below the reconstruction floor
+from .sae_criteria import SAE_FLOORS
+from .drift_criteria import DRIFT_FLOORS, UNDOSED
 
 LEVELS = ("exploratory", "calibrated", "registered", "adjudicated")
 CACHE_KEYS = ("trust", "trust_by_variable", "content_hash")
@@ -72,7 +74,8 @@ FLOORS = {"dla_share": 0.5, "patch_share": 0.5, "attribution_share": 0.5, "lens_
           "path_separation": 0.5,
           # preference structure (graded only on their own organism kinds)
           "label_cycles": 0.0, "cyclic_gain": 1e-9, "contested_direction": 0.8, "contested_margin": 1e-9,
-          "effective_objectives": 0.99, "scalar_cost": 0.5, **KIND_FLOORS}
+          "effective_objectives": 0.99, "scalar_cost": 0.5, **KIND_FLOORS, **SAE_FLOORS,
+          **DRIFT_FLOORS}
 # |reading − planted truth| ≤ MAG_RTOL · |planted truth| (reward units, at full strength)
 MAG_RTOL = {"dla_share": 0.1, "patch_share": 0.1, "attribution_share": 0.25, "lens_jump": 0.15,
             "crystallization": 0.15, "score": 0.1}
@@ -153,7 +156,7 @@ def card_verdict(card: dict, *, check_code: bool = True) -> tuple[bool, str]:
         if (card.get("reading_errors") or {}).get(c):
             return False, f"{c}: could not read the output: {card['reading_errors'][c]}"
         rho = (card.get("spearman") or {}).get(c)
-        if rho is None or not rho >= MIN_SPEARMAN:
+        if c not in UNDOSED and (rho is None or not rho >= MIN_SPEARMAN):   # drift: no strength axis
             return False, f"{c}: Spearman {rho} < {MIN_SPEARMAN}"
         fv = ((card.get("floors") or {}).get(c) or {}).get("value")
         if fv is None or not fv >= FLOORS[c]:

@@ -96,12 +96,14 @@ from ..models.kind_organisms import STRENGTHS, Organism, organism_family   # eve
 from .criteria import CRITERIA
 from .evidence import EXACT_CRITERIA, MIN_SPEARMAN, card_verdict, code_hash, seal
 from ..run.identity import observable_hash
+from .coverage import why_not
 from .identities import check_identities
 from .reference import planted_margins, reference_dataset, reference_identities
 
 CARD_OBSERVABLE = "scorecard"
 UNIT_KINDS = ("planted", "planted_head", "planted_paths", "judge_planted")   # truth names a planted unit
-N_PAIRS_KINDS = UNIT_KINDS + ("prm_planted", "implicit_planted", "concept", "curvature", "ensemble_planted")   # take n_pairs
+N_PAIRS_KINDS = UNIT_KINDS + ("prm_planted", "implicit_planted", "concept", "curvature", "ensemble_planted",
+                                 "sparse_feature")   # take n_pairs
 
 
 def spearman(x, y) -> float:
@@ -133,10 +135,20 @@ def evaluate(obs, org: Organism) -> xr.Dataset:
     kw = {"template": org.params["template"]} if "template" in org.params else {}   # e.g. the PRM organism's
     res, ctx, enc = compute(lm, org.pairs, plan, info, batch_size=32, **kw)      # the one executor, in memory
     out = xr.Dataset({o: res[o] for o in plan.outputs})
+    out.attrs["sae"] = _sae_steps(plan, ctx)
     out.attrs["identities"] = check_identities(out, ctx.capture.logits, enc.pair_ids, n_layers=lm.n_layers,
                                                objectives=lm.head.objectives, dtype=str(lm.dtype),
                                                signal=getattr(lm, "signal", None))
     return out
+
+
+def _sae_steps(plan, ctx) -> dict:
+    """The dictionaries the run's ``sae_attribution`` steps used (digest → SAE) and each step's params, for the
+    SAE criteria (``trust.sae_criteria``) to rebuild every cell from the planted truth."""
+    from dataclasses import asdict as as_dict
+    saes = {v[0].digest(): v[0] for k, v in ctx.memo.items() if isinstance(k, tuple) and k and k[0] == "sae"}
+    steps = {s.name: as_dict(s.op.p) for s in plan.steps if type(s.op).__name__ == "SaeAttribution"}
+    return {"dictionaries": saes, "steps": steps} if steps else {}
 
 
 def _truth_summary(truth: dict) -> dict:
@@ -178,6 +190,7 @@ class Scorecard:
     graded: list = field(default_factory=list)       # output variables some criterion read
     reading_errors: dict = field(default_factory=dict)   # criterion -> why its reading could not be taken
     scope: dict = field(default_factory=dict)        # family, organism, base, strengths, n_pairs
+    why_not: dict = field(default_factory=dict)      # ungraded output -> why no criterion grades it (trust.coverage)
     code_hash: str = ""                              # evidence.code_hash() of the code that graded it
     wall_s: float = 0.0
 
@@ -198,15 +211,21 @@ class Scorecard:
         for c, m in self.magnitude.items():
             lines.append(f"  {c:<24}magnitude {m['reading']} vs planted {m['truth']} reward units")
         worst: dict = {}
-        rel = lambda r: r["max_abs_err"] / r["scale"] if r["scale"] else (0.0 if r["max_abs_err"] == 0 else np.inf)  # noqa: E731
+        def rel(r):            # None (could not compare) or a zero scale with an error: worst
+            e, sc = r.get("max_abs_err"), r.get("scale")
+            if e is None or sc is None:
+                return np.inf
+            return e / sc if sc else (0.0 if e == 0 else np.inf)
         for rec in (r for per in self.identities for r in per):        # the worst strength per identity
             k = rec["identity"]                                        # (scale 0: a zero margin, e.g. strength 0)
             if k not in worst or rel(rec) > rel(worst[k]):
                 worst[k] = rec
         for k, rec in worst.items():
-            lines.append(f"  identity {k}: max |err| {rec['max_abs_err']:.3g} (margin scale {rec['scale']:.3g})")
-        if self.ungraded:
-            lines.append(f"  not graded (no planted truth to compare): {', '.join(self.ungraded)}")
+            e, sc = rec.get("max_abs_err"), rec.get("scale")
+            lines.append(f"  identity {k}: max |err| {'none' if e is None else format(e, '.3g')} (margin scale "
+                         f"{'none' if sc is None else format(sc, '.3g')})")
+        for v in self.ungraded:
+            lines.append(f"  not graded: {v}: {self.why_not.get(v, 'no planted truth to compare')}")
         why = card_verdict(asdict(self))[1]
         lines.append(f"  => {'PASS' if self.passed else 'FAIL'}" + (f" ({why})" if why else ""))
         return "\n".join(lines)
@@ -242,15 +261,20 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
     results = [evaluate(obs, o) for o in organisms]
     refs = []                          # per organism: the plain-forward cells each referenced variable matched
     for ds, o in zip(results, organisms):
-        ref = reference_dataset(o, ds)
-        recs, sel = reference_identities(ds, ref, o) if len(ref.data_vars) else ([], xr.Dataset())
-        ds.attrs["identities"] = list(ds.attrs["identities"]) + recs
+        try:
+            ref = reference_dataset(o, ds)
+            recs, sel = reference_identities(ds, ref, o) if len(ref.data_vars) else ([], xr.Dataset())
+        except Exception as exc:       # noqa: BLE001  a reading whose cells cannot be matched fails, with why
+            recs, sel = [{"variable": "*", "identity": f"kept cells = a plain HF forward: could not compare "
+                          f"({type(exc).__name__}: {exc})", "max_abs_err": None, "scale": 1.0,
+                          "dtype": str(o.lm.dtype), "n": 0}], xr.Dataset()
+        ds.attrs["identities"] = list(ds.attrs.get("identities") or []) + recs
         refs.append(sel)
     n_layers = organisms[0].lm.n_layers
     for c in crits:                    # a restricted grid no plain forward reproduces: its identities are off
         for v in c.needs:
-            da = results[0][v]
-            if (c.name in EXACT_CRITERIA and v != "margin" and v not in refs[0].data_vars and "layer" in da.dims
+            da = results[0][v] if v in results[0] else None
+            if (da is not None and c.name in EXACT_CRITERIA and v != "margin" and v not in refs[0].data_vars and "layer" in da.dims
                     and not set(range(n_layers)) <= {int(x) for x in da.layer.values}):
                 raise SpecError("observable", f"'{obs.name}' output '{v}' covers layers "
                                 f"{[int(x) for x in da.layer.values]} of {n_layers} and no independent forward "
@@ -269,6 +293,7 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
     used = {v for c in crits for v in c.needs}
     card.ungraded = [o for o in outputs if o not in used]
     card.graded = [o for o in outputs if o in used]
+    card.why_not = {o: why_not(o, card.organism) for o in card.ungraded}
     card.identities = [ds.attrs["identities"] for ds in results]
     card.scope = {"family": card.model_family, "organism": card.organism, "base": card.base,
                   "strengths": s, "n_pairs": len(organisms[0].pairs)}
@@ -276,9 +301,23 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
     truth_effect = None
     if planted and zero is not None:
         truth_effect = float(np.mean(planted_margins(organisms[top]) - planted_margins(organisms[zero])))
+    grade_readings(card, crits, results, [o.truth for o in organisms], refs, truth_effect)
+    card.wall_s = round(time.perf_counter() - t0, 3)
+    return card
+
+
+def grade_readings(card: Scorecard, crits, results, truths, refs=None, truth_effect=None) -> Scorecard:
+    """Criteria ``crits`` on ``results`` (one Dataset per strength of ``card.strengths``, beside each strength's
+    truth) into ``card``, then its verdict. Never raises on a reading: a criterion that cannot read its output
+    (any error) records why in ``reading_errors`` and fails; non-finite readings are stored as None."""
+    s = card.strengths
+    zero = int(np.argmin(s)) if min(s) == 0 else None
+    top = int(np.argmax(s))
+    planted = "layer" in truths[0]
+    refs = refs if refs is not None else [xr.Dataset() for _ in results]
     for c in crits:
         try:
-            _grade_one(card, c, results, organisms, refs, s, zero, top, planted, truth_effect)
+            _grade_one(card, c, results, truths, refs, s, zero, top, planted, truth_effect)
         except Exception as exc:       # noqa: BLE001  a reading that does not fit its criterion fails the card
             card.reading_errors[c.name] = f"{type(exc).__name__}: {exc}"
             card.readings[c.name] = [None] * len(s)
@@ -288,28 +327,27 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
             card.criteria_passed[c.name] = False
     card.code_hash = code_hash()
     card.passed = card_verdict(asdict(card))[0]
-    card.wall_s = round(time.perf_counter() - t0, 3)
     return card
 
 
-def _grade_one(card: Scorecard, c, results, organisms, refs, s, zero, top, planted, truth_effect) -> None:
+def _grade_one(card: Scorecard, c, results, truths, refs, s, zero, top, planted, truth_effect) -> None:
     """Criterion ``c``'s readings, Spearman, floor and magnitude into ``card`` (any error: the caller fails it)."""
-    vals = [float(np.mean(c.reading(ds, o.truth))) for ds, o in zip(results, organisms)]
+    vals = [float(np.mean(c.reading(ds, t))) for ds, t in zip(results, truths)]
     rho = spearman(s, vals)
     if planted and c.magnitude is not None:
-        got = None if zero is None else float(np.mean(c.magnitude(results[top], organisms[top].truth)
-                                                      - c.magnitude(results[zero], organisms[zero].truth)))
+        got = None if zero is None else float(np.mean(c.magnitude(results[top], truths[top])
+                                                      - c.magnitude(results[zero], truths[zero])))
         want, source = truth_effect, "cells" if c.name == "score" else "margin"   # Δ: the margin's own cells
         if c.name in EXACT_CRITERIA and zero is not None:    # exact instrument: the same cells, plain forward
             try:
-                want = float(np.mean(c.magnitude(refs[top], organisms[top].truth)
-                                     - c.magnitude(refs[zero], organisms[zero].truth)))
+                want = float(np.mean(c.magnitude(refs[top], truths[top])
+                                     - c.magnitude(refs[zero], truths[zero])))
                 source = "cells"
             except (KeyError, ValueError, IndexError):
                 pass
         card.magnitude[c.name] = {"reading": _finite(got) if got is not None else None,
                                   "truth": _finite(want) if want is not None else None, "truth_from": source}
-    fv = float(c.floor_value(results[top], organisms[top].truth))
+    fv = float(c.floor_value(results[top], truths[top]))
     card.readings[c.name] = [_finite(v) for v in vals]
     card.spearman[c.name] = _finite(rho)
     card.floors[c.name] = {"value": _finite(fv), "floor": c.floor, "what": c.floor_what,
