@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
+from . import cell_truth
 from .evidence import FLOORS
 from .kind_criteria import kind_criteria
 
@@ -116,6 +117,8 @@ class Criterion:
                              # where the reading has no planted reward-unit counterpart (ratios, p-values)
     needs_unit: bool = True
     kinds: tuple = ()        # organism kinds it grades (empty: any, subject to needs_unit)
+    cells: object = None     # (Dataset at strength 1, Organism, ObservableSpec) -> (got, want): the output's
+                             # cells beside an independent recomputation (trust.cell_truth), fit ≥ CELL_FLOOR
 
     @property
     def floor(self) -> float:
@@ -187,7 +190,8 @@ CRITERIA = (
               _mean(lambda ds, t: -_share(ds["ablation_effect"], t, ("attn", "mlp"))),
               "planted unit's share of |ablation effect| over attn/mlp units (removing it lowers Δ) ≥ 0.5", None),
     Criterion("steer_alignment", ("steer_slope", "steer_slope_head"), _steer_ratio, _mean(_steer_ratio),
-              "steering along the fitted direction moves Δ ≥ 0.5 as fast as along w_r", None),
+              "steering along the fitted direction moves Δ ≥ 0.5 as fast as along w_r", None,
+              cells=cell_truth.steer_cells),
     Criterion("null_excess", ("observed_effect", "null_draws", "p_value"), _null_excess,
               lambda ds, t: 1.0 - float(_at_layer(ds["p_value"], t)),
               "1 − p of the planted layer's effect against its null ≥ 0.95", None),

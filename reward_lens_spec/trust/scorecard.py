@@ -177,6 +177,8 @@ class Scorecard:
     identities: list = field(default_factory=list)   # per strength: the run's identity records
     graded: list = field(default_factory=list)       # output variables some criterion read
     reading_errors: dict = field(default_factory=dict)   # criterion -> why its reading could not be taken
+    cells: dict = field(default_factory=dict)        # criterion -> {fit, n}: its output's cells at full strength
+                                                     # against trust.cell_truth's recomputation
     scope: dict = field(default_factory=dict)        # family, organism, base, strengths, n_pairs
     code_hash: str = ""                              # evidence.code_hash() of the code that graded it
     wall_s: float = 0.0
@@ -197,6 +199,8 @@ class Scorecard:
                 lines.append(f"  {'':<24}could not read: {self.reading_errors[c]}")
         for c, m in self.magnitude.items():
             lines.append(f"  {c:<24}magnitude {m['reading']} vs planted {m['truth']} reward units")
+        for c, m in self.cells.items():
+            lines.append(f"  {c:<24}cells: fit {m['fit']} over {m['n']} recomputed cell(s) (needs ≥ 0.999)")
         worst: dict = {}
         rel = lambda r: r["max_abs_err"] / r["scale"] if r["scale"] else (0.0 if r["max_abs_err"] == 0 else np.inf)  # noqa: E731
         for rec in (r for per in self.identities for r in per):        # the worst strength per identity
@@ -278,13 +282,14 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
         truth_effect = float(np.mean(planted_margins(organisms[top]) - planted_margins(organisms[zero])))
     for c in crits:
         try:
-            _grade_one(card, c, results, organisms, refs, s, zero, top, planted, truth_effect)
+            _grade_one(card, c, results, organisms, refs, s, zero, top, planted, truth_effect, obs)
         except Exception as exc:       # noqa: BLE001  a reading that does not fit its criterion fails the card
             card.reading_errors[c.name] = f"{type(exc).__name__}: {exc}"
             card.readings[c.name] = [None] * len(s)
             card.spearman[c.name] = None
             card.floors[c.name] = {"value": None, "floor": c.floor, "what": c.floor_what, "at_strength": s[top]}
             card.magnitude.pop(c.name, None)
+            card.cells.pop(c.name, None)
             card.criteria_passed[c.name] = False
     card.code_hash = code_hash()
     card.passed = card_verdict(asdict(card))[0]
@@ -292,7 +297,7 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
     return card
 
 
-def _grade_one(card: Scorecard, c, results, organisms, refs, s, zero, top, planted, truth_effect) -> None:
+def _grade_one(card: Scorecard, c, results, organisms, refs, s, zero, top, planted, truth_effect, obs) -> None:
     """Criterion ``c``'s readings, Spearman, floor and magnitude into ``card`` (any error: the caller fails it)."""
     vals = [float(np.mean(c.reading(ds, o.truth))) for ds, o in zip(results, organisms)]
     rho = spearman(s, vals)
@@ -314,7 +319,11 @@ def _grade_one(card: Scorecard, c, results, organisms, refs, s, zero, top, plant
     card.spearman[c.name] = _finite(rho)
     card.floors[c.name] = {"value": _finite(fv), "floor": c.floor, "what": c.floor_what,
                            "at_strength": s[top]}
-    one = {k: getattr(card, k) for k in ("truth", "spearman", "floors", "magnitude")}
+    if c.cells is not None:            # the output's cells against an independent recomputation
+        from .cell_truth import fit
+        got, want = c.cells(results[top], organisms[top], obs)
+        card.cells[c.name] = {"fit": _finite(fit(got, want)), "n": int(sum(np.size(w) for w in want))}
+    one = {k: getattr(card, k) for k in ("truth", "spearman", "floors", "magnitude", "cells")}
     card.criteria_passed[c.name] = card_verdict({**one, "readings": {c.name: card.readings[c.name]}},
                                                 check_code=False)[0]
 

@@ -1,0 +1,289 @@
+"""Independent recomputations that some criteria read an output against, cell by cell (issue 37 item 7).
+
+A criterion's ``cells(ds, org, obs)`` returns ``(got, want)``: the graded output's cells at full strength
+beside the same cells recomputed here from plain HF forwards of the organism (batch of one, forward hooks,
+float64 arithmetic; none of the capture, operator or executor code). ``trust.scorecard`` stores
+``fit = 1 − max |got − want| / RMS(want)`` as the card's ``cells`` entry, which must be ≥ ``CELL_FLOOR``
+(``trust.evidence``), so a reading 5 % off, or one pair, member, rank or class shifted, fails the criterion
+even where its summary (a ratio, a share, an AUC near chance) would pass.
+
+==================  ======================================  ===================================================
+criterion           cells compared                          recomputed by
+==================  ======================================  ===================================================
+steer_alignment     ``steer_slope``, ``steer_slope_head``    hook adds α·ρ·u at the readout token of the steered
+                    per pair                                side at resid_post[layer]; least-squares slope of
+                                                            the margin over the declared alphas (``np.polyfit``);
+                                                            ρ = RMS norm of resid_post[layer] over every pair and
+                                                            side, u = w_r (``direction: head``) or the mean
+                                                            chosen − rejected output of the planted unit (input)
+leace_specificity   ``displacement``,                       LEACE as the oblique projection
+                    ``unplanted_displacement`` per pair     E = Σ_XZ (Σ_XZᵀ Σ_XX⁺ Σ_XZ)⁺ Σ_XZᵀ Σ_XX⁺ (Belrose et
+                                                            al. 2023, eq. of Thm. 4.3 rewritten; pseudo-inverses,
+                                                            no eigendecomposition), fitted on the seeded split
+leace_removal       ``certificate`` estimates before /      the same split and eraser; the probe is L2 logistic
+                    after erasure                           regression fitted by Newton's method (IRLS), AUC as
+                                                            the Mann–Whitney U (``scipy.stats.mannwhitneyu``)
+curvature_          ``margin_eigenvalues`` per pair (and    the dense Hessian of the reward w.r.t. a shift of
+direction           side) and rank                          resid_post[layer] at the readout token
+                                                            (``torch.autograd.functional.hessian``), its
+                                                            eigenvalues (``np.linalg.eigvalsh``) by |λ|
+==================  ======================================  ===================================================
+
+Each raises ``ValueError`` naming what does not fit (a layer, a split size, a pair count), which the card
+records as the criterion's reading error.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+
+import numpy as np
+
+SPLIT_SEED, FIT_FRACTION, PROBE_L2 = 0, 0.5, 1.0     # the leace / leace_certificate defaults organisms grade
+
+
+def fit(got, want) -> float:
+    """1 − max |got − want| / RMS(want) over every cell; NaN cells of ``got`` where ``want`` is finite count as
+    infinitely wrong."""
+    g = np.asarray(np.concatenate([np.ravel(x) for x in got]), np.float64)
+    w = np.asarray(np.concatenate([np.ravel(x) for x in want]), np.float64)
+    if g.shape != w.shape or not g.size:
+        raise ValueError(f"{g.size} cell(s) read where the recomputation has {w.size}")
+    if not np.isfinite(g).all():
+        return float("-inf")
+    return 1.0 - float(np.max(np.abs(g - w)) / max(np.sqrt(np.mean(w ** 2)), 1e-12))
+
+
+def _step(obs, var) -> dict:
+    for s in obs.steps:
+        if s.get("name") == var:
+            return dict(s)
+    raise ValueError(f"the observable has no step named {var!r}")
+
+
+def _encoded(org):
+    from ..run.inputs import encode
+    return encode(org.lm, org.pairs)
+
+
+def _rows(ds, var, enc):
+    """(indices into the encoding, values) of ``var``'s finite pair rows."""
+    da = ds[var]
+    idx = {str(p): i for i, p in enumerate(enc.pair_ids)}
+    vals = np.asarray(da.transpose("pair", ...).values, np.float64)
+    keep = [j for j in range(vals.shape[0]) if np.isfinite(vals[j]).any()]
+    return [idx[str(da.pair.values[j])] for j in keep], vals[keep]
+
+
+def _forward(model, ids, layer=None, add=None, keep=()):
+    """Head output of one sequence (float64), ``add`` added to block ``layer``'s output at the last token;
+    ``keep``: (block index, 'resid' | 'mlp' | 'attn') outputs at the last token to return."""
+    import torch
+    blocks = model.model.layers
+    got, hooks = {}, []
+
+    def on(l, kind, module):
+        def hook(mod, inp, out):
+            t = out[0] if isinstance(out, tuple) else out
+            if kind == "resid" and l == layer and add is not None:
+                t = t.clone()
+                t[0, -1] += torch.as_tensor(add, dtype=t.dtype)
+                out = (t,) + tuple(out[1:]) if isinstance(out, tuple) else t
+            got[(l, kind)] = t[0, -1].detach().double().numpy().copy()
+            return out
+        hooks.append(module.register_forward_hook(hook))
+    for l, b in enumerate(blocks):
+        on(l, "resid", b)
+        on(l, "mlp", b.mlp)
+        on(l, "attn", b.self_attn)
+    try:
+        with torch.no_grad():
+            r = model(input_ids=torch.tensor([ids])).logits[0].double().numpy()
+    finally:
+        for h in hooks:
+            h.remove()
+    return r, {k: got[k] for k in keep}
+
+
+# -- steering ------------------------------------------------------------------------------------------
+
+def steer_cells(ds, org, obs):
+    """Every pair's ``steer_slope`` and ``steer_slope_head`` beside the plain forward's (module table)."""
+    enc = _encoded(org)
+    model, t = org.lm.model, org.truth
+    got, want = [], []
+    for var in ("steer_slope", "steer_slope_head"):
+        st = _step(obs, var)
+        layer, alphas, side = int(st["layer"]), [float(a) for a in st["alphas"]], st.get("side", "both")
+        if st.get("positions", "readout") != "readout":
+            raise ValueError(f"{var}: only readout-token steering is recomputed")
+        plain = [[_forward(model, s, keep=[(layer, "resid"), (t["layer"], t["component"])])
+                  for s in (enc.chosen[i], enc.rejected[i])] for i in range(len(enc.pair_ids))]
+        x = np.asarray([[p[1][(layer, "resid")] for p in sides] for sides in plain])
+        rho = float(np.sqrt((x ** 2).sum(-1).mean()))
+        if "input" in st:                        # the planted unit's mean chosen − rejected write
+            w = np.asarray([sides[0][1][(t["layer"], t["component"])] - sides[1][1][(t["layer"], t["component"])]
+                            for sides in plain]).mean(0)
+        elif st.get("direction", "mean_difference") == "head":
+            w = org.lm.model.score.weight.detach().double().numpy()[0]
+        else:
+            raise ValueError(f"{var}: direction {st.get('direction')!r} is not recomputed")
+        u = w / np.linalg.norm(w)
+        rows, vals = _rows(ds, var, enc)
+        steered = {"both": (0, 1), "chosen": (0,), "rejected": (1,)}[side]
+        for i, v in zip(rows, vals):
+            seqs = (enc.chosen[i], enc.rejected[i])
+            m = []
+            for a in alphas:
+                r = [_forward(model, seqs[s], layer, a * rho * u if s in steered else None)[0][0]
+                     for s in (0, 1)]
+                m.append(r[0] - r[1])
+            got.append(v)
+            want.append(np.polyfit(alphas, m, 1)[0])
+    return got, want
+
+
+# -- LEACE ---------------------------------------------------------------------------------------------
+
+def _split(ids, salt: str, fraction: float) -> np.ndarray:
+    return np.array([int.from_bytes(hashlib.sha256(f"{salt}:{i}".encode()).digest(), "big") < fraction * 2 ** 256
+                     for i in ids])
+
+
+def _oblique_eraser(X, Z):
+    """(mu, E) with r(x) = x − E (x − mu): LEACE written as an oblique projection (module table)."""
+    mu = X.mean(0)
+    Xc, Zc = X - mu, Z - Z.mean(0)
+    sxx, sxz = Xc.T @ Xc / len(X), Xc.T @ Zc / len(X)
+    sinv = np.linalg.pinv(sxx, rcond=1e-10, hermitian=True)
+    return mu, sxz @ np.linalg.pinv(sxz.T @ sinv @ sxz, rcond=1e-10) @ sxz.T @ sinv
+
+
+def _leace_layer(ds, var) -> int:
+    m = re.search(r"resid_post\[(\d+)\]", str(ds[var].attrs.get("description", "")))
+    if m is None:
+        raise ValueError(f"{var}: only resid_post erasure is recomputed (its description names no resid_post[layer])")
+    return int(m.group(1))
+
+
+def _concept_data(org, layer, field):
+    enc = _encoded(org)
+    X = np.asarray([[_forward(org.lm.model, s, keep=[(layer, "resid")])[1][(layer, "resid")]
+                     for s in (enc.chosen[i], enc.rejected[i])] for i in range(len(enc.pair_ids))])
+    by_id = {p.id: p for p in org.pairs}
+    y = np.asarray([str(by_id[i].meta_dict()[field]) for i in enc.pair_ids])
+    return enc, X, y
+
+
+def _erased(X, y, fit):
+    classes = np.unique(y[fit])
+    Z = (np.repeat(y[fit], 2)[:, None] == classes[None, :]).astype(np.float64)
+    mu, E = _oblique_eraser(X[fit].reshape(-1, X.shape[-1]), Z)
+    return X - (X - mu) @ E.T
+
+
+def leace_displacement_cells(ds, org, obs):
+    """Every held-out pair's ``displacement`` (planted concept) and ``unplanted_displacement`` beside the
+    recomputation's mean over sides of ‖r(x) − x‖ / ‖x‖."""
+    got, want = [], []
+    for var in ("displacement", "unplanted_displacement"):
+        field = str(ds[var].attrs.get("concept", "")).removeprefix("field:")
+        enc, X, y = _concept_data(org, _leace_layer(ds, var), field)
+        fit_ = _split(enc.pair_ids, str(SPLIT_SEED), FIT_FRACTION)
+        if int(ds[var].attrs.get("n_fit", -1)) != int(fit_.sum()):
+            raise ValueError(f"{var}: fitted on {ds[var].attrs.get('n_fit')} pairs, the declared split has "
+                             f"{int(fit_.sum())}")
+        moved = np.linalg.norm(_erased(X, y, fit_) - X, axis=-1) / np.linalg.norm(X, axis=-1)
+        rows, vals = _rows(ds, var, enc)
+        if sorted(rows) != [i for i in range(len(enc.pair_ids)) if not fit_[i]][:len(rows)] or not rows:
+            raise ValueError(f"{var}: read on pairs that are not the held-out split")
+        got.append(vals.ravel())
+        want.append(moved[rows].mean(1))
+    return got, want
+
+
+def _newton_logistic(X, t, l2):
+    """L2 logistic regression (weights penalized, intercept not) on standardized X by Newton's method."""
+    m, sd = X.mean(0), X.std(0) + 1e-12
+    A = np.hstack([(X - m) / sd, np.ones((len(X), 1))])
+    w = np.zeros(A.shape[1])
+    pen = np.r_[np.full(A.shape[1] - 1, l2), 0.0]
+    for _ in range(100):
+        p = 1 / (1 + np.exp(-(A @ w)))
+        g = A.T @ (p - t) + pen * w
+        H = (A * (p * (1 - p))[:, None]).T @ A + np.diag(pen)
+        step = np.linalg.solve(H, g)
+        w -= step
+        if np.max(np.abs(step)) < 1e-12:
+            break
+    return lambda Xn: np.hstack([(Xn - m) / sd, np.ones((len(Xn), 1))]) @ w
+
+
+def _auc(score, pos):
+    from scipy.stats import mannwhitneyu
+    return float(mannwhitneyu(score[pos], score[~pos]).statistic / (pos.sum() * (~pos).sum()))
+
+
+def leace_certificate_cells(ds, org, obs):
+    """The ``certificate``'s before / after AUC estimates beside the recomputation's (binary concept)."""
+    cert = ds["certificate"]
+    field = str(cert.attrs.get("concept", "")).removeprefix("field:")
+    st = _step(obs, "certificate")
+    enc, X, y = _concept_data(org, int(st["layer"]), field)
+    ids = [str(i) for i in enc.pair_ids]
+    fit_ = _split(ids, str(SPLIT_SEED), FIT_FRACTION)
+    held = np.flatnonzero(~fit_)
+    tr = held[_split([ids[i] for i in held], f"probe:{SPLIT_SEED}", 0.5)]
+    te = np.setdiff1d(held, tr)
+    if (int(cert["n_train"]), int(cert["n_test"])) != (tr.size, te.size):
+        raise ValueError(f"certificate: probe split {int(cert['n_train'])}/{int(cert['n_test'])} pairs, the "
+                         f"declared split {tr.size}/{te.size}")
+    classes = np.unique(y[tr])
+    if classes.size != 2:
+        raise ValueError("certificate: only a binary concept is recomputed")
+    want = []
+    for A in (X, _erased(X, y, fit_)):
+        score = _newton_logistic(A[tr].reshape(-1, A.shape[-1]), np.repeat(y[tr] == classes[1], 2).astype(float),
+                                 PROBE_L2)(A[te].reshape(-1, A.shape[-1]))
+        want.append(_auc(score, np.repeat(y[te] == classes[1], 2)))
+    got = np.asarray(cert.sel(stage=["before", "after"], bound="estimate").values, np.float64)
+    return [got], [np.asarray(want)]
+
+
+# -- curvature -----------------------------------------------------------------------------------------
+
+def curvature_cells(ds, org, obs):
+    """Every pair's (and side's) top-k ``margin_eigenvalues`` beside the dense Hessian's k of largest |λ|."""
+    import torch
+    from torch.autograd.functional import hessian
+    da = ds["margin_eigenvalues"]
+    st = _step(obs, "margin_eigenvalues")
+    layer, of = int(st["layer"]), st.get("of", "margin")
+    enc = _encoded(org)
+    model = org.lm.model
+    block = model.model.layers[layer]
+    k = da.sizes["rank"]
+
+    def dense(ids):
+        def f(delta):
+            def hook(mod, inp, out):
+                h = out[0] if isinstance(out, tuple) else out
+                h = torch.cat([h[:, :-1], h[:, -1:] + delta], 1)
+                return (h,) + tuple(out[1:]) if isinstance(out, tuple) else h
+            hk = block.register_forward_hook(hook)
+            try:
+                return model(input_ids=torch.tensor([ids])).logits[0, 0]
+            finally:
+                hk.remove()
+        return hessian(f, torch.zeros(model.config.hidden_size)).double().numpy()
+
+    def top(H):
+        ev = np.linalg.eigvalsh((H + H.T) / 2)
+        return ev[np.argsort(-np.abs(ev), kind="stable")][:k]
+    rows, vals = _rows(ds, "margin_eigenvalues", enc)
+    got, want = [], []
+    for i, v in zip(rows, vals):
+        Hc, Hr = dense(enc.chosen[i]), dense(enc.rejected[i])
+        want.append(top(Hc - Hr) if of == "margin" else np.stack([top(Hc), top(Hr)]))
+        got.append(v)
+    return got, want
