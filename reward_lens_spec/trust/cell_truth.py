@@ -1,9 +1,10 @@
 """Independent recomputations that some criteria read an output against, cell by cell (issue 37 item 7).
 
-A criterion's ``cells(ds, org, obs)`` returns ``(got, want)``: the graded output's cells at full strength
-beside the same cells recomputed here from plain HF forwards of the organism (batch of one, forward hooks,
+A criterion's ``cells(ds, org, obs)`` returns ``{output: (got, want)}``: each graded output's cells at full
+strength beside the same cells recomputed here from plain HF forwards of the organism (batch of one, forward hooks,
 float64 arithmetic; none of the capture, operator or executor code). ``trust.scorecard`` stores
-``fit = 1 − max |got − want| / RMS(want)`` as the card's ``cells`` entry, which must be ≥ ``CELL_FLOOR``
+``fit = 1 − max |got − want| / RMS(want)`` per output, and their minimum as the card's ``cells`` entry, which
+must be ≥ ``CELL_FLOOR``
 (``trust.evidence``), so a reading 5 % off, or one pair, member, rank or class shifted, fails the criterion
 even where its summary (a ratio, a share, an AUC near chance) would pass.
 
@@ -111,8 +112,9 @@ def steer_cells(ds, org, obs):
     """Every pair's ``steer_slope`` and ``steer_slope_head`` beside the plain forward's (module table)."""
     enc = _encoded(org)
     model, t = org.lm.model, org.truth
-    got, want = [], []
+    out = {}
     for var in ("steer_slope", "steer_slope_head"):
+        got, want = [], []
         st = _step(obs, var)
         layer, alphas, side = int(st["layer"]), [float(a) for a in st["alphas"]], st.get("side", "both")
         if st.get("positions", "readout") != "readout":
@@ -140,7 +142,8 @@ def steer_cells(ds, org, obs):
                 m.append(r[0] - r[1])
             got.append(v)
             want.append(np.polyfit(alphas, m, 1)[0])
-    return got, want
+        out[var] = (got, want)
+    return out
 
 
 # -- LEACE ---------------------------------------------------------------------------------------------
@@ -185,7 +188,7 @@ def _erased(X, y, fit):
 def leace_displacement_cells(ds, org, obs):
     """Every held-out pair's ``displacement`` (planted concept) and ``unplanted_displacement`` beside the
     recomputation's mean over sides of ‖r(x) − x‖ / ‖x‖."""
-    got, want = [], []
+    out = {}
     for var in ("displacement", "unplanted_displacement"):
         field = str(ds[var].attrs.get("concept", "")).removeprefix("field:")
         enc, X, y = _concept_data(org, _leace_layer(ds, var), field)
@@ -197,9 +200,8 @@ def leace_displacement_cells(ds, org, obs):
         rows, vals = _rows(ds, var, enc)
         if sorted(rows) != [i for i in range(len(enc.pair_ids)) if not fit_[i]][:len(rows)] or not rows:
             raise ValueError(f"{var}: read on pairs that are not the held-out split")
-        got.append(vals.ravel())
-        want.append(moved[rows].mean(1))
-    return got, want
+        out[var] = ([vals.ravel()], [moved[rows].mean(1)])
+    return out
 
 
 def _newton_logistic(X, t, l2):
@@ -247,7 +249,7 @@ def leace_certificate_cells(ds, org, obs):
                                  PROBE_L2)(A[te].reshape(-1, A.shape[-1]))
         want.append(_auc(score, np.repeat(y[te] == classes[1], 2)))
     got = np.asarray(cert.sel(stage=["before", "after"], bound="estimate").values, np.float64)
-    return [got], [np.asarray(want)]
+    return {"certificate": ([got], [np.asarray(want)])}
 
 
 # -- curvature -----------------------------------------------------------------------------------------
@@ -286,4 +288,67 @@ def curvature_cells(ds, org, obs):
         Hc, Hr = dense(enc.chosen[i]), dense(enc.rejected[i])
         want.append(top(Hc - Hr) if of == "margin" else np.stack([top(Hc), top(Hr)]))
         got.append(v)
-    return got, want
+    return {"margin_eigenvalues": (got, want)}
+
+
+# -- group statistics and the null ---------------------------------------------------------------------
+
+def group_cells(ds, org, obs):
+    """Every group's ``accuracy_by_dimension`` and ``effect_size_by_dimension`` estimates beside P(Δ>0) + ½P(Δ=0)
+    and d_z = mean / sd (n − 1, ``statistics.stdev``) of the plain-forward margins of that group's pairs."""
+    import statistics
+
+    from .reference import planted_margins
+    enc = _encoded(org)
+    margin = dict(zip((str(i) for i in enc.pair_ids), planted_margins(org)))
+    by_id = {p.id: p for p in org.pairs}
+    out = {}
+    for var, stat in (("accuracy_by_dimension", lambda m: float(np.mean([(x > 0) + 0.5 * (x == 0) for x in m]))),
+                      ("effect_size_by_dimension", lambda m: statistics.mean(m) / statistics.stdev(m))):
+        got, want = [], []
+        by = _step(obs, var).get("by")
+        if by not in (None, "dimension"):
+            raise ValueError(f"{var}: only groups by dimension are recomputed, not {by!r}")
+        est = ds[var].sel(bound="estimate")
+        groups = [str(g) for g in est[by].values] if by else ["all"]
+        if set(groups) != {by_id[i].dimension if by else "all" for i in margin}:
+            raise ValueError(f"{var}: groups {sorted(groups)} are not the organism's")
+        for g, v in zip(groups, np.atleast_1d(np.asarray(est.values, np.float64))):
+            got.append(np.asarray([v]))
+            want.append(np.asarray([stat([m for i, m in margin.items() if not by or by_id[i].dimension == g])]))
+        out[var] = (got, want)
+    return out
+
+
+def null_cells(ds, org, obs):
+    """``observed_effect`` per layer beside the mean over pairs of w_r · (mlp_out_c − mlp_out_r) at the readout
+    token, and ``p_value`` beside the Monte-Carlo p (1 + #{draw ≥ observed}) / (1 + B) of the stored draws,
+    Benjamini–Hochberg adjusted by ``statsmodels``."""
+    from statsmodels.stats.multitest import multipletests
+    st = {k: _step(obs, k) for k in ("observed_effect", "null_draws", "p_value")}
+    chain = {s["name"]: s for s in obs.steps}
+    src = chain.get(st["observed_effect"].get("input"), {})
+    src = chain.get(src.get("input"), {})                  # reduce <- diff <- project <- capture
+    if src.get("op") != "project" or src.get("direction", "head") != "head" or \
+            chain.get(src.get("input"), {}).get("site") != "mlp_out":
+        raise ValueError("observed_effect: only the mean w_r · Δ mlp_out of each layer is recomputed")
+    enc = _encoded(org)
+    model = org.lm.model
+    L = len(model.model.layers)
+    w = model.score.weight.detach().double().numpy()[0]
+    diff = []
+    for i in range(len(enc.pair_ids)):
+        sides = [_forward(model, s, keep=[(l, "mlp") for l in range(L)])[1] for s in (enc.chosen[i], enc.rejected[i])]
+        diff.append([w @ (sides[0][(l, "mlp")] - sides[1][(l, "mlp")]) for l in range(L)])
+    obs_da = ds["observed_effect"].transpose("layer", ...)
+    want_obs = np.asarray(diff).mean(0)[[int(x) for x in obs_da.layer.values]]
+    o = np.asarray(obs_da.values, np.float64).ravel()
+    d = np.asarray(ds["null_draws"].transpose("draw", "layer", ...).values, np.float64).reshape(
+        ds["null_draws"].sizes["draw"], -1)
+    alt = st["p_value"].get("alternative", "greater")
+    pg, pl = (1 + (d >= o).sum(0)) / (1 + len(d)), (1 + (d <= o).sum(0)) / (1 + len(d))
+    p = {"greater": pg, "less": pl, "two-sided": np.minimum(1.0, 2 * np.minimum(pg, pl))}[alt]
+    if st["p_value"].get("correction", "none") == "bh":
+        p = multipletests(p, method="fdr_bh")[1]
+    got_p = np.asarray(ds["p_value"].transpose("layer", ...).values, np.float64).ravel()
+    return {"observed_effect": ([o], [want_obs]), "p_value": ([got_p], [p])}

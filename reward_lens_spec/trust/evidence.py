@@ -81,7 +81,8 @@ MAG_RTOL_EXACT = 1e-3
 EXACT_CRITERIA = ("dla_share", "patch_share", "lens_jump", "crystallization", "score")
 # criteria that also read their output cell by cell against an independent recomputation (trust.cell_truth):
 # the card's ``cells[c]["fit"]`` = 1 − max |err| / RMS(truth) must be ≥ CELL_FLOOR
-CELL_CRITERIA = ("steer_alignment", "leace_removal", "leace_specificity", "curvature_direction")
+CELL_CRITERIA = ("steer_alignment", "null_excess", "group_stats", "leace_removal", "leace_specificity",
+                 "curvature_direction")
 CELL_FLOOR = 0.999
 # exactness identities: max |err| ≤ IDENTITY_RTOL[dtype] · margin scale (see trust.identities)
 IDENTITY_RTOL = {"float64": 1e-3, "float32": 1e-3, "bfloat16": 5e-2, "float16": 2e-2}

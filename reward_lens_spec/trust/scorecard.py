@@ -200,7 +200,7 @@ class Scorecard:
         for c, m in self.magnitude.items():
             lines.append(f"  {c:<24}magnitude {m['reading']} vs planted {m['truth']} reward units")
         for c, m in self.cells.items():
-            lines.append(f"  {c:<24}cells: fit {m['fit']} over {m['n']} recomputed cell(s) (needs ≥ 0.999)")
+            lines.append(f"  {c:<24}cells vs recomputation: fit {m['by_output']} (each needs ≥ 0.999)")
         worst: dict = {}
         rel = lambda r: r["max_abs_err"] / r["scale"] if r["scale"] else (0.0 if r["max_abs_err"] == 0 else np.inf)  # noqa: E731
         for rec in (r for per in self.identities for r in per):        # the worst strength per identity
@@ -321,8 +321,8 @@ def _grade_one(card: Scorecard, c, results, organisms, refs, s, zero, top, plant
                            "at_strength": s[top]}
     if c.cells is not None:            # the output's cells against an independent recomputation
         from .cell_truth import fit
-        got, want = c.cells(results[top], organisms[top], obs)
-        card.cells[c.name] = {"fit": _finite(fit(got, want)), "n": int(sum(np.size(w) for w in want))}
+        by = {v: fit(*gw) for v, gw in c.cells(results[top], organisms[top], obs).items()}
+        card.cells[c.name] = {"fit": _finite(min(by.values())), "by_output": {v: _finite(f) for v, f in by.items()}}
     one = {k: getattr(card, k) for k in ("truth", "spearman", "floors", "magnitude", "cells")}
     card.criteria_passed[c.name] = card_verdict({**one, "readings": {c.name: card.readings[c.name]}},
                                                 check_code=False)[0]
