@@ -36,6 +36,7 @@ records as the criterion's reading error.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 
 import numpy as np
@@ -352,3 +353,73 @@ def null_cells(ds, org, obs):
         p = multipletests(p, method="fdr_bh")[1]
     got_p = np.asarray(ds["p_value"].transpose("layer", ...).values, np.float64).ravel()
     return {"observed_effect": ([o], [want_obs]), "p_value": ([got_p], [p])}
+
+
+# -- preference structure ------------------------------------------------------------------------------
+
+def _side_outputs(org):
+    """Per pair (in encoding order) the head's output vector for each side by plain forwards: (pair, side, K)."""
+    enc = _encoded(org)
+    return enc, np.asarray([[_forward(org.lm.model, s)[0] for s in (enc.chosen[i], enc.rejected[i])]
+                            for i in range(len(enc.pair_ids))])
+
+
+def scalar_cost_cells(ds, org, obs):
+    """``scalar_cost`` estimates beside the same fractions of plain-forward per-objective margins D (pair × K)
+    and their mean s, written out pair by pair: share of pairs with objectives of both signs, that share
+    weighted by Σ_k |D_k|, the |D|-mass of objectives against s, the mean over objective pairs of opposite
+    signs; and the pair count."""
+    st = _step(obs, "scalar_cost")
+    if st.get("scalar") is not None:
+        raise ValueError("scalar_cost: only the mean-over-objectives scalar is recomputed")
+    _, out = _side_outputs(org)
+    D = out[:, 0] - out[:, 1]
+    K = D.shape[1]
+    s = D.mean(1)
+    both = [bool((row > 0).any() and (row < 0).any()) for row in D]
+    mass = [float(np.abs(row).sum()) for row in D]
+    against = [sum(abs(x) for x in row if x * si < 0) for row, si in zip(D, s)]
+    pairs_k = [(i, j) for i in range(K) for j in range(i + 1, K)]
+    want = {"sign_disagreement": np.mean(both),
+            "sign_disagreement_weighted": sum(m for m, b in zip(mass, both) if b) / sum(mass),
+            "overruled_preference": sum(against) / sum(mass),
+            "mean_pairwise_disagreement": np.mean([np.mean(D[:, i] * D[:, j] < 0) for i, j in pairs_k]),
+            "n_pairs": float(len(D))}
+    est = ds["scalar_cost"].sel(bound="estimate")
+    got = np.asarray([float(est.sel(scalar_cost_statistic=k)) for k in want], np.float64)
+    return {"scalar_cost": ([got[:-1], got[-1:] / len(D)], [np.asarray(list(want.values())[:-1]), np.ones(1)])}
+
+
+def contested_margin_cells(ds, org, obs):
+    """``contested_margin`` estimates beside mean |Δ| (plain forward) of the contested and the unanimous pairs
+    (agreement = share of ``votes`` for the chosen side; unanimous when max(a, 1 − a) ≥ ``unanimous``), their
+    gap, and the two counts (as shares of the pairs)."""
+    st = _step(obs, "contested_margin")
+    una = float(st.get("unanimous", 1.0))
+    enc, out = _side_outputs(org)
+    by_id = {p.id: p for p in org.pairs}
+    m = np.abs(out[:, 0, 0] - out[:, 1, 0])
+    a = []
+    for i in enc.pair_ids:
+        v = by_id[i].meta_dict().get("votes")
+        v = json.loads(v) if isinstance(v, str) else v
+        a.append(float("nan") if v is None else sum(int(x) for x in v) / len(v))
+    a = np.asarray(a)
+    rec = np.isfinite(a)
+    cont = rec & (np.maximum(a, 1 - a) < una - 1e-12)
+    unan = rec & ~cont
+    mc, mu = float(m[cont].mean()), float(m[unan].mean())
+    est = ds["contested_margin"].sel(bound="estimate")
+    g = lambda k: float(est.sel(contested_statistic=k))  # noqa: E731
+    n = float(len(m))
+    return {"contested_margin": ([np.asarray([g("abs_margin_contested"), g("abs_margin_unanimous"),
+                                              g("abs_margin_gap")]),
+                                  np.asarray([g("n_contested"), g("n_unanimous")]) / n],
+                                 [np.asarray([mc, mu, mc - mu]), np.asarray([cont.sum(), unan.sum()]) / n])}
+
+
+def unit_direction_cells(ds, org, obs):
+    """``contested_direction``'s norm beside 1: the output is a unit direction (its |cos| to the planted one is
+    the criterion's floor), so a reading scaled by any factor is not one."""
+    v = np.asarray(ds["contested_direction"].values, np.float64).ravel()
+    return {"contested_direction": ([np.asarray([np.linalg.norm(v)])], [np.ones(1)])}

@@ -161,18 +161,18 @@ PREFERENCE_CRITERIA = (   # preference structure (ops/hodge_rank, …), graded o
               lambda ds, t: abs(float(np.asarray(ds["contested_direction"].values) @ np.asarray(t["disagreement_direction"]))),
               lambda ds, t: abs(float(np.asarray(ds["contested_direction"].values) @ np.asarray(t["disagreement_direction"]))),
               "|cos| of the recovered and the planted disagreement direction (whitened) ≥ 0.8", None,
-              needs_unit=False, kinds=("annotator_mixture",)),
+              needs_unit=False, kinds=("annotator_mixture",), cells=cell_truth.unit_direction_cells),
     Criterion("contested_margin", ("contested_margin",), lambda ds, t: 1.0 - _contested(ds, "abs_margin_contested")
               / _contested(ds, "abs_margin_unanimous"), lambda ds, t: -_contested(ds, "abs_margin_gap", "ci_high"),
               "contested-minus-unanimous |margin| gap's 95% CI below 0", None, needs_unit=False,
-              kinds=("annotator_agreement",)),
+              kinds=("annotator_agreement",), cells=cell_truth.contested_margin_cells),
     Criterion("effective_objectives", ("effective_objectives",), _pr,
               lambda ds, t: 1.0 - abs(_pr(ds, t) - t["participation_ratio"]) / t["participation_ratio"],
               "participation ratio within 1% of the planted one", None, needs_unit=False, kinds=("multi_objective",)),
     Criterion("scalar_cost", ("scalar_cost",), lambda ds, t: _cost(ds, "sign_disagreement_weighted"),
               lambda ds, t: _cost(ds, "sign_disagreement"),
               "share of pairs whose objectives disagree in sign ≥ 0.5 (K uncorrelated rows)", None, needs_unit=False,
-              kinds=("multi_objective",)),
+              kinds=("multi_objective",), cells=cell_truth.scalar_cost_cells),
 )
 
 CRITERIA = (
