@@ -423,3 +423,61 @@ def unit_direction_cells(ds, org, obs):
     the criterion's floor), so a reading scaled by any factor is not one."""
     v = np.asarray(ds["contested_direction"].values, np.float64).ravel()
     return {"contested_direction": ([np.asarray([np.linalg.norm(v)])], [np.ones(1)])}
+
+
+# -- attribution patching ------------------------------------------------------------------------------
+
+def attribution_cells(ds, org, obs):
+    """Every (pair, layer, component) cell of ``attribution_patch_effect`` beside gradient × activation
+    difference written out: ∂r/∂a of the base side's head output w.r.t. the component's output a at the readout
+    (last) token (``torch.autograd.grad`` through a plain forward, batch of one) · (a_source − a_base), the
+    source's a from its own plain forward (Nanda 2023, "Attribution patching"; Syed et al. 2023)."""
+    import torch
+    st = _step(obs, "attribution_patch_effect")
+    mode = st.get("mode", "denoise")
+    da = ds["attribution_patch_effect"]
+    if "objective" in da.dims:
+        raise ValueError("attribution_patch_effect: only a one-objective grid is recomputed")
+    heads = "head" in da.dims           # a head grid: the o_proj input's slice of each head (z_h)
+    enc = _encoded(org)
+    model = org.lm.model
+    blocks = model.model.layers
+    mod = {"resid": lambda l: blocks[l], "attn": lambda l: blocks[l].self_attn, "mlp": lambda l: blocks[l].mlp}
+    cells = [(int(l), str(c)) for l in da.layer.values for c in (da["head"].values if heads else da.component.values)]
+    hd = model.config.hidden_size // model.config.num_attention_heads
+
+    def outputs(ids, grad):
+        kept, hooks = {}, []
+        for l, c in cells:
+            if heads:
+                if (l, "z") not in kept:
+                    def pre(m, a, l=l):
+                        kept[(l, "z")] = a[0]
+                    hooks.append(blocks[l].self_attn.o_proj.register_forward_pre_hook(pre))
+                    kept[(l, "z")] = None
+                continue
+
+            def hook(m, a, o, key=(l, c)):
+                kept[key] = o[0] if isinstance(o, tuple) else o
+            hooks.append(mod[c](l).register_forward_hook(hook))
+        try:
+            with torch.set_grad_enabled(grad):
+                r = model(input_ids=torch.tensor([ids])).logits[0, 0]
+                keys = list(dict.fromkeys((l, "z") if heads else (l, c) for l, c in cells))
+                g = dict(zip(keys, torch.autograd.grad(r, [kept[k] for k in keys]) if grad else [None] * len(keys)))
+        finally:
+            for h in hooks:
+                h.remove()
+        last = lambda x, l, c: (x[0, -1, int(c) * hd:(int(c) + 1) * hd] if heads else x[0, -1]).detach().double().numpy()  # noqa: E731
+        src = {(l, c): (l, "z") if heads else (l, c) for l, c in cells}
+        act = {k: last(kept[src[k]], *k) for k in cells}
+        return act, {k: (None if g[src[k]] is None else last(g[src[k]], *k)) for k in cells}
+    rows, vals = _rows(ds, "attribution_patch_effect", enc)
+    got, want = [], []
+    for i, v in zip(rows, vals):
+        base, src = (enc.rejected[i], enc.chosen[i]) if mode == "denoise" else (enc.chosen[i], enc.rejected[i])
+        a_b, g_b = outputs(base, True)
+        a_s, _ = outputs(src, False)
+        want.append(np.asarray([g_b[k] @ (a_s[k] - a_b[k]) for k in cells]).reshape(v.shape))
+        got.append(v)
+    return {"attribution_patch_effect": (got, want)}

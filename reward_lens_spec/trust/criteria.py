@@ -185,7 +185,7 @@ CRITERIA = (
               lambda ds, t: _share(ds["attribution_patch_effect"], t, ("attn", "mlp")),
               _mean(lambda ds, t: _share(ds["attribution_patch_effect"], t, ("attn", "mlp"))),
               "planted unit's signed share of |attribution patch effect| ≥ 0.5",
-              _unit_value("attribution_patch_effect")),
+              _unit_value("attribution_patch_effect"), cells=cell_truth.attribution_cells),
     Criterion("ablation_share", ("ablation_effect",), lambda ds, t: -_share(ds["ablation_effect"], t, ("attn", "mlp")),
               _mean(lambda ds, t: -_share(ds["ablation_effect"], t, ("attn", "mlp"))),
               "planted unit's share of |ablation effect| over attn/mlp units (removing it lowers Δ) ≥ 0.5", None),
