@@ -83,7 +83,7 @@ EXACT_CRITERIA = ("dla_share", "patch_share", "lens_jump", "crystallization", "s
 # the card's ``cells[c]["fit"]`` = 1 − max |err| / RMS(truth) must be ≥ CELL_FLOOR
 CELL_CRITERIA = ("steer_alignment", "null_excess", "group_stats", "leace_removal", "leace_specificity",
                  "curvature_direction", "contested_margin", "scalar_cost", "contested_direction",
-                 "attribution_share")
+                 "attribution_share", "path_separation", "label_cycles", "cyclic_gain")
 CELL_FLOOR = 0.999
 # exactness identities: max |err| ≤ IDENTITY_RTOL[dtype] · margin scale (see trust.identities)
 IDENTITY_RTOL = {"float64": 1e-3, "float32": 1e-3, "bfloat16": 5e-2, "float16": 2e-2}
