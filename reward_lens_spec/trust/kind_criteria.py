@@ -40,6 +40,10 @@ direction         (curvature)                                                   
                                                                                   backward) / top eigenvalue ≥ 0.9
 ================  ==================  ==========================================  ==================================
 
+``leace_removal``, ``leace_specificity`` and ``curvature_direction`` also read their outputs cell by cell against
+``trust.cell_truth`` (the certificate's AUCs, every held-out displacement, the top eigenvalues of a dense Hessian;
+``evidence.CELL_FLOOR``), so displacements scaled together or eigenvalues 4 % off fail though the ratios pass.
+
 A wrong instrument fails: a flipped verdict sign reads falling and off the causal LM's margin; the wrong step
 misses the planted one; a step reward or margin off by 5% anywhere but the readout step misses the plain forward's;
 a per-token reward redistributed with its sum kept (deviations scaled or sign-flipped, one position late) misses

@@ -68,6 +68,10 @@ equal the head's own output, Σ dla = margin, …) and every kept cell of a
 ``dla``/``lens``/``lens_raw``/``patch_effect``/``patch_restored`` grid — whole or
 restricted — against the plain-forward cell (``reference_identities``); a
 restricted grid no reference reproduces is refused (``SpecError`` with a Fix).
+Criteria with a ``cells`` recomputation (``evidence.CELL_CRITERIA``; ``trust.cell_truth``) also read their
+output cell by cell at full strength against plain HF forwards of the organism: the card's ``cells[criterion]``
+(worst 1 − max |err| / RMS over its outputs) must be ≥ ``CELL_FLOOR`` (0.999), so a reading 5 % off or one
+position shifted fails even where the criterion's summary (a share, a ratio, an AUC) keeps its floor.
 A broken identity fails the card. The card records ``code_hash``
 (``trust.evidence.code_hash``: operator and capture modules, package version);
 a reader whose code hashes otherwise does not accept it. A card passes only when every applicable
