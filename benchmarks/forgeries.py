@@ -268,6 +268,9 @@ def run_one(f: Forgery, store: str, leace_path: str) -> dict:
     card = cards[-1]
     ok, why = card_verdict(card, check_code=False)      # the forged code stands for the code under test
     failing = [c for c, v in (card.get("criteria_passed") or {}).items() if not v]
+    if len(failing) > 1:                                 # each failing criterion's own reason
+        why = "; ".join(card_verdict({**card, "readings": {c: card["readings"][c]}, "identities": []},
+                                     check_code=False)[1] for c in failing)
     if any(not identities_ok(per)[0] for per in card.get("identities") or ()):
         failing.append("identity")
     return {"card": "PASS" if ok else "FAIL", "failing": ", ".join(failing) or "-", "why": why, "rc": rc,
@@ -288,15 +291,15 @@ def main(argv=None) -> int:
     rows = []
     for f in chosen:
         r = run_one(f, str(tmp / f"{f.name}.zarr"), str(leace))     # a store each: a card id repeats
-        what = f.what or (f.edit.__doc__ or "").strip()
+        what = " ".join((f.what or f.edit.__doc__ or "").split())
         rows.append((f.name, f.kind, what, r))
         print(f"{f.name:<30} {f.kind:<24} {r['card']:<5} {r['failing']:<40} {r['s']:6.1f}s  {r['why']}",
               file=sys.stderr, flush=True)
     if a.markdown:
-        print("| forgery | kind | what was forged | card | failing criterion | reason (first 160 characters) |")
+        print("| forgery | kind | what was forged | card | failing criterion | reason |")
         print("|---|---|---|---|---|---|")
         for name, kind, what, r in rows:
-            why = str(r["why"]).replace("|", "/")[:160]
+            why = str(r["why"]).replace("|", "\\|")
             print(f"| `{name}` | {kind} | {what} | {r['card']} | {r['failing']} | {why} |")
     else:
         for name, kind, what, r in rows:
