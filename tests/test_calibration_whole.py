@@ -251,8 +251,13 @@ def test_leace_card_whose_erasure_leaks_on_held_out_pairs_fails(tmp_path):
         recs = [r for r in ds.attrs["identities"] if "target" not in r] + [held_out_record("certificate", c)]
         return ds.assign(certificate=c).assign_attrs(identities=recs)
     card = grade(str(path), orgs, leak)
-    assert card.criteria_passed["leace_removal"]               # the removal share alone would pass it
-    assert not card.passed and "does not hold on held-out pairs" in card.describe()
+    assert card.floors["leace_removal"]["value"] >= 0.8        # the removal share alone would pass it
+    assert not card.passed
+    from reward_lens_spec.trust.evidence import identities_ok
+    ok, why = identities_ok(card.identities[-1])               # the held-out gate catches it
+    assert not ok and "does not hold on held-out pairs" in why
+    assert not card.criteria_passed["leace_removal"]           # and so do its cells (0.55 is not the probe's AUC)
+    assert card.cells["leace_removal"]["fit"] < 0.999
 
 
 LEACE_YAML = """name: leace_concept
