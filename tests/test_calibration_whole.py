@@ -251,8 +251,13 @@ def test_leace_card_whose_erasure_leaks_on_held_out_pairs_fails(tmp_path):
         recs = [r for r in ds.attrs["identities"] if "target" not in r] + [held_out_record("certificate", c)]
         return ds.assign(certificate=c).assign_attrs(identities=recs)
     card = grade(str(path), orgs, leak)
-    assert card.criteria_passed["leace_removal"]               # the removal share alone would pass it
-    assert not card.passed and "does not hold on held-out pairs" in card.describe()
+    assert card.floors["leace_removal"]["value"] >= 0.8        # the removal share alone would pass it
+    assert not card.passed
+    from reward_lens_spec.trust.evidence import identities_ok
+    ok, why = identities_ok(card.identities[-1])               # the held-out gate catches it
+    assert not ok and "does not hold on held-out pairs" in why
+    assert not card.criteria_passed["leace_removal"]           # and so do its cells (0.55 is not the probe's AUC)
+    assert card.cells["leace_removal"]["fit"] < 0.999
 
 
 LEACE_YAML = """name: leace_concept
@@ -268,6 +273,7 @@ outputs: [certificate, displacement, unplanted_displacement]
 
 # -- every criterion: a test that feeds it a reading off by <= 5% or one position, or the reason it has none ----
 
+CELLS = "tests/test_calibration_whole.py::test_cell_criteria_fail_a_reading_five_percent_off_or_one_position_shifted"
 PERTURBED = {   # criterion -> the test that feeds it such a reading and expects a failing card
     "score": "tests/test_calibration_strict.py::test_subtle_breakage_fails_calibration",          # margin ×1.03
     "dla_share": "tests/test_calibration_strict.py::test_subtle_breakage_fails_calibration",      # dla ×1.03
@@ -289,23 +295,12 @@ PERTURBED = {   # criterion -> the test that feeds it such a reading and expects
     "drift_margin": "tests/test_calibration_drift.py::test_a_series_five_percent_off_fails",
     "drift_similarity": "tests/test_calibration_drift.py::test_a_series_five_percent_off_fails",
     "drift_step": "tests/test_calibration_drift.py::test_the_step_moved_one_checkpoint_fails",
+    # read cell by cell against trust.cell_truth's independent recomputation (card.cells, CELL_FLOOR)
+    **{c: CELLS for c in ("attribution_share", "steer_alignment", "null_excess", "group_stats", "path_separation",
+                          "label_cycles", "cyclic_gain", "contested_direction", "contested_margin", "scalar_cost",
+                          "leace_removal", "leace_specificity", "curvature_direction")},
 }
-NOT_YET = {     # criterion -> why no such test exists yet (reported to the lead; each is a known gap)
-    "attribution_share": "first-order instrument graded within a 25% band (MAG_RTOL): a 5% error is inside it",
-    "steer_alignment": "a ratio of slopes: scale-free; no planted magnitude",
-    "null_excess": "1 − p floor: a 5% change of the effect is not detectable against the null",
-    "group_stats": "reads d_z / accuracy CIs: no planted magnitude",
-    "path_separation": "a share: scale-free; a one-layer shift is untested",
-    "label_cycles": "a non-gradient fraction against its null: no planted magnitude",
-    "cyclic_gain": "a held-out gain CI above 0: no planted magnitude",
-    "contested_direction": "|cos| ≥ 0.8 to the planted direction: a one-position shift is untested",
-    "contested_margin": "a CI below 0: no planted magnitude",
-    "scalar_cost": "a share of sign disagreements ≥ 0.5: no planted magnitude",
-    "leace_removal": "an AUC near 0.5: a 5% change is inside its CI (the held-out certificate identity gates leaks)",
-    "leace_specificity": "a ratio of displacements ≤ 0.25: scale-free",
-    "curvature_direction": "one-sided floor (Rayleigh / top ≥ 0.9) on a 2-probe Lanczos estimate (0.91 at s=0.5): "
-                           "too loose for 5%",
-}
+NOT_YET: dict = {}   # criterion -> why no such test exists yet (empty: every criterion has one)
 
 
 def test_every_criterion_is_perturbed_by_a_named_test_or_its_gap_is_listed():
@@ -360,3 +355,176 @@ def test_unit_criteria_fail_a_reading_five_percent_off_or_one_layer_late(planted
     crit = {"lens": ["lens_jump"], "crystallization": ["crystallization"],
             "examples/ablation": ["ablation_share"]}[obs]
     assert not any(card.criteria_passed[c] for c in crit) or how == "x1.05", card.describe()
+
+
+# -- criteria read against an independent recomputation (trust.cell_truth): 5% off or one position ---------
+
+_FAMILIES: dict = {}
+
+
+def _family(name):
+    """Organism families the cell criteria grade on, built once per module."""
+    if name not in _FAMILIES:
+        from reward_lens_spec.models import organisms as cls
+        from reward_lens_spec.models import preference_organisms as pref
+        _FAMILIES[name] = {
+            "planted": lambda: cls.organism_family("planted", n_pairs=6),
+            "planted_paths": lambda: cls.organism_family("planted_paths", n_pairs=6),
+            "trained_length": lambda: cls.organism_family("trained_length"),
+            "cycle24": lambda: pref.cycle_organisms(n_groups=24),
+            "cycle": lambda: pref.cycle_organisms(S3),
+            "mixture": lambda: pref.annotator_organisms("annotator_mixture", S3),
+            "agreement": lambda: pref.annotator_organisms("annotator_agreement", S3),
+            "multi": lambda: pref.multi_objective_organisms(S3),
+            "concept": lambda: organism_family("concept", S3, n_pairs=200),
+            "curvature": lambda: organism_family("curvature", S3, n_pairs=2),
+        }[name]()
+    return _FAMILIES[name]
+
+
+def _leace_obs():
+    from reward_lens_spec.observables import load_observable
+    import tempfile
+    from pathlib import Path
+    path = Path(tempfile.mkdtemp()) / "leace_concept.yaml"
+    path.write_text(LEACE_YAML)
+    return load_observable(str(path))
+
+
+def _scale(var, k, **sel):
+    def tamper(ds):
+        da = ds[var].copy()
+        if sel:
+            da.loc[sel] = da.loc[sel] * k
+        else:
+            da = da * k
+        return ds.assign({var: da})
+    return tamper
+
+
+def _scale_both(a, b, k):
+    return lambda ds: ds.assign({a: k * ds[a], b: k * ds[b]})
+
+
+def _roll(dim, *vars_):
+    """Each of ``vars_`` moved one position along ``dim`` (the last cell takes the first's), values kept."""
+    def tamper(ds):
+        out = {}
+        for v in vars_:
+            da = ds[v]
+            if dim == "pair":               # only the finite rows (interventions leave pairs past observable.pairs NaN)
+                rows = np.flatnonzero(np.isfinite(np.asarray(da.transpose("pair", ...).values)).reshape(
+                    da.sizes["pair"], -1).all(1))
+                vals = da.transpose("pair", ...).values.copy()
+                vals[rows] = np.roll(vals[rows], 1, axis=0)
+                out[v] = da.transpose("pair", ...).copy(data=vals).transpose(*da.dims)
+            else:
+                out[v] = da.roll({dim: 1}, roll_coords=False)
+        return ds.assign(out)
+    return tamper
+
+
+def _leace_after(k):
+    """The certificate's after-erasure AUC (estimate and CI) ×k: its held-out identity re-derived from it."""
+    def tamper(ds):
+        from reward_lens_spec.trust.identities import held_out_record
+        c = ds["certificate"].copy()
+        c.loc[dict(stage="after")] = c.sel(stage="after").values * k
+        recs = [r for r in ds.attrs["identities"] if "target" not in r] + [held_out_record("certificate", c)]
+        return ds.assign(certificate=c).assign_attrs(identities=recs)
+    return tamper
+
+
+CELL_CASES = {   # id -> (criterion, family, observable, tamper)
+    "attribution_x1.05": ("attribution_share", "planted", "attribution_patch",
+                          _scale("attribution_patch_effect", 1.05)),
+    "attribution_layer": ("attribution_share", "planted", "attribution_patch", _roll("layer", "attribution_patch_effect")),
+    "steer_both_x1.05": ("steer_alignment", "planted", "examples/steer_dose_response",
+                         _scale_both("steer_slope", "steer_slope_head", 1.05)),
+    "steer_pair": ("steer_alignment", "planted", "examples/steer_dose_response",
+                   _roll("pair", "steer_slope", "steer_slope_head")),
+    "null_x1.05": ("null_excess", "planted", "examples/null_mlp_effect",
+                   _scale_both("observed_effect", "null_draws", 1.05)),
+    "null_layer": ("null_excess", "planted", "examples/null_mlp_effect", _roll("layer", "observed_effect", "p_value")),
+    "group_dz_x1.05": ("group_stats", "trained_length", "examples/accuracy_by_dimension",
+                       _scale("effect_size_by_dimension", 1.05)),
+    "group_acc_x0.96": ("group_stats", "trained_length", "examples/accuracy_by_dimension",
+                        _scale("accuracy_by_dimension", 0.96)),
+    "path_x1.05": ("path_separation", "planted_paths", "examples/path_patch", _scale("path_patch_effect", 1.05)),
+    "path_layer": ("path_separation", "planted_paths", "examples/path_patch", _roll("layer", "path_patch_effect")),
+    "hodge_x1.05": ("label_cycles", "cycle24", "preference_cycles",
+                    _scale("hodge_pooled", 1.05, flow="labels", hodge_statistic="non_gradient_fraction")),
+    "rank_x1.05": ("cyclic_gain", "cycle", "preference_rank",
+                   _scale("preference_rank", 1.05, rank_statistic="cyclic_gain")),
+    "direction_x1.05": ("contested_direction", "mixture", "contested", _scale("contested_direction", 1.05)),
+    "direction_shift": ("contested_direction", "mixture", "contested", _roll("d_model", "contested_direction")),
+    "contested_x1.05": ("contested_margin", "agreement", "contested",
+                        _scale("contested_margin", 1.05, contested_statistic="abs_margin_contested")),
+    "scalar_cost_x0.96": ("scalar_cost", "multi", "scalar_cost", _scale("scalar_cost", 0.96)),
+    "scalar_cost_shift": ("scalar_cost", "multi", "scalar_cost", _roll("scalar_cost_statistic", "scalar_cost")),
+    "leace_after_x1.05": ("leace_removal", "concept", "leace", _leace_after(1.05)),
+    "leace_both_x0.96": ("leace_specificity", "concept", "leace",
+                         _scale_both("displacement", "unplanted_displacement", 0.96)),
+    "leace_pair": ("leace_specificity", "concept", "leace", _roll("pair", "displacement", "unplanted_displacement")),
+    "curvature_x1.04": ("curvature_direction", "curvature", "examples/curvature", _scale("margin_eigenvalues", 1.04)),
+    "curvature_pair": ("curvature_direction", "curvature", "examples/curvature", _roll("pair", "margin_eigenvalues")),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CELL_CASES))
+def test_cell_criteria_fail_a_reading_five_percent_off_or_one_position_shifted(case):
+    """Each criterion that reads its output against ``trust.cell_truth``: its honest card passes with the cells
+    fitting to float error, and a reading 5% off (or a ratio's two readings both 5% off, so the ratio the
+    summary floor reads is kept) or moved one position (pair, layer, statistic, coordinate) fails it. Most of
+    these passed before the criterion read cells: the summaries (a share, a ratio, an AUC near chance, a
+    Rayleigh quotient ≥ 0.9) keep their floors."""
+    crit, fam, obs, tamper = CELL_CASES[case]
+    obs = _leace_obs() if obs == "leace" else obs
+    orgs = _family(fam)
+    honest = grade(obs, orgs)
+    assert honest.passed and honest.criteria_passed[crit], honest.describe()
+    assert honest.cells[crit]["fit"] > 0.9999, honest.cells
+    card = grade(obs, orgs, tamper)
+    assert not card.criteria_passed[crit] and not card.passed, card.describe()
+
+
+def test_cell_criteria_are_the_ones_with_a_recomputation():
+    from reward_lens_spec.trust.criteria import CRITERIA
+    from reward_lens_spec.trust.evidence import CELL_CRITERIA
+    assert set(CELL_CRITERIA) == {c.name for c in CRITERIA if c.cells is not None}
+
+
+@pytest.mark.parametrize("cells, ok", [({"fit": 0.9995}, True), ({"fit": 0.95}, False), ({"fit": None}, False),
+                                        (None, False)])
+def test_a_card_without_fitting_cells_fails_its_cell_criterion(cells, ok):
+    """The verdict re-derived from a stored card: a cell criterion whose cells are missing or off fails,
+    whatever its readings and floor say (a card written before cells existed included)."""
+    card = {"readings": {"steer_alignment": [0.0, 0.5, 0.99]}, "spearman": {"steer_alignment": 1.0},
+            "floors": {"steer_alignment": {"value": 0.99}}, "truth": {"layer": 1}}
+    if cells is not None:
+        card["cells"] = {"steer_alignment": cells}
+    got, why = card_verdict(card, check_code=False)
+    assert got is ok, why
+    assert ok or "independent recomputation" in why
+
+
+def test_naive_leace_and_hodge_agree_with_hand_values_and_the_closed_form():
+    """``cell_truth``'s oblique-projection LEACE is the operator's eigen-form eraser on random data (two
+    formulas, one eraser), and leaves no linear covariance with the concept; its least-squares HodgeRank reads
+    a 3-cycle as all non-gradient and a transitive ±1 triangle as 1/9 non-gradient (hand values)."""
+    from reward_lens_spec.ops._leace import fit_leace
+    from reward_lens_spec.trust.cell_truth import _hodge_naive, _oblique_eraser
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(80, 6)) @ rng.normal(size=(6, 6))
+    y = rng.integers(0, 3, 80)
+    Z = (y[:, None] == np.arange(3)[None]).astype(float)
+    mu, E = _oblique_eraser(X, Z)
+    mu2, E2 = fit_leace(X, Z)
+    np.testing.assert_allclose(E, E2, atol=1e-9)
+    R = X - (X - mu) @ E.T
+    assert np.abs((R - R.mean(0)).T @ (Z - Z.mean(0))).max() < 1e-9
+    grad, ng, rank, n, e = _hodge_naive([("a", "b", 1.0), ("b", "c", 1.0), ("c", "a", 1.0)])
+    assert (rank, n, e) == (1, 3, 3) and grad == pytest.approx(0.0, abs=1e-12) and ng == pytest.approx(3.0)
+    grad, ng, *_ = _hodge_naive([("a", "b", 1.0), ("b", "c", 1.0), ("a", "c", 1.0)])
+    assert ng / (grad + ng) == pytest.approx(1 / 9)

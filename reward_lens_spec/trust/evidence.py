@@ -84,6 +84,12 @@ MAG_RTOL = {"dla_share": 0.1, "patch_share": 0.1, "attribution_share": 0.25, "le
 # and a truth that is only the planted margin change keep the MAG_RTOL band.
 MAG_RTOL_EXACT = 1e-3
 EXACT_CRITERIA = ("dla_share", "patch_share", "lens_jump", "crystallization", "score")
+# criteria that also read their output cell by cell against an independent recomputation (trust.cell_truth):
+# the card's ``cells[c]["fit"]`` = 1 − max |err| / RMS(truth) must be ≥ CELL_FLOOR
+CELL_CRITERIA = ("steer_alignment", "null_excess", "group_stats", "leace_removal", "leace_specificity",
+                 "curvature_direction", "contested_margin", "scalar_cost", "contested_direction",
+                 "attribution_share", "path_separation", "label_cycles", "cyclic_gain")
+CELL_FLOOR = 0.999
 # exactness identities: max |err| ≤ IDENTITY_RTOL[dtype] · margin scale (see trust.identities)
 IDENTITY_RTOL = {"float64": 1e-3, "float32": 1e-3, "bfloat16": 5e-2, "float16": 2e-2}
 
@@ -161,6 +167,11 @@ def card_verdict(card: dict, *, check_code: bool = True) -> tuple[bool, str]:
         fv = ((card.get("floors") or {}).get(c) or {}).get("value")
         if fv is None or not fv >= FLOORS[c]:
             return False, f"{c}: floor value {fv} < {FLOORS[c]}"
+        if c in CELL_CRITERIA:                 # the output's cells against an independent recomputation
+            fit = ((card.get("cells") or {}).get(c) or {}).get("fit")
+            if fit is None or not fit >= CELL_FLOOR:
+                return False, (f"{c}: output cells off the independent recomputation: fit {fit} < {CELL_FLOOR} "
+                               "(1 − max |err| / RMS of the recomputed cells)")
         if planted and c in MAG_RTOL:          # criteria with a planted reward-unit magnitude
             m = (card.get("magnitude") or {}).get(c) or {}
             got, want = m.get("reading"), m.get("truth")

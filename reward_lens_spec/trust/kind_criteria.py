@@ -40,6 +40,10 @@ direction         (curvature)                                                   
                                                                                   backward) / top eigenvalue ≥ 0.9
 ================  ==================  ==========================================  ==================================
 
+``leace_removal``, ``leace_specificity`` and ``curvature_direction`` also read their outputs cell by cell against
+``trust.cell_truth`` (the certificate's AUCs, every held-out displacement, the top eigenvalues of a dense Hessian;
+``evidence.CELL_FLOOR``), so displacements scaled together or eigenvalues 4 % off fail though the ratios pass.
+
 A wrong instrument fails: a flipped verdict sign reads falling and off the causal LM's margin; the wrong step
 misses the planted one; a step reward or margin off by 5% anywhere but the readout step misses the plain forward's;
 a per-token reward redistributed with its sum kept (deviations scaled or sign-flipped, one position late) misses
@@ -51,6 +55,8 @@ off the planted direction has a Rayleigh quotient far below 1 along it.
 from __future__ import annotations
 
 import numpy as np
+
+from . import cell_truth
 
 
 def _by_pair(ds, var, table) -> np.ndarray:
@@ -242,15 +248,15 @@ def kind_criteria(Criterion) -> tuple:
                   needs_unit=False, kinds=("ensemble_planted",)),
         Criterion("leace_removal", ("certificate",), lambda ds, t: _auc(ds, "before") - _auc(ds, "after"), _removed,
                   "share of the probe's above-chance AUC that erasure removes ≥ 0.8", None, needs_unit=False,
-                  kinds=("concept",)),
+                  kinds=("concept",), cells=cell_truth.leace_certificate_cells),
         Criterion("leace_specificity", ("displacement", "unplanted_displacement"),
                   lambda ds, t: _displacement(ds, "displacement") - _displacement(ds, "unplanted_displacement"),
                   lambda ds, t: 1.0 - _displacement(ds, "unplanted_displacement") / _displacement(ds, "displacement"),
                   "erasing the non-planted concept moves the activation ≤ 0.25 as far as the planted one", None,
-                  needs_unit=False, kinds=("concept",)),
+                  needs_unit=False, kinds=("concept",), cells=cell_truth.leace_displacement_cells),
         Criterion("curvature_direction", ("margin_eigenvalues",), lambda ds, t: np.nanmean(_top_eig(ds)),
                   _rayleigh, "planted direction's |vᵀHv| / top |eigenvalue| ≥ 0.9", None, needs_unit=False,
-                  kinds=("curvature",)),
+                  kinds=("curvature",), cells=cell_truth.curvature_cells),
     )
 
 

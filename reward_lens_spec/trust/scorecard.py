@@ -68,6 +68,10 @@ equal the head's own output, Σ dla = margin, …) and every kept cell of a
 ``dla``/``lens``/``lens_raw``/``patch_effect``/``patch_restored`` grid — whole or
 restricted — against the plain-forward cell (``reference_identities``); a
 restricted grid no reference reproduces is refused (``SpecError`` with a Fix).
+Criteria with a ``cells`` recomputation (``evidence.CELL_CRITERIA``; ``trust.cell_truth``) also read their
+output cell by cell at full strength against plain HF forwards of the organism: the card's ``cells[criterion]``
+(worst 1 − max |err| / RMS over its outputs) must be ≥ ``CELL_FLOOR`` (0.999), so a reading 5 % off or one
+position shifted fails even where the criterion's summary (a share, a ratio, an AUC) keeps its floor.
 A broken identity fails the card. The card records ``code_hash``
 (``trust.evidence.code_hash``: operator and capture modules, package version);
 a reader whose code hashes otherwise does not accept it. A card passes only when every applicable
@@ -189,6 +193,8 @@ class Scorecard:
     identities: list = field(default_factory=list)   # per strength: the run's identity records
     graded: list = field(default_factory=list)       # output variables some criterion read
     reading_errors: dict = field(default_factory=dict)   # criterion -> why its reading could not be taken
+    cells: dict = field(default_factory=dict)        # criterion -> {fit, n}: its output's cells at full strength
+                                                     # against trust.cell_truth's recomputation
     scope: dict = field(default_factory=dict)        # family, organism, base, strengths, n_pairs
     why_not: dict = field(default_factory=dict)      # ungraded output -> why no criterion grades it (trust.coverage)
     code_hash: str = ""                              # evidence.code_hash() of the code that graded it
@@ -210,6 +216,8 @@ class Scorecard:
                 lines.append(f"  {'':<24}could not read: {self.reading_errors[c]}")
         for c, m in self.magnitude.items():
             lines.append(f"  {c:<24}magnitude {m['reading']} vs planted {m['truth']} reward units")
+        for c, m in self.cells.items():
+            lines.append(f"  {c:<24}cells vs recomputation: fit {m['by_output']} (each needs ≥ 0.999)")
         worst: dict = {}
         def rel(r):            # None (could not compare) or a zero scale with an error: worst
             e, sc = r.get("max_abs_err"), r.get("scale")
@@ -301,12 +309,13 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
     truth_effect = None
     if planted and zero is not None:
         truth_effect = float(np.mean(planted_margins(organisms[top]) - planted_margins(organisms[zero])))
-    grade_readings(card, crits, results, [o.truth for o in organisms], refs, truth_effect)
+    grade_readings(card, crits, results, [o.truth for o in organisms], refs, truth_effect, organisms, obs)
     card.wall_s = round(time.perf_counter() - t0, 3)
     return card
 
 
-def grade_readings(card: Scorecard, crits, results, truths, refs=None, truth_effect=None) -> Scorecard:
+def grade_readings(card: Scorecard, crits, results, truths, refs=None, truth_effect=None, organisms=None,
+                   obs=None) -> Scorecard:
     """Criteria ``crits`` on ``results`` (one Dataset per strength of ``card.strengths``, beside each strength's
     truth) into ``card``, then its verdict. Never raises on a reading: a criterion that cannot read its output
     (any error) records why in ``reading_errors`` and fails; non-finite readings are stored as None."""
@@ -317,20 +326,22 @@ def grade_readings(card: Scorecard, crits, results, truths, refs=None, truth_eff
     refs = refs if refs is not None else [xr.Dataset() for _ in results]
     for c in crits:
         try:
-            _grade_one(card, c, results, truths, refs, s, zero, top, planted, truth_effect)
+            _grade_one(card, c, results, truths, refs, s, zero, top, planted, truth_effect, organisms, obs)
         except Exception as exc:       # noqa: BLE001  a reading that does not fit its criterion fails the card
             card.reading_errors[c.name] = f"{type(exc).__name__}: {exc}"
             card.readings[c.name] = [None] * len(s)
             card.spearman[c.name] = None
             card.floors[c.name] = {"value": None, "floor": c.floor, "what": c.floor_what, "at_strength": s[top]}
             card.magnitude.pop(c.name, None)
+            card.cells.pop(c.name, None)
             card.criteria_passed[c.name] = False
     card.code_hash = code_hash()
     card.passed = card_verdict(asdict(card))[0]
     return card
 
 
-def _grade_one(card: Scorecard, c, results, truths, refs, s, zero, top, planted, truth_effect) -> None:
+def _grade_one(card: Scorecard, c, results, truths, refs, s, zero, top, planted, truth_effect,
+               organisms=None, obs=None) -> None:
     """Criterion ``c``'s readings, Spearman, floor and magnitude into ``card`` (any error: the caller fails it)."""
     vals = [float(np.mean(c.reading(ds, t))) for ds, t in zip(results, truths)]
     rho = spearman(s, vals)
@@ -352,7 +363,13 @@ def _grade_one(card: Scorecard, c, results, truths, refs, s, zero, top, planted,
     card.spearman[c.name] = _finite(rho)
     card.floors[c.name] = {"value": _finite(fv), "floor": c.floor, "what": c.floor_what,
                            "at_strength": s[top]}
-    one = {k: getattr(card, k) for k in ("truth", "spearman", "floors", "magnitude")}
+    if c.cells is not None:            # the output's cells against an independent recomputation
+        from .cell_truth import fit
+        if organisms is None:          # cells need the organism itself: a reading without one cannot show them
+            raise ValueError("cells: no organism to recompute them from")
+        by = {v: fit(*gw) for v, gw in c.cells(results[top], organisms[top], obs).items()}
+        card.cells[c.name] = {"fit": _finite(min(by.values())), "by_output": {v: _finite(f) for v, f in by.items()}}
+    one = {k: getattr(card, k) for k in ("truth", "spearman", "floors", "magnitude", "cells")}
     card.criteria_passed[c.name] = card_verdict({**one, "readings": {c.name: card.readings[c.name]}},
                                                 check_code=False)[0]
 
