@@ -33,6 +33,8 @@ COMMANDS = {   # name: (arguments, one line)
     "freeze": ("experiment=NAME", "hash and store a study before any data is read"),
     "adjudicate": ("experiment=NAME", "score a frozen study's predictions against its runs"),
     "fit": ("model=... dataset=... out=DIR", "fit a Bradley–Terry head on frozen features"),
+    "export": ("url=STORE run=RUN what=steer|erase|head out=FILE.safetensors", "a steering vector, LEACE eraser "
+               "or fitted head from a run, as an artifact model.interventions applies"),
     "drift": ("url=STORE observable=NAME [model=NAME]", "a checkpoint sequence's runs over training: "
               "margins, CKA, directions"),
     "monitor": ("url=STORE observable=NAME [statistic=margin|accuracy] [alpha=]", "anytime-valid alarm when a "
@@ -49,7 +51,7 @@ def _command_doc(cmd: str) -> str:
     import importlib
 
     mod = {"store": "store.catalog_cli", "compare": "compare.cli", "report": "report.cli", "calibrate": "trust.cli",
-           "freeze": "trust.cli", "adjudicate": "trust.cli", "fit": "fit.cli",
+           "freeze": "trust.cli", "adjudicate": "trust.cli", "fit": "fit.cli", "export": "export",
            "drift": "compare.drift", "monitor": "compare.monitor"}.get(cmd)
     args, line = COMMANDS[cmd]
     head = f"reward-lens-spec {cmd if cmd != 'run' else ''} {args}".replace("  ", " ") + f"\n  {line}\n"
@@ -304,6 +306,9 @@ def main(argv: list[str] | None = None) -> None:
         if cmd == "fit":
             from .fit.cli import main as fit_main
             raise SystemExit(fit_main(argv[1:]))
+        if cmd == "export":
+            from .export import main as export_main
+            raise SystemExit(export_main(argv[1:]))
         if cmd == "compare":
             from .compare.cli import main as compare_main
             raise SystemExit(compare_main(argv[1:]))

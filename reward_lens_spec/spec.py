@@ -70,6 +70,22 @@ class FrameKind(str, Enum):
 
 
 @dataclass
+class InterventionSpec:
+    """One artifact applied to the model as it loads (``models.artifacts``; docs/interventions.md).
+
+    ``kind``: ``erase`` (a LEACE eraser), ``steer`` (a vector added ``alpha`` times) or ``head`` (a fitted
+    Bradley–Terry head replacing the reward head); ``path``: the ``.safetensors`` file ``reward-lens-spec
+    export`` wrote (its provenance JSON beside it); ``site``: ``<resid_post|attn_out|mlp_out>.<layer>`` for
+    ``erase`` and ``steer``, ``readout`` (or null) for ``head``.
+    """
+
+    kind: str = "steer"
+    path: str = ""
+    site: Optional[str] = None
+    alpha: float = 1.0
+
+
+@dataclass
 class ModelSpec:
     """How to load and read a reward model.
 
@@ -113,6 +129,7 @@ class ModelSpec:
     implicit: ImplicitSpec = field(default_factory=ImplicitSpec)     # kind=implicit (models/implicit.py)
     members: list[Any] = field(default_factory=list)                 # kind=ensemble: model options / inline specs
     ensemble: EnsembleSpec = field(default_factory=EnsembleSpec)     # kind=ensemble (models/ensemble.py)
+    interventions: list[InterventionSpec] = field(default_factory=list)  # exported artifacts (models/artifacts.py)
 
 
 @dataclass
@@ -341,6 +358,13 @@ def _check_values(run: RunConfig, partial: bool = False) -> None:
         raise SpecError("dataset.limit", f"must be positive or null, got {run.dataset.limit}.")
     from .models.kinds import check_kind
     check_kind(m)                               # model.kind and its settings (did you mean)
+    if m.interventions:                         # the form of each entry; files are read at the door
+        from .models.artifacts import check_entry
+        if m.kind != "classifier":
+            raise SpecError("model.interventions", f"interventions apply to a classifier's forward pass, not to "
+                            f"kind {m.kind}.", fix="drop model.interventions or use model.kind=classifier.")
+        for i, e in enumerate(m.interventions):
+            check_entry(e, f"model.interventions.{i}")
     from .models.checkpoints import select_checkpoint
     if not partial:
         select_checkpoint(m)                    # model.checkpoints: source and name of checkpoint i

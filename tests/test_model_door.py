@@ -339,3 +339,36 @@ def test_every_spec_that_reaches_a_loader_came_through_the_door(here, capsys, mo
     assert "error" not in capsys.readouterr().err.lower()
     assert seen and all(s is not None and s.via == "door" for s in seen), seen
     assert key in {s.key for s in seen}
+
+
+def test_intervention_artifacts_cross_the_door_under_their_spec_key(here):
+    """``model.interventions`` (issue 40, item 4): the schema walk reaches every field of an entry and none names a
+    model; each spec's artifacts are read at the door under that spec's own absolute key (a member's, a frame
+    partner's), before any model loads: a tampered file or a pickle is refused in one line."""
+    import numpy as np
+
+    from reward_lens_spec.models.artifacts import write
+    from reward_lens_spec.spec import InterventionSpec
+
+    found = model_fields()
+    assert not any(k.startswith("model.interventions") for k in found)
+    assert dataclasses.is_dataclass(InterventionSpec) and {f.name for f in dataclasses.fields(InterventionSpec)} == \
+        {"kind", "path", "site", "alpha"}
+    good, _ = write(here / "v.safetensors", "steer", {"vector": np.ones(64)}, {})
+    bad, _ = write(here / "t.safetensors", "steer", {"vector": np.ones(64)}, {})
+    bad.write_bytes(bad.read_bytes()[:-1] + b"\x01")                       # tampered after export
+    entry = lambda p: {"kind": "steer", "path": str(p), "site": "resid_post.0"}    # noqa: E731
+    spec = door.admit({"name": "m", "source": "builtin:tiny", "interventions": [entry(good)]}, "model.members.1")
+    assert spec.interventions[0].path == str(good)
+    with pytest.raises(SpecError) as e:
+        door.admit({"name": "m", "source": "builtin:tiny", "interventions": [entry(good), entry(bad)]},
+                   "model.members.1")
+    assert str(e.value).startswith("model.members.1.interventions.1.path") and "\n" not in str(e.value)
+    (here / "p.pt").write_bytes(b"\x80\x04K\x01.")                        # a pickle, never read
+    partner = here / "partner.yaml"
+    partner.write_text(f"name: p\nsource: builtin:tiny_llama\ninterventions:\n  - {{kind: erase, path: {here / 'p.pt'}, "
+                          "site: resid_post.0}\n")
+    top = door.admit(ModelSpec(name="tiny_llama", source="builtin:tiny_llama"), "model")
+    with pytest.raises(SpecError) as e:
+        door.nested(top, str(partner), "frame.partner")
+    assert str(e.value).startswith("frame.partner.interventions.0.path") and "\n" not in str(e.value)

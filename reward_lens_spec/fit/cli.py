@@ -93,8 +93,10 @@ def _write_split(folder: Path, split) -> None:
                 fh.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
-def report_dataset(report: dict, test_ids, test_margin, test_groups, ratio):
-    """The ``fit_report`` observable as an ``xarray.Dataset`` (dims pair, bin, l2, bound)."""
+def report_dataset(report: dict, test_ids, test_margin, test_groups, ratio, head_weight=None, model: str = "model"):
+    """The ``fit_report`` observable as an ``xarray.Dataset`` (dims pair, bin, l2, bound; ``head_weight``: the
+    fitted head's float32 row as the checkpoint stores it, dims d_model, for ``reward-lens-spec export
+    what=head``)."""
     import xarray as xr
     from scipy.special import expit
 
@@ -118,6 +120,10 @@ def report_dataset(report: dict, test_ids, test_margin, test_groups, ratio):
         coords={"pair": np.array(test_ids, dtype=str), "prompt_id": ("pair", np.array(test_groups, dtype=str)),
                 "bound": b, "bin": np.arange(len(rel)), "bin_low": ("bin", [r["bin_low"] for r in rel]),
                 "bin_high": ("bin", [r["bin_high"] for r in rel]), "l2": [r["l2"] for r in report["l2_path"]]})
+    if head_weight is not None:
+        ds["head_weight"] = (("d_model",), np.asarray(head_weight, np.float32),
+                             {"units": "direction", "gauge": f"frame:native:{model}",
+                              "description": "the fitted Bradley–Terry head's row w (bias 0), as saved"})
     ds.attrs["report_json"] = json.dumps(_clean(report), sort_keys=True)
     return ds
 
@@ -183,8 +189,10 @@ def run_fit(opts: FitOptions, out: str, run, resolved_yaml: str, base_dir: str) 
     report["folder"] = str(folder)
     (folder / "fit_report.json").write_text(json.dumps(_clean(report), indent=2, sort_keys=True), encoding="utf-8")
     gkey = [hashlib.sha256(g.encode()).hexdigest()[:12] for g in groups["test"]]
+    from ..models.head import get_module
+    w32 = get_module(lm.model, lm.family.head).weight.detach().float().cpu().numpy()[0]
     result = report_dataset(report, [cap.pair_ids[i] for i in idx["test"]], margin[idx["test"]], gkey,
-                            ev.length_log_ratio(lc, lr))
+                            ev.length_log_ratio(lc, lr), head_weight=w32, model=m.name)
     # everything the fit reads: backbone, pairs, what the model saw of them (template, truncation), the split
     parts = {"backbone_fingerprint": fp, "dataset_checksum": pairs.checksum, "model_input": enc.digest(),
              "split": split.summary(), "split_ids": hashlib.sha256("\n".join(cap.pair_ids).encode()).hexdigest(),
@@ -197,7 +205,7 @@ def run_fit(opts: FitOptions, out: str, run, resolved_yaml: str, base_dir: str) 
              "effective_n": {"n": len(pairs), "n_unique": pairs.n_unique, "n_prompt_clusters": pairs.n_prompt_clusters},
              "observable": "fit_report", "versions": versions(), "seed": opts.seed, "device": lm.device,
              "dtype": lm.dtype, "wall_s": report["wall_s"], "trust": "exploratory",
-             "gauge": {v: "invariant" for v in result.data_vars}}
+             "gauge": {v: str(result[v].attrs["gauge"]) for v in result.data_vars}}
     url = store_url(run.store.url, base_dir)
     write_run(url, run_id, {"fit_report": result}, _clean(attrs), storage_options=dict(run.store.storage_options),
               force=True)

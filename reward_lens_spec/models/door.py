@@ -19,6 +19,9 @@ or an inline mapping; each is resolved by ``admit`` under the top level's rules:
   ``frame.partner.members.0``), which nothing typed can grant. A YAML file (``conf/``, ``--config-dir``, an experiment, a file named by path) never enables
   them; neither does a stored study (it is composed with nothing typed). A ``frame.partner`` is a name or
   path only, so a partner never runs checkpoint code or unpickles.
+- **Artifacts read safely.** A spec's ``interventions`` (``models.artifacts``) are read here, under the spec's
+  own key (``model.members.1.interventions.0.path``): ``.safetensors`` only, each file equal to the digest its
+  provenance JSON records; the loader checks the bytes it reads again.
 - **The same loader guards.** Every spec leaves the door stamped (``models.admission``); every loader reads
   its flags through ``admission.permitted``, so a spec changed after the door, or one a config produced that
   never crossed it, is refused with one line.
@@ -155,6 +158,9 @@ def admit(ref, key: str, *, granted: frozenset = frozenset(), base_dir: str | No
     for flag in FLAGS:
         if getattr(spec, flag, False) is True and (key, flag) not in granted:
             raise flag_error(key, flag, where)
+    if spec.interventions:                      # artifacts: safetensors only, each file its provenance's bytes
+        from .artifacts import check_files
+        check_files(spec, key, base_dir)
     return stamp(spec, Admission(key=key, via="door", grants=frozenset(granted)))
 
 

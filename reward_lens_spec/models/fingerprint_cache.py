@@ -80,7 +80,12 @@ def weights_key(spec, base_dir: str | None = None) -> str | None:
         root = Path(loc)
         files = {str(p.relative_to(root)): file_sha256(p) for p in sorted(root.rglob("*"))
                  if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)}
-    blob = json.dumps({"v": __version__, "kind": kind, "spec": fields, "files": files}, sort_keys=True)
+    doc = {"v": __version__, "kind": kind, "spec": fields, "files": files}
+    if getattr(spec, "interventions", None):       # a head artifact changes the weights: its bytes are in the key
+        from .artifacts import resolve
+        doc["interventions"] = [[e.kind, e.site, float(e.alpha), file_sha256(p) if p.is_file() else None]
+                                for e in spec.interventions for p in [resolve(e.path, base_dir)]]
+    blob = json.dumps(doc, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

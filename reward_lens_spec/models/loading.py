@@ -7,7 +7,8 @@ never runs unless asked for: a checkpoint of a model type transformers ships loa
 transformers' class, any other is refused with a ``SpecError`` naming ``model.trust_remote_code``.
 Weights load from safetensors only unless ``model.allow_pickle=true``. A checkpoint without a
 reward head (causal LM, base model, GGUF) is refused unless ``model.head_init`` says how to make
-one deterministically (``models.head_init``). The returned
+one deterministically (``models.head_init``). ``model.interventions`` (exported erasers, steering vectors,
+heads) are applied last (``models.apply_artifacts``). The returned
 ``LoadedModel`` bundles the HF model (eval mode), its tokenizer, the family
 table, the float32 reward head and the final-norm description.
 """
@@ -44,6 +45,7 @@ class LoadedModel:
     dtype: str
     device: str
     signal: object = None      # the kind of reward signal's own record (models.judge / models.prm), else None
+    interventions: list | None = None   # model.interventions applied (models.apply_artifacts): their records
 
     @property
     def n_layers(self) -> int:
@@ -114,6 +116,9 @@ def load_model(spec, base_dir: str | None = None) -> LoadedModel:
     if want_gated != lm.head.gated:
         raise SpecError("model.head", f"model.head={'gated' if want_gated else 'linear'} but the loaded head is "
                         f"{'gated' if lm.head.gated else 'linear'}.", fix="set model.head to match the checkpoint.")
+    if getattr(spec, "interventions", None):          # exported artifacts: erase, steer, head (models.artifacts)
+        from .apply_artifacts import apply
+        lm = apply(lm, spec, base_dir)
     return lm
 
 

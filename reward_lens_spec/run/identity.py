@@ -17,6 +17,8 @@
   (``PairSet.shape_record``); data of the other kinds have none, so their run ids are as before;
 - ``checkpoint`` (a ``model.checkpoints`` sequence only): index, step, the checkpoint's content digest
   and the chain hash up to it (``models.checkpoints``).
+- ``interventions`` (``model.interventions`` only): kind, site, alpha and the sha256 of each artifact file
+  (``models.artifacts``), so an erased or steered model and a changed artifact each get their own id.
 
 Paths, time, batch size, chunking, threads and launcher are not part of it.
 """
@@ -83,6 +85,10 @@ def identity_parts(run, inputs, plan, fingerprint, accounting, *, study_hash=Non
         parts["member_fingerprints"] = list(members)
     if frame_id is not None:
         parts["frame"] = frame_id
+    applied = getattr(inputs.lm, "interventions", None)      # the bytes the loader read, else the files now
+    if applied or getattr(run.model, "interventions", None):
+        from ..models.artifacts import identity
+        parts["interventions"] = applied if applied else identity(run.model, base_dir)
     from ..models.checkpoints import chain
     cp = chain(run.model, base_dir)
     if cp is not None:                     # a checkpoint of a sequence: its place in the chain
