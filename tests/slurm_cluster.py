@@ -29,6 +29,9 @@ from pathlib import Path
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo", "srun")
 MISSING = [b for b in BINARIES if shutil.which(b) is None and not os.path.exists(f"/usr/sbin/{b}")]
 NODE = "rlsnode"
+# a job credential's lifetime; Slurm also holds a requeued job this long before it may start again, since
+# slurmd refuses to launch a job whose previous run's credential it revoked (default 120 s)
+CRED_EXPIRE_S = 30
 PARTITION = "debug"
 
 
@@ -60,7 +63,7 @@ SlurmUser={user}
 SlurmdUser={user}
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={d / 'munge.socket'}
+AuthInfo=socket={d / 'munge.socket'},cred_expire={CRED_EXPIRE_S}
 StateSaveLocation={d / 'state'}
 SlurmdSpoolDir={d / 'spool'}
 SlurmctldPidFile={d / 'slurmctld.pid'}
@@ -76,6 +79,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 MpiDefault=none

@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.slow, SUBMITIT,
               pytest.mark.skipif(bool(MISSING), reason=f"needs Slurm: {', '.join(MISSING)} not found "
                                                        "(apt-get install slurm-wlm munge)")]
 
-N_PAIRS = 12
+N_PAIRS = 24
 SWEEP = ["model=tiny,tiny_gpt2", "observable=score,lens", f"dataset.limit={N_PAIRS}", "store.chunk_pairs=1",
          "model.batch_size=1", "model.threads=1"]
 # what a lab types (docs/sweeps.md), sized to this one 4-CPU node
@@ -75,15 +75,18 @@ def _writer_mid_run(url: str, conf: str):
     return None
 
 
-def _wait(what: str, cond, proc, timeout: float = 600, every: float = 0.01):
+def _tail(path: Path) -> str:
+    return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+
+def _wait(what: str, cond, proc, log: Path, timeout: float = 600, every: float = 0.01):
     deadline = time.time() + timeout
     while True:
         got = cond()
         if got:
             return got
         if proc.poll() is not None or time.time() > deadline:
-            out, err = proc.communicate(timeout=30) if proc.poll() is not None else ("", "")
-            raise AssertionError(f"{what}: not seen (sweep rc {proc.returncode})\n{err[-4000:]}")
+            raise AssertionError(f"{what}: not seen (sweep rc {proc.returncode})\n{_tail(log)}")
         time.sleep(every)
 
 
@@ -91,27 +94,34 @@ def test_slurm_job_array_killed_and_requeued_equals_the_basic_launcher(tmp_path,
     conf = slurm.env["SLURM_CONF"]
     url = str(tmp_path / "lab.zarr")
     cmd, kw = _cli(tmp_path, slurm.env, "--multirun", *LAB, *SWEEP, "hydra.sweep.dir=sw", f"store.url={url}")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    with open(tmp_path / "sweep.out", "w") as out, open(tmp_path / "sweep.err", "w") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, **kw)
     try:
-        pid, job, attempt = _wait("an array task half way through its run", lambda: _writer_mid_run(url, conf), proc)
+        pid, job, attempt = _wait("an array task half way through its run", lambda: _writer_mid_run(url, conf), proc,
+                                  tmp_path / "sweep.err")
         os.kill(pid, signal.SIGKILL)                                   # the job dies mid-run
         state = _wait(f"job {job} ending", lambda: (slurm.job(job).get("JobState") not in
                                                     (None, "RUNNING", "COMPLETING")) and slurm.job(job)["JobState"],
-                      proc, every=0.2)
+                      proc, tmp_path / "sweep.err", every=0.2)
         assert state == "FAILED", slurm.job(job)
         n_before = _markers(attempt)
         assert 2 <= n_before < N_PAIRS
         assert os.path.basename(os.path.dirname(attempt)) in open_store(url).incomplete()
-        slurm.run("scontrol", "requeue", job)                          # Slurm runs the same task again,
-        assert slurm.job(job)["Restarts"] == "1"
-        slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # without its 2-minute requeue hold
-        out, err = proc.communicate(timeout=900)
+        slurm.run("scontrol", "requeue", job)                          # Slurm runs the same task again
+        assert slurm.job(job)["Restarts"] == "1"                       # (after CRED_EXPIRE_S)
+        deadline = time.time() + 900
+        while proc.poll() is None:
+            again = slurm.job(job)
+            assert again.get("JobState") in ("PENDING", "RUNNING", "COMPLETING", "COMPLETED"), \
+                f"{job} after its requeue: {again}\n{slurm.logs()}"
+            assert time.time() < deadline, f"the sweep did not finish\n{_tail(tmp_path / 'sweep.err')}"
+            time.sleep(0.5)
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err[-4000:]
-    assert "Submitit 'slurm'" in out + err                             # submitted through the Slurm executor
+            proc.wait()
+    assert proc.returncode == 0, _tail(tmp_path / "sweep.err")
+    assert "Submitit 'slurm'" in (tmp_path / "sweep.err").read_text() + (tmp_path / "sweep.out").read_text()
     deadline = time.time() + 120                                     # the tasks' own ends follow their results
     while slurm.queue() and time.time() < deadline:
         time.sleep(0.2)
