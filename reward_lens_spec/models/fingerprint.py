@@ -117,10 +117,10 @@ def model_fingerprint(model, tokenizer, *, without_head: str | None = None) -> s
     seen: dict = {}
     for name in sorted(state):
         t = state[name]
-        if t.device.type == "meta":            # offloaded by a device map (models.placement): its real value
-            from .placement import offloaded_value
-            t = offloaded_value(model, name, t)
         key = _storage_key(t)
+        if t.device.type == "meta":            # offloaded by a device map (models.placement): its real value, read
+            from .placement import offloaded_value      # now (a fresh tensor: its address says nothing of ties)
+            t = offloaded_value(model, name, t)
         if key is not None and key in seen:
             _put(h, f"alias:{name}={seen[key]}")
             continue

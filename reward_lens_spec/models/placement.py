@@ -166,7 +166,7 @@ def plan_map(spec, skeleton, dtype) -> dict:
         left = _covering(params, plan)
         if left:
             raise SpecError("model.device_map", f"leaves {len(left)} parameters unplaced (e.g. {left[0]}).",
-                            fix="map every module (or add '\"\": cpu' for the rest).")
+                            fix="map every module (the top-level children, e.g. model and score, cover all of it).")
     else:
         from accelerate.utils import get_balanced_memory, get_max_memory, infer_auto_device_map
         no_split = list(getattr(skeleton, "_no_split_modules", None) or [])
