@@ -11,11 +11,16 @@
   declares it reads (``Operator.pair_fields``: ``chosen_position``, ``group``, ``agreement``, ``votes``,
   RewardBench 2's ``item`` …); operators see no other field (``run.inputs.ops_view``);
 - ``observable``: the expanded steps, outputs, version and restrictions; ``numerics`` (dtype,
-  max_length, format, template, objectives); ``package_version``; the study and frame it ran under;
+  max_length, format, template, objectives; for ``bfloat16``/``float16`` also the device type the model
+  executes on, ``cpu`` or ``cuda``: a reduced-precision kernel's rounding differs between them by about the
+  dtype's own precision, so a CPU bf16 result is not reused for a GPU bf16 run); ``package_version``; the
+  study and frame it ran under;
 - ``checkpoint`` (a ``model.checkpoints`` sequence only): index, step, the checkpoint's content digest
   and the chain hash up to it (``models.checkpoints``).
 
-Paths, time, batch size, chunking, threads and launcher are not part of it.
+Paths, time, batch size, chunking, threads, launcher and where weights live (``model.device_map``,
+``max_memory``, ``offload_folder``: offloaded weights are copied bit for bit to the device that runs them, so
+a split run equals the unsplit one; the map is in the run's provenance, ``placement``) are not part of it.
 """
 from __future__ import annotations
 
@@ -38,6 +43,9 @@ def numerics(spec) -> dict:
 
     out = {"dtype": spec.dtype.value, "max_length": spec.max_length, "format": spec.format.value,
            "template": spec.template if spec.format.value == "plain" else None, "objectives": list(spec.objectives)}
+    if spec.dtype.value != "float32":             # reduced precision: the kernels' rounding shows (models.placement)
+        from ..models.placement import execution_type
+        out["execution"] = execution_type(spec)
     kind = kind_settings(spec)                    # {} for the classifier: its run ids are as before
     return {**out, "signal": kind} if kind else out
 

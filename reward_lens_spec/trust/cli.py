@@ -2,7 +2,7 @@
 
     calibrate  observable=NAME [organism=planted|trained_keyword|trained_length|... (models.kind_organisms.KINDS:
                also judge_planted, prm_planted, implicit_planted, concept, curvature)] [base=tiny_llama]
-               [n_pairs=12] [seed=0] [store.url=PATH]
+               [n_pairs=12] [seed=0] [dtype=float32|bfloat16|float16] [store.url=PATH]
     freeze     experiment=NAME [amend=true] [store.url=PATH]
     adjudicate experiment=NAME [runs=ID,ID] [study_hash=PREFIX] [store.url=PATH]
 
@@ -65,9 +65,10 @@ def calibrate_main(argv: list[str]) -> int:
     """Grade ``observable`` on an organism family, print per-strength readings, write the card."""
     def run(argv):
         from .scorecard import grade, write_card
-        a = parse_args(argv, ("observable", "organism", "base", "n_pairs", "seed"), ("observable",))
+        a = parse_args(argv, ("observable", "organism", "base", "n_pairs", "seed", "dtype"), ("observable",))
         card = grade(a["observable"], organism=a.get("organism", "planted"), base=a.get("base", "tiny_llama"),
-                     n_pairs=_int(a.get("n_pairs", "12"), "n_pairs"), seed=_int(a.get("seed", "0"), "seed"))
+                     n_pairs=_int(a.get("n_pairs", "12"), "n_pairs"), seed=_int(a.get("seed", "0"), "seed"),
+                     dtype=a.get("dtype", "float32"))
         print(card.describe())
         rid = write_card(card, a["store.url"])
         print(f"card: {rid} in {a['store.url']}")
