@@ -278,7 +278,7 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
     card.identities = [ds.attrs["identities"] for ds in results]
     card.dtype = str(organisms[0].lm.dtype)
     card.scope = {"family": card.model_family, "organism": card.organism, "base": card.base,
-                  "strengths": s, "n_pairs": len(organisms[0].pairs), "dtype": card.dtype}
+                  "strengths": s, "n_pairs": len(organisms[0].pairs)}
     top = int(np.argmax(s))
     truth_effect = None
     if planted and zero is not None:
