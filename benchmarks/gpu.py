@@ -1,6 +1,7 @@
 """One-command GPU benchmark: bare forward vs capture pass vs streamed battery, pairs/s and peak GPU memory.
 
-    python benchmarks/gpu.py                  # on a CUDA machine: 1B- and 8B-shaped random Llamas, bf16
+    python benchmarks/gpu.py                  # on a CUDA machine: 1B- and 8B-shaped random Llamas, bf16, then at scale
+    python benchmarks/gpu.py --scale-only     # only the at-scale run: 8B shape, 10,000 pairs × 512 tokens
     python benchmarks/gpu.py --smoke          # anywhere: tiny shapes on CPU, to check the script runs
 
 Models are random-init Llama sequence classifiers shaped like Llama-3.2-1B (d 2048, 16 layers, 32/8
@@ -13,6 +14,15 @@ battery needs, and the battery streamed into a local store (patching on the firs
 pairs). Each is timed once after a warm-up batch, with ``torch.cuda.synchronize``; peak memory is
 ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``. Sized to finish in under 8
 minutes on one H100/H200. Writes ``benchmarks/results_gpu.md`` saying which device it ran on.
+
+At scale (``bench_scale``, issue 40 item 7): the 8B-shaped model is saved as a checkpoint folder (safetensors,
+in ``--dtype``) and the battery runs on ``--scale-pairs`` pairs (10,000) whose sides are about
+``--scale-tokens`` tokens (512) through the user's route (``reward_lens_spec.run``, the command line's
+composition and executor, data from a JSONL file) with ``model.device_map=auto`` and ``model.batch_size=auto``
+(patching on the first ``--patch-pairs`` pairs). It prints pairs per second, peak GPU memory
+(``torch.cuda.max_memory_allocated``), peak RSS, the batch size ``auto`` chose, the map, and the wall time
+against the goal of ``--goal-s`` (600 s: 10 minutes on one H200). ``--smoke`` runs the same route on CPU with
+the tiny shape.
 """
 from __future__ import annotations
 
@@ -133,6 +143,58 @@ def bench_model(shape, args, device):
     return {"shape": shape, "pairs": n, "tokens": tokens, "built_s": built, "rows": rows}
 
 
+def bench_scale(args, device: str, cuda: bool) -> dict:
+    """The battery at scale through the user's route (see the module doc); returns what the table prints."""
+    import json
+    import resource
+
+    import torch
+
+    import reward_lens_spec as rls
+    shape = "llama3.1-8b" if cuda else "smoke"
+    n, side = (args.scale_pairs, args.scale_tokens) if cuda else (args.pairs, args.side_tokens)
+    work = Path(tempfile.mkdtemp(prefix="rl_gpu_scale_"))
+    t0 = time.perf_counter()
+    lm = build(shape, args.dtype, device)
+    lm.model.save_pretrained(work / "model")
+    lm.tokenizer.save_pretrained(work / "model")
+    del lm
+    if cuda:
+        torch.cuda.empty_cache()
+    saved = time.perf_counter() - t0
+    with open(work / "pairs.jsonl", "w") as f:
+        for p in pairs_of(n, side):
+            f.write(json.dumps({"id": p.id, "prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected}) + "\n")
+    _peak(device, reset=True)
+    t = time.perf_counter()
+    h = rls.run([f"model.source={work / 'model'}", f"model.name={shape}", f"model.dtype={args.dtype}",
+                 f"model.device={'auto' if cuda else 'cpu'}", "model.device_map=auto", "model.batch_size=auto",
+                 f"model.max_length={4 * side}", "dataset=jsonl", f"dataset.path={work / 'pairs.jsonl'}",
+                 "observable=battery", f"observable.pairs={args.patch_pairs}", f"store.url={work / 'store.zarr'}",
+                 f"store.chunk_pairs={args.chunk_pairs if not cuda else 256}"], progress=False)
+    _sync(device)
+    wall = time.perf_counter() - t
+    prov = h.provenance
+    counts = prov.get("counts") or {}
+    tokens = counts.get("tokens") or counts.get("capture.tokens")
+    place = prov.get("placement") or {}
+    return {"shape": shape, "pairs": n, "wall": wall, "pps": n / wall, "peak_gpu": _peak(device),
+            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "batch": prov.get("batch_size"),
+            "map": place.get("modules_per_place"), "execution": place.get("execution_devices"), "saved_s": saved,
+            "tokens_per_side": (tokens / (2 * n)) if tokens else None, "goal": args.goal_s}
+
+
+def scale_lines(r: dict) -> list[str]:
+    met = "met" if r["wall"] <= r["goal"] else "NOT met"
+    tps = "n/a" if r["tokens_per_side"] is None else f"{r['tokens_per_side']:.0f}"
+    return [f"### battery at scale: {r['shape']}, {r['pairs']} pairs, model.device_map=auto, model.batch_size=auto", "",
+            "| wall (s) | pairs/s | peak GPU memory (GiB) | peak RSS (GiB) | batch chosen | modules per place | "
+            "runs on | tokens per side | goal |", "|---:|---:|---:|---:|---:|---|---|---:|---|",
+            f"| {r['wall']:.1f} | {r['pps']:.1f} | {r['peak_gpu']:.2f} | {r['peak_rss']:.2f} | {r['batch']} | "
+            f"{r['map']} | {r['execution']} | {tps} | {r['goal']:.0f} s: {met} |", "",
+            f"(model saved as a checkpoint folder first in {r['saved_s']:.0f} s, not counted.)", ""]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU: checks the script, not a GPU")
@@ -143,6 +205,10 @@ def main() -> None:
     ap.add_argument("--chunk-pairs", type=int, default=64)
     ap.add_argument("--patch-pairs", type=int, default=16)
     ap.add_argument("--out", default=str(HERE / "results_gpu.md"))
+    ap.add_argument("--scale-only", action="store_true", help="only the at-scale battery (8B shape)")
+    ap.add_argument("--scale-pairs", type=int, default=10_000)
+    ap.add_argument("--scale-tokens", type=int, default=512)
+    ap.add_argument("--goal-s", type=float, default=600.0)
     args = ap.parse_args()
     import torch
     cuda = torch.cuda.is_available() and not args.smoke
@@ -155,10 +221,11 @@ def main() -> None:
              "tiny 'smoke' shapes only — these numbers say nothing about GPU speed")
     t0 = time.perf_counter()
     results = []
-    for s in shapes:
+    for s in ([] if args.scale_only else shapes):
         results.append(bench_model(s, args, device))   # the model is freed when bench_model returns
         if cuda:
             torch.cuda.empty_cache()
+    scale = bench_scale(args, device, cuda)
     lines = [f"## GPU benchmark ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
              f"Ran on: {where}.", f"Command: `python benchmarks/gpu.py {' '.join(sys.argv[1:])}`; dtype {args.dtype}; "
              f"batch {args.batch_size} sequences; chunk {args.chunk_pairs} pairs; patching on the first "
@@ -170,6 +237,7 @@ def main() -> None:
         for name, (wall, pps, peak) in r["rows"].items():
             lines.append(f"| {name} | {wall:.2f} | {pps:.1f} | {peak:.2f} | {wall / bare:.2f} |")
         lines.append("")
+    lines += scale_lines(scale)
     with open(args.out, "a") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

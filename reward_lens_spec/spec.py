@@ -106,6 +106,9 @@ class ModelSpec:
     revision: Optional[str] = None
     dtype: DType = DType.float32
     device: Device = Device.cpu
+    device_map: Optional[Any] = None        # null | auto | balanced | sequential | {module: device} (models/placement.py)
+    max_memory: Optional[Any] = None        # {device: bytes or "2GiB"} for device_map (models/placement.py)
+    offload_folder: Optional[str] = None    # where device_map's "disk" modules live (models/placement.py)
     num_labels: int = 1
     head: HeadKind = HeadKind.linear
     objectives: list[str] = field(default_factory=list)
@@ -352,6 +355,8 @@ def _check_values(run: RunConfig, partial: bool = False) -> None:
         if getattr(m, key) <= 0:
             raise SpecError(f"model.{key}", f"must be a positive integer, got {getattr(m, key)}.",
                             fix=f"set model.{key} to a value ≥ 1.")
+    from .models.placement import check_placement_keys
+    check_placement_keys(m, partial)            # model.device_map / max_memory / offload_folder, no torch
     if m.max_tokens is not None and m.max_tokens <= 0:
         raise SpecError("model.max_tokens", f"must be positive or null, got {m.max_tokens}.")
     if run.dataset.limit is not None and run.dataset.limit <= 0:

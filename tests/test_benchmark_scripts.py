@@ -18,6 +18,10 @@ def test_gpu_benchmark_smoke_runs_and_says_it_is_not_a_gpu_run(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     text = out.read_text()
     assert "NOT a GPU run" in text and "| battery, streamed |" in text and "failed" not in text
+    # the at-scale run went through the user's route with device_map=auto and batch_size=auto
+    assert "### battery at scale: smoke, 8 pairs, model.device_map=auto, model.batch_size=auto" in text
+    row = text.split("### battery at scale")[1].splitlines()[4].split("|")
+    assert float(row[2]) > 0 and int(row[5]) >= 1 and "cpu" in row[6], row
 
 
 def test_memory_benchmark_runs_both_modes(tmp_path):

@@ -273,7 +273,8 @@ def model_fields(schema=RunConfig, prefix: str = "") -> dict[str, str]:
 
 
 # free-form fields that never name a model (a new free-form field must be classified: here or in door.MODEL_REFS)
-NOT_MODELS = {"model.checkpoint", "model.batch_size", "observable.steps", "store.storage_options", "experiment"}
+NOT_MODELS = {"model.checkpoint", "model.batch_size", "observable.steps", "store.storage_options", "experiment",
+              "model.device_map", "model.max_memory"}     # placement (models.placement): devices and sizes
 
 
 def test_every_model_field_of_every_schema_goes_through_the_door():

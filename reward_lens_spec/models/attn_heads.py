@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .head import get_module
+from .placement import materialized
 
 
 def n_heads(config) -> int:
@@ -28,7 +29,9 @@ def head_contributions(lm, z: np.ndarray) -> np.ndarray:
     H = n_heads(lm.model.config)
     out = np.zeros(z.shape[:-1] + (H, lm.d_model))
     for l, block in enumerate(layers):
-        W = get_module(block, fam.o_proj).weight.detach().double().cpu().numpy()
+        o = get_module(block, fam.o_proj)
+        with materialized(o):                                     # offloaded (models.placement): read it
+            W = o.weight.detach().double().cpu().numpy()
         W = W if fam.o_proj_conv1d else W.T                       # (n_heads·head_dim, d_model)
         zl = np.asarray(z[..., l, :], np.float64)
         hd = zl.shape[-1] // H
@@ -39,7 +42,8 @@ def head_contributions(lm, z: np.ndarray) -> np.ndarray:
             eps = float(getattr(norm, "eps", getattr(norm, "variance_epsilon", 1e-6)))
             a = c.sum(-2)
             scale = 1.0 / np.sqrt((a ** 2).mean(-1) + eps)
-            gain = fam.norm_offset + norm.weight.detach().double().cpu().numpy()
+            with materialized(norm):
+                gain = fam.norm_offset + norm.weight.detach().double().cpu().numpy()
             c = c * scale[..., None, None] * gain
         out[..., l, :, :] = c
     return out

@@ -19,6 +19,7 @@ import torch
 
 from ..errors import SpecError
 from .padding import pad_batch
+from .placement import input_device
 
 AUTO = "auto"
 MAX_START = 256
@@ -48,7 +49,7 @@ def estimate(lm, longest: int, n_rows: int) -> int:
     d_ff = int(getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None) or 4 * lm.d_model)
     itemsize = torch.finfo(next(lm.model.parameters()).dtype).bits // 8
     per_row = longest * ((lm.n_layers + 2) * lm.d_model + lm.n_layers * (d_ff + heads * longest)) * itemsize
-    fit = int(HEADROOM * _free_bytes(next(lm.model.parameters()).device) // max(per_row, 1))
+    fit = int(HEADROOM * _free_bytes(input_device(lm.model)) // max(per_row, 1))
     return max(1, min(fit, MAX_START, n_rows))
 
 
@@ -62,7 +63,7 @@ def choose_batch_size(lm, encoded, *, padding_side: str = "left", start: int | N
     size = start if start is not None else estimate(lm, len(seqs[0]), len(seqs))
     size = max(1, min(size, len(seqs)))
     pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else lm.model.config.pad_token_id
-    device = next(lm.model.parameters()).device
+    device = input_device(lm.model)
     while True:
         ids, mask, pos, _ = pad_batch(list(seqs[:size]), pad_id, padding_side)
         try:

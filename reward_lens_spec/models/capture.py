@@ -26,6 +26,7 @@ from ..errors import CaptureError
 from .head import get_module
 from .padding import batches_by_length, pad_batch
 from .prefix import run_prefix
+from .placement import input_device
 
 LAYER_SITES = ("embed", "resid_pre", "resid_post", "attn_out", "mlp_out", "attn_z")
 SIDES = ("chosen", "rejected")
@@ -103,6 +104,7 @@ class _Recorder:
             self.sel = (slice(None), T - 1)
         else:
             self.sel = (torch.arange(B, device=device), readout.to(device))
+        self._sel_at = {torch.device(device): self.sel}
         if B not in self._by_size:
             buf = {s: torch.empty((B, *shape), dtype=torch.float32, device=device) for s, shape in self.shape.items()}
             host = {s: b.numpy() for s, b in buf.items()} if buf["h"].device.type == "cpu" else None
@@ -114,13 +116,21 @@ class _Recorder:
         the buffers made once per batch size: no per-batch conversion)."""
         return self.host if self.host is not None else {s: b.cpu().numpy() for s, b in self.buf.items()}
 
+    def _at(self, x: torch.Tensor):
+        """The batch's readout index on ``x``'s device (a model placed over devices, ``models.placement``: each
+        module's output is sliced where it lives, then copied into the buffer)."""
+        sel = self._sel_at.get(x.device)
+        if sel is None:
+            sel = self._sel_at[x.device] = tuple(s.to(x.device) if torch.is_tensor(s) else s for s in self.sel)
+        return sel
+
     def _pre(self, module, site, layer):
         key = (site, layer)
 
         def hook(mod, args, kwargs):
             if self.active:
                 x = args[0] if args else next(iter(kwargs.values()))
-                self.slot[key].copy_(x[self.sel])
+                self.slot[key].copy_(x[self._at(x)])
         self.handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
 
     def _post(self, module, site, layer):
@@ -128,7 +138,8 @@ class _Recorder:
 
         def hook(mod, args, out):
             if self.active:
-                self.slot[key].copy_(_first(out)[self.sel])
+                x = _first(out)
+                self.slot[key].copy_(x[self._at(x)])
         self.handles.append(module.register_forward_hook(hook))
 
     def close(self):
@@ -181,7 +192,7 @@ def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tok
                                for s in sites},
                         counts={"forward_passes": 0, "tokens": 0, "padded_tokens": 0})
     pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else lm.model.config.pad_token_id
-    device = next(lm.model.parameters()).device
+    device = input_device(lm.model)
     rec = _Recorder(lm, sites)
     flat_h, flat_logits = out.h.reshape(2 * n_pairs, d), out.logits.reshape(2 * n_pairs, K)   # views
     flat = {s: a.reshape(2 * n_pairs, *a.shape[2:]) for s, a in out.sites.items()}

@@ -16,11 +16,12 @@ import torch
 
 from .capture import _first
 from .head import get_module
+from .placement import input_device
 
 
 def site_hvp(lm, seqs, signs, layer: int, objective: int = 0):
     """``(f(0) float, ∇f(0) (d,) float64, hvp: (d,) float64 → (d,) float64)``; see the module docstring."""
-    dev = next(lm.model.parameters()).device
+    dev = input_device(lm.model)
     dtype = next(lm.model.parameters()).dtype
     block = get_module(lm.model, lm.family.layers)[layer]
     head = get_module(lm.model, lm.family.head)

@@ -2,7 +2,9 @@
 
 ``model_fingerprint(model, tokenizer)`` is the sha256 hex digest of, in order:
 
-(a) every tensor of ``model.state_dict()`` (parameters and PERSISTENT buffers), sorted by name,
+(a) every tensor of ``model.state_dict()`` (parameters and PERSISTENT buffers), sorted by name (a tensor a
+    device map offloaded is read from its Accelerate weights map, ``models.placement``, so placement never
+    changes the fingerprint),
     each as name + dtype + shape + bytes. Floating tensors are hashed as fp32 bytes (exact for
     fp16/bf16; fp64 kept as is), streamed in chunks so no second full copy of the model is held.
     A tensor shared under several names (tied weights) is hashed once, under its first name;
@@ -116,6 +118,9 @@ def model_fingerprint(model, tokenizer, *, without_head: str | None = None) -> s
     for name in sorted(state):
         t = state[name]
         key = _storage_key(t)
+        if t.device.type == "meta":            # offloaded by a device map (models.placement): its real value, read
+            from .placement import offloaded_value      # now (a fresh tensor: its address says nothing of ties)
+            t = offloaded_value(model, name, t)
         if key is not None and key in seen:
             _put(h, f"alias:{name}={seen[key]}")
             continue

@@ -54,8 +54,9 @@ class FinalNorm:
     @torch.no_grad()
     def apply(self, x: np.ndarray) -> np.ndarray:
         """Apply the model's own final-norm module to residuals (..., d_model); float32 out."""
-        p = next(self.module.parameters())
-        out = self.module(torch.as_tensor(np.asarray(x), dtype=p.dtype, device=p.device))
+        from .placement import module_device
+        p = next(self.module.parameters())             # on meta when offloaded: its dtype still holds
+        out = self.module(torch.as_tensor(np.asarray(x), dtype=p.dtype, device=module_device(self.module)))
         return out.float().cpu().numpy()
 
 
@@ -74,13 +75,15 @@ def read_head(model, family: Family, objectives: tuple[str, ...] | None = None) 
     if getattr(model, "is_armorm", False):
         from .armorm import read_armorm_head
         return read_armorm_head(model, objectives)
+    from .placement import materialized
     lin = _get(model, family.head)
     if hasattr(lin, "regression") and hasattr(lin, "gating"):
         from .gated_head import read_gated
         return read_gated(lin, objectives)
-    W = lin.weight.detach().float().cpu().numpy().copy()
-    b = (lin.bias.detach().float().cpu().numpy().copy() if getattr(lin, "bias", None) is not None
-         else np.zeros(W.shape[0], np.float32))
+    with materialized(lin):                         # offloaded (models.placement): read where it runs
+        W = lin.weight.detach().float().cpu().numpy().copy()
+        b = (lin.bias.detach().float().cpu().numpy().copy() if getattr(lin, "bias", None) is not None
+             else np.zeros(W.shape[0], np.float32))
     names = tuple(objectives) if objectives else (
         ("reward",) if W.shape[0] == 1 else tuple(f"objective_{k}" for k in range(W.shape[0])))
     if len(names) != W.shape[0]:
@@ -92,7 +95,13 @@ def read_head(model, family: Family, objectives: tuple[str, ...] | None = None) 
 
 def read_final_norm(model, family: Family) -> FinalNorm:
     """Describe the family's final norm module (see ``FinalNorm``)."""
+    from .placement import materialized
     mod = _get(model, family.final_norm)
+    with materialized(mod):                         # offloaded (models.placement): read where it runs
+        return _final_norm(model, family, mod)
+
+
+def _final_norm(model, family: Family, mod) -> FinalNorm:
     g = (mod.weight.detach().double().cpu().numpy().copy() if getattr(mod, "weight", None) is not None
          else np.ones(model.config.hidden_size))          # a norm without a gain (OLMo)
     beta = (mod.bias.detach().double().cpu().numpy().copy() if getattr(mod, "bias", None) is not None

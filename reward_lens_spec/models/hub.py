@@ -174,18 +174,21 @@ def _weights(auto: str, loc, *, trust_remote_code: bool, dtype, allow_pickle: bo
 
 def load_classifier(loc, *, trust_remote_code: bool, num_labels: int, dtype=None, allow_pickle: bool = False,
                     source: str | None = None, gguf_file: str | None = None, revision: str | None = None,
-                    attn_implementation: str | None = None) -> tuple:
+                    attn_implementation: str | None = None, device_map: dict | None = None,
+                    offload_folder: str | None = None) -> tuple:
     """``(model, missing_keys)``: the ``AutoModelForSequenceClassification`` at ``loc`` and the names of
     the tensors its checkpoint lacked (transformers initialised those at random; see ``models.head_init``).
 
-    Weights come from safetensors only unless ``allow_pickle`` (not for ``gguf_file``). Raises ``SpecError``:
+    Weights come from safetensors only unless ``allow_pickle`` (not for ``gguf_file``). ``device_map`` (planned
+    by ``models.placement.plan_map``) and ``offload_folder`` place it over devices through Accelerate. Raises ``SpecError``:
     ``model.trust_remote_code`` (custom code refused), ``model.source`` (unreadable; pickle weights
     without ``allow_pickle`` say so).
     """
     model, info = _weights("AutoModelForSequenceClassification", loc, trust_remote_code=trust_remote_code,
                            dtype=dtype, allow_pickle=allow_pickle, source=source, gguf_file=gguf_file,
                            revision=revision, attn_implementation=attn_implementation,
-                           num_labels=int(num_labels), output_loading_info=True)
+                           num_labels=int(num_labels), output_loading_info=True,
+                           **({"device_map": device_map, "offload_folder": offload_folder} if device_map else {}))
     missing = tuple(sorted(str(k) for k in (info or {}).get("missing_keys") or ()))
     return model, missing
 

@@ -132,7 +132,7 @@ def canonical_spec(spec) -> dict:
         if isinstance(v, (list, tuple)):
             return [plain(x) for x in v]
         return v
-    skip = {"batch_size", "max_tokens", "threads", "device", "name"}
+    skip = {"batch_size", "max_tokens", "threads", "device", "name", "device_map", "max_memory", "offload_folder"}
     return {k: x for k, x in plain(spec).items() if k not in skip}
 
 

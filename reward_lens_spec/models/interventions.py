@@ -36,6 +36,7 @@ from .padding import batches_by_length, pad_batch
 from .patching import (_base_reward, check_unpatched, _copies_mask, _groups, _local, _module_for,
                        _patched_rewards, _quiet_transformers, _replacer)
 from .prefix import sliding
+from .placement import input_device
 
 SITES = ("resid_post", "attn_out", "mlp_out", "head")
 
@@ -62,7 +63,7 @@ def set_readout(lm, encoded, cap, targets, values, pair_indices, *, base_side: i
     resid_post of every copy, (pair, target, d_model) float32, as a third value. Raises
     ``CaptureError`` if an unpatched copy disagrees with the capture, or if a side is a single token.
     """
-    dev = next(lm.model.parameters()).device
+    dev = input_device(lm.model)
     dtype = next(lm.model.parameters()).dtype
     packed = not sliding(lm)
     seqs = {p: list((encoded.rejected if base_side else encoded.chosen)[p]) for p in pair_indices}
@@ -201,7 +202,7 @@ def head_attribution(lm, encoded, cap, layers, pair_indices, *, mode: str = "den
     the reverse. Needs ``attn_z`` in the capture. Approximate (first order).
     """
     base_side = 1 if mode == "denoise" else 0
-    dev = next(lm.model.parameters()).device
+    dev = input_device(lm.model)
     H, hd = n_heads(lm.model.config), head_dim(lm)
     seqs = [list((encoded.rejected if base_side else encoded.chosen)[p]) for p in pair_indices]
     z = cap.sites["attn_z"][pair_indices][:, :, list(layers)].astype(np.float64)    # pair × side × layer × H·hd

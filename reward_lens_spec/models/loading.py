@@ -46,6 +46,7 @@ class LoadedModel:
     device: str
     signal: object = None      # the kind of reward signal's own record (models.judge / models.prm), else None
     interventions: list | None = None   # model.interventions applied (models.apply_artifacts): their records
+    placement: dict | None = None   # model.device_map's record (models.placement.record), else None
 
     @property
     def n_layers(self) -> int:
@@ -78,6 +79,7 @@ def load_model(spec, base_dir: str | None = None) -> LoadedModel:
     padding_side = str(getattr(spec.padding_side, "value", spec.padding_side))
     trust, pickle = permissions(spec)               # every spec's flags through the model door, any source
     kind, loc = resolve_source(spec.source, base_dir)
+    placed, placement = getattr(spec, "device_map", None) is not None, None
     if kind == "builtin":
         if loc not in TINY_CONFIGS:
             raise SpecError("model.source", f"unknown built-in model '{loc}'.", value=loc, options=TINY_CONFIGS)
@@ -87,7 +89,14 @@ def load_model(spec, base_dir: str | None = None) -> LoadedModel:
         if gated:
             from .gated_head import attach_gated_head
             attach_gated_head(model, spec.num_labels, seed=spec.seed)
+        if placed:
+            from .placement import place_built
+            model.to(dtype=_DTYPES[dtype])
+            placement = place_built(model, spec, _DTYPES[dtype], base_dir)
     elif kind == "folder" and is_armorm_folder(loc):                 # ArmoRM natively (models.armorm)
+        if placed:
+            raise SpecError("model.device_map", f"{loc} is an ArmoRM checkpoint, which loads on one device.",
+                            fix="drop model.device_map (and model.max_memory, model.offload_folder).")
         if str(getattr(spec.head, "value", spec.head)) != "gated":
             raise SpecError("model.head", f"{loc} is an ArmoRM checkpoint (a gated multi-objective head).",
                             fix="set model.head=gated.")
@@ -105,13 +114,23 @@ def load_model(spec, base_dir: str | None = None) -> LoadedModel:
                                     fix="pip install 'reward_lens_spec[real]'")
         common = dict(trust_remote_code=trust, source=spec.source, gguf_file=gguf, revision=spec.revision or None)
         tok = load_tokenizer(loc, **common)
+        plan = folder = None
+        if placed:                                   # the map is planned from the config, before any weight
+            from .hub import load_config
+            from .placement import meta_skeleton, offload_dir, plan_map
+            plan = plan_map(spec, meta_skeleton(load_config(loc, **common), spec.num_labels), _DTYPES[dtype])
+            folder = offload_dir(spec, base_dir)
         model, missing = load_classifier(loc, num_labels=spec.num_labels, dtype=_DTYPES[dtype],
-                                         allow_pickle=pickle,
+                                         allow_pickle=pickle, device_map=plan, offload_folder=folder,
                                          attn_implementation=spec.attn_implementation or None, **common)
+        if placed:
+            from .placement import record
+            placement = record(spec, plan, folder, model)
         init_missing_head(model, missing, head_init=getattr(spec, "head_init", None), seed=spec.seed,
                           source=spec.source)
         tok.padding_side = padding_side
-    lm = wrap_model(spec.name, model, tok, dtype=dtype, device=device, objectives=tuple(spec.objectives) or None)
+    lm = wrap_model(spec.name, model, tok, dtype=dtype, device=device, objectives=tuple(spec.objectives) or None,
+                    placement=placement)
     want_gated = str(getattr(spec.head, "value", spec.head)) == "gated"
     if want_gated != lm.head.gated:
         raise SpecError("model.head", f"model.head={'gated' if want_gated else 'linear'} but the loaded head is "
@@ -123,14 +142,22 @@ def load_model(spec, base_dir: str | None = None) -> LoadedModel:
 
 
 def wrap_model(name: str, model, tokenizer, *, dtype: str = "float32", device: str = "cpu",
-               objectives: tuple[str, ...] | None = None) -> LoadedModel:
-    """Bundle an in-memory HF sequence classifier (tests, organisms, fitted heads) as a ``LoadedModel``."""
+               objectives: tuple[str, ...] | None = None, placement: dict | None = None) -> LoadedModel:
+    """Bundle an in-memory HF sequence classifier (tests, organisms, fitted heads) as a ``LoadedModel``.
+
+    ``placement``: a model Accelerate placed over devices (``models.placement.record``): it stays where it
+    is, and ``device`` becomes the device input ids go to."""
     if model.config.pad_token_id is None:
         # HF's pooling needs some pad id for batches > 1; our readout comes from the mask.
         model.config.pad_token_id = (tokenizer.pad_token_id if tokenizer.pad_token_id is not None
                                      else tokenizer.eos_token_id)
-    model.to(device=device, dtype=_DTYPES[dtype]).eval()
+    if placement is None:
+        model.to(device=device, dtype=_DTYPES[dtype])
+    else:
+        from .placement import input_device
+        device = str(input_device(model))
+    model.eval()
     family = family_or_discovered(model, tokenizer)
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, family=family,
                        head=read_head(model, family, objectives), norm=read_final_norm(model, family),
-                       dtype=dtype, device=device)
+                       dtype=dtype, device=device, placement=placement)

@@ -35,6 +35,7 @@ from .copy_skip import CopySkip, start_layer
 from .prefix import run_prefix, sliding
 from .head import get_module
 from .padding import batches_by_length, pad_batch
+from .placement import input_device
 
 
 def _module_for(lm, site: str, layer: int):
@@ -63,7 +64,7 @@ def patch_readout(lm, encoded, cap, targets, pair_indices, *, mode: str = "denoi
     is a single token (no prefix).
     """
     base_side = 1 if mode == "denoise" else 0
-    dev = next(lm.model.parameters()).device
+    dev = input_device(lm.model)
     dtype = next(lm.model.parameters()).dtype
     packed = not sliding(lm)
     seqs = {p: list((encoded.rejected if base_side else encoded.chosen)[p]) for p in pair_indices}
@@ -202,7 +203,7 @@ def _replacer(items, packed: bool = False):
 def attribution_patch(lm, encoded, cap, targets, pair_indices, *, mode: str = "denoise", batch_size: int = 16):
     """First-order patch estimates, array (pair, target, objective); one backward per objective per batch."""
     base_side = 1 if mode == "denoise" else 0
-    dev = next(lm.model.parameters()).device
+    dev = input_device(lm.model)
     seqs = [list((encoded.rejected if base_side else encoded.chosen)[p]) for p in pair_indices]
     out = np.zeros((len(pair_indices), len(targets), lm.head.n_outputs), np.float64)
     counts = {"forward_passes": 0, "backward_passes": 0}
@@ -263,7 +264,7 @@ def patch_all_positions(lm, encoded, cap, targets, pair_indices, *, mode: str = 
                         f"length; {len(bad)} pair(s) do not: {bad[:10]}.",
                         fix="use positions=readout, or select pairs of equal length (dataset.limit / a filtered file).")
     base_side = 1 if mode == "denoise" else 0
-    dev = next(lm.model.parameters()).device
+    dev = input_device(lm.model)
     out = np.zeros((len(pair_indices), len(targets), lm.head.n_outputs), np.float64)
     counts = {"forward_passes": 0, "tokens": 0}
     for pi, p in enumerate(pair_indices):

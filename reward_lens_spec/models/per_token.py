@@ -30,6 +30,7 @@ from .capture import _first
 from .formatting import _common_prefix, _encode
 from .head import get_module
 from .padding import batches_by_length, pad_batch
+from .placement import input_device
 
 
 def response_starts(tokenizer, pairs, encoded) -> np.ndarray:
@@ -77,7 +78,7 @@ def prefix_pass(lm, encoded, starts, *, lens: bool = False, batch_size: int = 16
         owners.setdefault(first.setdefault(tuple(sq), r), []).append(r)
     uniq = list(owners)
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else lm.model.config.pad_token_id
-    dev = next(lm.model.parameters()).device
+    dev = input_device(lm.model)
     layers = get_module(lm.model, lm.family.layers)
     norm_copy = copy.deepcopy(lm.norm.module)             # no hooks: the model's own norm, applied again
     got: dict = {}

@@ -22,6 +22,7 @@ import torch
 from .capture import _first
 from .head import get_module
 from .padding import batches_by_length, pad_batch
+from .placement import input_device
 
 
 @torch.inference_mode()
@@ -34,7 +35,7 @@ def steer_response(lm, encoded, starts: np.ndarray, layer: int, shifts: np.ndarr
     K = lm.head.n_outputs
     out = np.full((len(rows), len(shifts), K), np.nan)
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else lm.model.config.pad_token_id
-    dev = next(lm.model.parameters()).device
+    dev = input_device(lm.model)
     dtype = next(lm.model.parameters()).dtype
     target = get_module(lm.model, lm.family.layers)[layer]
     state: dict = {}

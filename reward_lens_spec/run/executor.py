@@ -225,6 +225,7 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
             "observable_version": run.observable.version, "versions": versions(), "git_sha": git_sha(),
             "seed": run.seed, "device": lm.device, "dtype": lm.dtype, "wall_s": round(time.perf_counter() - t0, 3),
             "torch_threads": torch_threads(), "batch_size": inp.batch_size, "trust_remote_code": bool(m.trust_remote_code),
+            "placement": getattr(lm, "placement", None),   # model.device_map: the map used (models.placement)
             "counts": counts, "chunks": chunks, "study_hash": parts["study_hash"],
             "gauge": {v: str(result[v].attrs.get("gauge", "")) for v in result.data_vars},
             "frame": {"requested": run.frame.name.value, "id": frame.id if frame is not None else None,

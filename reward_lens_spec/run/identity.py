@@ -11,7 +11,10 @@
   declares it reads (``Operator.pair_fields``: ``chosen_position``, ``group``, ``agreement``, ``votes``,
   RewardBench 2's ``item`` …); operators see no other field (``run.inputs.ops_view``);
 - ``observable``: the expanded steps, outputs, version and restrictions; ``numerics`` (dtype,
-  max_length, format, template, objectives); ``package_version``; the study and frame it ran under;
+  max_length, format, template, objectives; for ``bfloat16``/``float16`` also the device type the model
+  executes on, ``cpu`` or ``cuda``: a reduced-precision kernel's rounding differs between them by about the
+  dtype's own precision, so a CPU bf16 result is not reused for a GPU bf16 run); ``package_version``; the
+  study and frame it ran under;
 - ``data_shape`` (data read by a TRL reader only, ``data.readers``): the shape, the chat template that renders
   messages (``model`` or the sha256 of ``dataset.chat_template``) and a stepwise file's step separator
   (``PairSet.shape_record``); data of the other kinds have none, so their run ids are as before;
@@ -20,7 +23,9 @@
 - ``interventions`` (``model.interventions`` only): kind, site, alpha and the sha256 of each artifact file
   (``models.artifacts``), so an erased or steered model and a changed artifact each get their own id.
 
-Paths, time, batch size, chunking, threads and launcher are not part of it.
+Paths, time, batch size, chunking, threads, launcher and where weights live (``model.device_map``,
+``max_memory``, ``offload_folder``: offloaded weights are copied bit for bit to the device that runs them, so
+a split run equals the unsplit one; the map is in the run's provenance, ``placement``) are not part of it.
 """
 from __future__ import annotations
 
@@ -43,6 +48,9 @@ def numerics(spec) -> dict:
 
     out = {"dtype": spec.dtype.value, "max_length": spec.max_length, "format": spec.format.value,
            "template": spec.template if spec.format.value == "plain" else None, "objectives": list(spec.objectives)}
+    if spec.dtype.value != "float32":             # reduced precision: the kernels' rounding shows (models.placement)
+        from ..models.placement import execution_type
+        out["execution"] = execution_type(spec)
     kind = kind_settings(spec)                    # {} for the classifier: its run ids are as before
     return {**out, "signal": kind} if kind else out
 

@@ -2,7 +2,8 @@
 
     calibrate  observable=NAME [organism=planted|trained_keyword|trained_length|... (models.kind_organisms.KINDS:
                also judge_planted, prm_planted, implicit_planted, concept, curvature, ensemble_planted,
-               sparse_feature)] [base=tiny_llama] [n_pairs=12] [seed=0] [store.url=PATH]
+               sparse_feature)] [base=tiny_llama] [n_pairs=12] [seed=0]
+               [dtype=float32|bfloat16|float16] [store.url=PATH]
     calibrate  organism=training [read=checkpoint_dynamics] [store.url=PATH]: grade ``drift`` on the training
                organism's checkpoint sequence stored in store.url (``trust.drift_card``); the card goes there
     freeze     experiment=NAME [amend=true] [store.url=PATH]
@@ -67,14 +68,15 @@ def calibrate_main(argv: list[str]) -> int:
     """Grade ``observable`` on an organism family, print per-strength readings, write the card."""
     def run(argv):
         from .scorecard import grade, write_card
-        a = parse_args(argv, ("observable", "organism", "base", "n_pairs", "seed", "read"),
+        a = parse_args(argv, ("observable", "organism", "base", "n_pairs", "seed", "read", "dtype"),
                        () if "organism=training" in argv else ("observable",))
         if a.get("organism") == "training":
             from .drift_card import grade_drift
             card = grade_drift(a["store.url"], a.get("read", "checkpoint_dynamics"))
         else:
             card = grade(a["observable"], organism=a.get("organism", "planted"), base=a.get("base", "tiny_llama"),
-                         n_pairs=_int(a.get("n_pairs", "12"), "n_pairs"), seed=_int(a.get("seed", "0"), "seed"))
+                         n_pairs=_int(a.get("n_pairs", "12"), "n_pairs"), seed=_int(a.get("seed", "0"), "seed"),
+                         dtype=a.get("dtype", "float32"))
         print(card.describe())
         rid = write_card(card, a["store.url"])
         print(f"card: {rid} in {a['store.url']}")

@@ -22,10 +22,11 @@ the documents the store holds now:
   file requires signers (``store.trust_root``) — not signed by a key it pins) lifts nothing: a run reads exploratory and unverified, such a
   card or study fails the gate it would pass;
 * a **result run** is ``calibrated`` for each output variable a valid, passing,
-  *latest* card (per organism kind and base, same observable content hash and
-  model family) graded, provided every latest card is valid and passing and the
-  run's own exactness identities hold (``identities_ok``), and — for an SAE attribution output — its SAE
-  reconstructs this model's activations above the floor (``trust.sae_gate``); ``registered`` when
+  *latest* card (per organism kind and base, same observable content hash,
+  model family and numerics: the card's organisms were graded in the run's ``dtype``) graded, provided every
+  latest card is valid and passing and the run's own exactness identities hold (``identities_ok``), and — for
+  an SAE attribution output — its SAE reconstructs this model's activations above the floor
+  (``trust.sae_gate``); ``registered`` when
   additionally it executed a valid frozen study, logged before the run, whose
   pins (observable content hash, model fingerprint, dataset checksum) equal the
   run's. Ungraded variables stay ``exploratory``; the run's level is the lowest
@@ -94,6 +95,12 @@ CELL_FLOOR = 0.999
 IDENTITY_RTOL = {"float64": 1e-3, "float32": 1e-3, "bfloat16": 5e-2, "float16": 2e-2}
 
 
+def numerics_of(doc: dict) -> str:
+    """The dtype a run computed in or a card's organisms were graded in (``dtype``; a card written before cards
+    recorded it was graded in float32, the organisms' only dtype then)."""
+    return str(doc.get("dtype") or "float32")
+
+
 def _rank(level) -> int:
     return LEVELS.index(level) if level in LEVELS else 0
 
@@ -155,6 +162,11 @@ def card_verdict(card: dict, *, check_code: bool = True) -> tuple[bool, str]:
             changed = code_changes()
             return False, (f"written by other code: card code hash {str(card.get('code_hash'))[:12]}, this code "
                            f"{here[:12]}" + (f" (replaced at run time: {', '.join(changed[:5])})" if changed else ""))
+    dt = numerics_of(card)
+    wrong = sorted({str(r.get("dtype")) for per in card.get("identities") or () for r in per or ()
+                    if "dtype" in r and str(r.get("dtype")) != dt})
+    if wrong:
+        return False, f"the card says dtype {dt} but its identities were computed in {', '.join(wrong)}"
     planted = "layer" in (card.get("truth") or {})
     for c in crits:
         if c not in FLOORS:
@@ -291,11 +303,18 @@ class Evidence:
         key = (a.get("observable_spec_hash"), a.get("model_family"))
         if key[0] is None:
             return set(), [], "the run records no observable content hash"
+        dtype = numerics_of(a)
         latest: dict = {}
+        other = set()
         for rid, c in self.cards.get(key, []):
+            if numerics_of(c) != dtype:          # precision is part of the evidence: same dtype only
+                other.add(numerics_of(c))
+                continue
             latest[(c.get("organism"), c.get("base"))] = (rid, c)
         if not latest:
-            return set(), [], f"no scorecard for observable [{str(key[0])[:12]}] on family {key[1]!r}"
+            return set(), [], (f"no scorecard for observable [{str(key[0])[:12]}] on family {key[1]!r} in {dtype}"
+                               + (f" (cards calibrated in {', '.join(sorted(other))} do not lift a {dtype} run)"
+                                  if other else ""))
         for rid, c in latest.values():
             bad = self.card_error(rid, c)
             if bad:

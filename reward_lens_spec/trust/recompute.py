@@ -152,7 +152,7 @@ def recompute_card(store, card_id: str) -> tuple[bool | None, str]:
     try:
         new = grade(obs, organism=a.get("organism", "planted"), base=a.get("base", "tiny_llama"),
                     strengths=tuple(a.get("strengths") or ()), seed=int((a.get("organism_params") or {}).get("seed", 0)),
-                    n_pairs=int(scope.get("n_pairs") or 12))
+                    n_pairs=int(scope.get("n_pairs") or 12), dtype=str(a.get("dtype") or "float32"))
     except (RewardLensError, OSError) as e:
         return None, f"organism not rebuilt here ({type(e).__name__}: {str(e)[:120]})"
     if a.get("organism_checksum") and new.organism_checksum != a.get("organism_checksum"):

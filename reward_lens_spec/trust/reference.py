@@ -12,6 +12,7 @@ import numpy as np
 import xarray as xr
 
 from ..models.organisms import Organism
+from ..models.placement import input_device
 
 
 def planted_margins(org: Organism) -> np.ndarray:
@@ -23,7 +24,7 @@ def planted_margins(org: Organism) -> np.ndarray:
 
     from ..run.inputs import encode
     enc = encode(org.lm, org.pairs)
-    dev = next(org.lm.model.parameters()).device
+    dev = input_device(org.lm.model)
     out = []
     with torch.no_grad():
         for c, r in zip(enc.chosen, enc.rejected):

@@ -198,6 +198,7 @@ class Scorecard:
     scope: dict = field(default_factory=dict)        # family, organism, base, strengths, n_pairs
     why_not: dict = field(default_factory=dict)      # ungraded output -> why no criterion grades it (trust.coverage)
     code_hash: str = ""                              # evidence.code_hash() of the code that graded it
+    dtype: str = "float32"                           # the organisms' dtype: lifts runs in this dtype only
     wall_s: float = 0.0
 
     def describe(self) -> str:
@@ -240,11 +241,15 @@ class Scorecard:
 
 
 def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", strengths=STRENGTHS,
-          seed: int = 0, n_pairs: int = 12, organisms: list[Organism] | None = None) -> Scorecard:
+          seed: int = 0, n_pairs: int = 12, organisms: list[Organism] | None = None,
+          dtype: str = "float32") -> Scorecard:
     """Grade ``observable`` (a name under ``conf/observable`` or an ``ObservableSpec``); see module doc.
 
-    ``organisms`` overrides the built family (tests pass hand-made ones).
-    Raises ``SpecError`` when no criterion applies to the observable's outputs.
+    ``organisms`` overrides the built family (tests pass hand-made ones). ``dtype`` (``float32``, ``bfloat16``,
+    ``float16``): the organisms are cast to it before grading, and the card lifts runs in that dtype only
+    (``trust.evidence``: numerics are part of the evidence).
+    Raises ``SpecError`` when no criterion applies to the observable's outputs, or for a ``dtype`` other than those
+    (or not float32 for an organism kind with its own reward signal).
     """
     from ..models.fingerprint import model_fingerprint
     from ..registry import expand_steps
@@ -266,6 +271,7 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
     if organisms is None:
         kw = {"n_pairs": n_pairs} if organism in N_PAIRS_KINDS else {}
         organisms = organism_family(organism, tuple(strengths), base=base, seed=seed, **kw)
+    organisms = [in_dtype(o, dtype) for o in organisms]
     results = [evaluate(obs, o) for o in organisms]
     refs = []                          # per organism: the plain-forward cells each referenced variable matched
     for ds, o in zip(results, organisms):
@@ -303,6 +309,7 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
     card.graded = [o for o in outputs if o in used]
     card.why_not = {o: why_not(o, card.organism) for o in card.ungraded}
     card.identities = [ds.attrs["identities"] for ds in results]
+    card.dtype = str(organisms[0].lm.dtype)
     card.scope = {"family": card.model_family, "organism": card.organism, "base": card.base,
                   "strengths": s, "n_pairs": len(organisms[0].pairs)}
     top = int(np.argmax(s))
@@ -340,6 +347,24 @@ def grade_readings(card: Scorecard, crits, results, truths, refs=None, truth_eff
     return card
 
 
+def in_dtype(org: Organism, dtype: str) -> Organism:
+    """``org`` with its model cast to ``dtype`` (the same weights, rounded; ``org`` itself when already in it)."""
+    from dataclasses import replace
+
+    from ..models.loading import _DTYPES, wrap_model
+    if dtype not in _DTYPES:
+        raise SpecError("dtype", f"unknown dtype {dtype!r}.", value=dtype, options=list(_DTYPES))
+    lm = org.lm
+    if str(lm.dtype) == dtype:
+        return org
+    if getattr(lm, "signal", None) is not None or type(lm).__name__ != "LoadedModel" or lm.head.gate is not None:
+        raise SpecError("dtype", f"organism kind {org.kind!r} is graded in float32 only.",
+                        fix="calibrate a classifier organism (planted, planted_head, ...) in another dtype.")
+    import copy                                       # a copy: organisms may be shared (cached) in float32
+    return replace(org, lm=wrap_model(lm.name, copy.deepcopy(lm.model), lm.tokenizer, dtype=dtype, device=lm.device,
+                                      objectives=lm.head.objectives))
+
+
 def _grade_one(card: Scorecard, c, results, truths, refs, s, zero, top, planted, truth_effect,
                organisms=None, obs=None) -> None:
     """Criterion ``c``'s readings, Spearman, floor and magnitude into ``card`` (any error: the caller fails it)."""
@@ -375,8 +400,9 @@ def _grade_one(card: Scorecard, c, results, truths, refs, s, zero, top, planted,
 
 
 def card_run_id(card: Scorecard) -> str:
-    key = json.dumps([card.spec_hash, card.model_family, card.organism, card.base, card.strengths,
-                      card.organism_checksum, card.organism_params, card.organism_fingerprints], sort_keys=True)
+    key = [card.spec_hash, card.model_family, card.organism, card.base, card.strengths,
+           card.organism_checksum, card.organism_params, card.organism_fingerprints]
+    key = json.dumps(key + ([card.dtype] if card.dtype != "float32" else []), sort_keys=True)   # float32: ids as before
     name = card.observable.replace("/", ".")
     return f"scorecard-{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
