@@ -204,14 +204,26 @@ def open_variable(zstore, group: str, name: str, *, lazy: bool = True, labels=No
         if labels.sizes["pair"] != v.sizes["pair"]:
             raise KeyError(f"{group}/{name}: {v.sizes['pair']} pairs, the group labels {labels.sizes['pair']}")
         coords.update({k: c.variable for k, c in labels.coords.items()})
+    done = set()
     if digest is not None:
-        from reward_lens_spec.store.digest import check_coords, check_header
-
-        label = f"{where or group}: variable {name}"
-        check_header(v, digest, label)
         rec = digest.get("coords") or {}
         done = {k for k in coords if shared and k in labels.coords and (known or {}).get(k) == rec.get(str(k))
                 and set(map(str, coords)) == set(rec)}
+    return finish_variable(v, coords, name, lazy=lazy, digest=digest, label=f"{where or group}: variable {name}",
+                           done=done)
+
+
+def finish_variable(v: xr.DataArray, coords: dict, name: str, *, lazy, digest: dict | None, label: str,
+                    done=()) -> xr.DataArray:
+    """The stored variable ``v`` (its data lazily indexed or in memory, its zarr encoding) with ``coords``
+    (name -> Variable, in memory): dask-backed or read per ``lazy`` (``open_variable``), checked against its
+    sealed ``digest`` when given (coords now, except those in ``done``, already checked; data now or block by
+    block as read), a mismatch raising ``DigestError`` naming ``label``."""
+    if digest is not None:
+        from reward_lens_spec.store.digest import check_coords, check_header
+
+        check_header(v, digest, label)
+        rec = digest.get("coords") or {}
         rest = {k: c for k, c in coords.items() if k not in done}
         check_coords(xr.DataArray(v.variable, coords=rest, name=name),
                      {**digest, "coords": {k: h for k, h in rec.items() if k not in done}}, label)
