@@ -52,9 +52,7 @@ def pristine(setup, tmp_path_factory):
 
 
 def _group(url, run_id="r"):
-    st = open_store(url)
-    att = st.document(run_id)["attempt"]
-    return os.path.join(url, "runs", run_id, att, "dla")
+    return os.path.join(url, "runs", run_id, "dla")         # the published observable
 
 
 def _arr(url, path):
@@ -68,25 +66,25 @@ def _chunks(d):
 
 
 def _replace_bytes(url, g):
-    c = _chunks(os.path.join(g, "dla", "dla"))
+    c = _chunks(os.path.join(g, "dla"))
     shutil.copyfile(c[1], c[0])
 
 
 def _reencode(url, g):
-    a = _arr(url, os.path.join(g, "dla", "dla"))
+    a = _arr(url, os.path.join(g, "dla"))
     v = a[3]
     a[3] = v + 1.0                      # decoded, edited, encoded again: its checksum is valid
 
 
 def _bit_flip(url, g):
-    p = _chunks(os.path.join(g, "dla", "dla"))[2]
+    p = _chunks(os.path.join(g, "dla"))[2]
     raw = bytearray(open(p, "rb").read())
     raw[len(raw) // 2] ^= 0x10
     open(p, "wb").write(bytes(raw))
 
 
 def _delete_chunk(url, g):
-    os.remove(_chunks(os.path.join(g, "dla", "dla"))[0])     # reads back as fill (NaN)
+    os.remove(_chunks(os.path.join(g, "dla"))[0])     # reads back as fill (NaN)
 
 
 def _swap_labels(url, g):
@@ -97,7 +95,7 @@ def _swap_labels(url, g):
 
 
 def _dla_times_ten(url, g):
-    a = _arr(url, os.path.join(g, "dla", "dla"))
+    a = _arr(url, os.path.join(g, "dla"))
     a[:] = a[:] * 10
 
 
@@ -116,7 +114,7 @@ def test_pristine_run_reads_and_verifies(pristine, capsys):
     assert st.runs().trust_verified.all()
     assert catalog_cli.main(["verify", f"url={pristine}"]) == 0
     assert "r  verified" in capsys.readouterr().out
-    meta = json.load(open(os.path.join(_group(pristine), "dla", "dla", "zarr.json")))
+    meta = json.load(open(os.path.join(_group(pristine), "dla", "zarr.json")))
     assert {"name": "crc32c"} in meta["codecs"]
 
 
@@ -156,8 +154,9 @@ def test_an_edited_digest_breaks_the_seal(pristine, tmp_path):
 
 
 def _mark_dir(url, run_id="r"):
-    (att,) = [a for a in os.listdir(os.path.join(url, "runs", run_id)) if a.startswith("attempt-")]
-    return os.path.join(url, "runs", run_id, att)
+    attempts = os.path.join(url, "_internal", "attempts", run_id)
+    (att,) = [a for a in os.listdir(attempts) if a.startswith("attempt-")]
+    return os.path.join(attempts, att)
 
 
 @pytest.mark.parametrize("completer_checks", [False, True])

@@ -22,7 +22,6 @@
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from datetime import datetime, timezone
@@ -72,6 +71,9 @@ def check_layout(b: Backend, *, create: bool = False) -> int:
         raise StoreError(f"no result store at {b.url} (no zarr.json). Fix: check url=, or write "
                          "a run there first.")
     version = (doc.get("attributes") or {}).get(LAYOUT_KEY)
+    if version is None and not b.exists_key(f"{RUNS}/{DOC}"):
+        raise StoreError(f"store {b.url} is a Zarr group reward_lens_spec did not write (no {LAYOUT_KEY} "
+                         "attribute, no runs/ group). Fix: point url= at a result store this package wrote.")
     if not isinstance(version, int) or version < LAYOUT_VERSION:
         raise StoreError(f"store {b.url} has layout {version!r}, older than this package's "
                          f"{LAYOUT_VERSION}. Fix: run `reward-lens-spec store migrate url={b.url}`.")
