@@ -60,7 +60,7 @@ def test_the_store_can_neither_lower_the_requirement_nor_add_trust(tmp_path, tam
     os.environ[ENV_TRUST] = write(tmp_path / "lab.trust", f"alice@lab * sha256:{fingerprint(HEX_A)}",
                                   f"@require {tmp_path}/*.zarr")
     if tamper == "delete_policy":
-        os.remove(b.path("keys/policy.json"))
+        os.remove(b.path("_internal/keys/policy.json"))
     elif tamper == "delete_keys":
         shutil.rmtree(b.path("_internal/keys"))
     elif tamper == "policy_false":
@@ -140,7 +140,7 @@ def test_a_required_store_stays_required_whatever_its_keys_folder_says(_unsigned
         assert store_main(["keys", f"url={store}", *args]) == 0
     src = lab_trust(tmp_path, keys, "lab")
     {"delete_policy": lambda: os.remove(f"{store}/_internal/keys/policy.json"),
-     "delete_keys": lambda: shutil.rmtree(f"{store}/keys"),
+     "delete_keys": lambda: shutil.rmtree(f"{store}/_internal/keys"),
      "policy_false": lambda: Path(f"{store}/_internal/keys/policy.json").write_text('{"require_signers": false}')}[tamper]()
     t = margin_trust(store, rid)
     assert t["level"] == "exploratory" and not t["verified"] and "unsigned" in t["why"], t
@@ -161,7 +161,7 @@ def test_a_key_listed_only_in_the_store_adds_no_trust(_signed, keys, tmp_path, c
     os.environ[ENV_TRUST] = write(tmp_path / "fp.trust", f"lab@lab * sha256:{fingerprint(pub)}", "@require *")
     assert margin_trust(store, rid)["level"] == "calibrated"
     assert verify(store, capsys)[0] == 0
-    shutil.rmtree(f"{store}/keys")                         # the key gone from the list: fail closed
+    shutil.rmtree(f"{store}/_internal/keys")                         # the key gone from the list: fail closed
     assert margin_trust(store, rid)["level"] == "exploratory"
 
 
