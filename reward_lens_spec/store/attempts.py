@@ -385,15 +385,18 @@ class Attempt:
                 self.fence(role)
                 lock.fence("publish")
 
-            publish(self, run_attrs, fence)
+            entries = publish(self, run_attrs, fence)
             # seq under the seal, then the entry in the evidence log, then the document (store.log)
             run_attrs = append_to_log(self.b, self.run_id, run_attrs, fence=fence)
-            self.b.write_atomic(f"{RUNS}/{self.run_id}/{DOC}",
-                                group_doc({**run_attrs, "complete": True, "attempt": self.aid}))
+            doc = {"zarr_format": 3, "node_type": "group",
+                   "attributes": {**run_attrs, "complete": True, "attempt": self.aid}}
+            self.b.write_atomic(f"{RUNS}/{self.run_id}/{DOC}", group_doc(doc["attributes"]))
             lock.release("publish")
         finally:
             lock.close()
-        consolidate(self.b, [self.run_id])
+        entries[f"{RUNS}/{self.run_id}"] = {**doc, "consolidated_metadata": {
+            "kind": "inline", "must_understand": False, "metadata": {}}}
+        consolidate(self.b, known={self.run_id: entries})
         return True
 
     def remove(self) -> None:

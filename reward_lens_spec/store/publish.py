@@ -65,7 +65,13 @@ def _files(b: Backend, key: str) -> list[str]:
 
 
 def _read_many(b: Backend, keys: list[str]) -> dict[str, bytes]:
-    if b.local or len(keys) < 2:
+    if b.local:                          # files this writer just listed (never through a link: ``_files``)
+        out = {}
+        for k in keys:
+            with open(b.path(k), "rb") as f:
+                out[k] = f.read()
+        return out
+    if len(keys) < 2:
         return {k: b.read(k) for k in keys}
     try:
         got = b.fs.cat([b.path(k) for k in keys])
@@ -210,44 +216,54 @@ def _free(name: str, taken) -> str:
 
 
 def _with_dims(doc: dict, dims) -> dict:
-    out = json.loads(json.dumps(doc))
+    out = {**doc, "attributes": dict(doc.get("attributes") or {})}
     if dims:
         out["dimension_names"] = list(dims)
     return out
 
 
-def publish_group(b: Backend, src: str, dst: str, attempt: str, fence=None) -> None:
+def publish_group(b: Backend, src: str, dst: str, attempt: str, fence=None) -> dict:
     """Publish the attempt group ``src`` (a key) as the Dataset group ``dst``: arrays first (chunks copied,
-    ``zarr.json`` written), the group document last, naming ``attempt``."""
+    ``zarr.json`` written), the group document last, naming ``attempt``. Returns the consolidated-metadata
+    entries of what it wrote (``{key: document}``)."""
     arrays, attrs, chunks = plan(b, src)
-    copies, docs = [], {}
+    copies, docs, entries = [], {}, {}
     for name, (node, doc) in arrays.items():
         copies += [(f"{src}/{node}/{c}", f"{dst}/{name}/{c}") for c in chunks.get(node, [])]
         docs[f"{dst}/{name}/{DOC}"] = json.dumps(doc, indent=2).encode()
+        entries[f"{dst}/{name}"] = _entry(doc)
     if fence is not None:
         fence()
     _copy(b, copies)
-    if b.local:
+    if b.local:                     # new files in a folder no reader lists until the group document exists
         for k, v in docs.items():
-            b.write_atomic(k, v)
+            b.check_inside(k)
+            os.makedirs(os.path.dirname(b.path(k)), exist_ok=True)
+            with open(b.path(k), "wb") as f:
+                f.write(v)
     else:
         b.put_many({b.path(k): v for k, v in docs.items()})
     if fence is not None:
         fence()
-    b.write_atomic(f"{dst}/{DOC}", group_doc({**attrs, ATTEMPT: attempt}))
+    gdoc = group_doc({**attrs, ATTEMPT: attempt})
+    b.write_atomic(f"{dst}/{DOC}", gdoc)
+    entries[dst] = _entry(json.loads(gdoc))
+    return entries
 
 
-def publish(att, run_attrs: dict, fence=None) -> None:
+def publish(att, run_attrs: dict, fence=None) -> dict:
     """Replace whatever is published in ``runs/<run_id>/`` by the observables ``run_attrs["observables"]``
     of attempt ``att`` (``publish_group`` each). Called under the run's ``publish`` lease, before the run
-    document names ``att``."""
+    document names ``att``. Returns the consolidated-metadata entries of the published groups."""
     b, run = att.b, f"{RUNS}/{att.run_id}"
     for child in b.list_dirs(run):                      # an earlier publication (force) or a crashed one
         if fence is not None:
             fence()
         b.remove_tree(f"{run}/{child}")
+    entries = {}
     for obs in run_attrs.get("observables") or []:
-        publish_group(b, f"{att.prefix}/{obs}", published_group(att.run_id, obs), att.aid, fence)
+        entries.update(publish_group(b, f"{att.prefix}/{obs}", published_group(att.run_id, obs), att.aid, fence))
+    return entries
 
 
 # -- consolidated metadata ------------------------------------------------------------------------------
@@ -293,13 +309,16 @@ def _run_of(key: str) -> str | None:
     return parts[1] if parts[0] == RUNS and len(parts) > 1 else None
 
 
-def consolidate(b: Backend, run_ids=(), *, rebuild: bool = False, tries: int = 20) -> None:
+def consolidate(b: Backend, run_ids=(), *, rebuild: bool = False, known: dict | None = None,
+                tries: int = 20) -> None:
     """Bring the root's consolidated metadata up to date for ``run_ids`` (and any complete run it lacks);
-    ``rebuild``: every run read again. Best effort against concurrent writers: re-lists after writing and
-    repeats while a complete run is missing (at most ``tries`` times)."""
+    ``rebuild``: every run read again; ``known``: ``{run_id: its entries}`` the caller just wrote (not read
+    again). Best effort against concurrent writers: re-lists after writing and repeats while a complete run
+    is missing (at most ``tries`` times)."""
     import warnings
 
-    changed = set(run_ids)
+    known = dict(known or {})
+    changed = set(run_ids) | set(known)
     for _ in range(tries):
         root = b.read_json(DOC) or {}
         meta = dict(((root.get("consolidated_metadata") or {}).get("metadata")) or {})
@@ -309,8 +328,10 @@ def consolidate(b: Backend, run_ids=(), *, rebuild: bool = False, tries: int = 2
         runs_doc = b.read_json(f"{RUNS}/{DOC}") or json.loads(group_doc({}))
         keep[RUNS] = _entry(runs_doc)
         workers = 1 if b.local else min(16, max(1, len(todo)))
+        for r in todo & set(known):
+            keep.update(known[r])
         with ThreadPoolExecutor(workers) as pool:
-            for entries in pool.map(lambda r: run_entries(b, r), sorted(todo)):
+            for entries in pool.map(lambda r: run_entries(b, r), sorted(todo - set(known))):
                 keep.update(entries)
         root = b.read_json(DOC) or {}
         root.setdefault("zarr_format", 3)
@@ -318,9 +339,9 @@ def consolidate(b: Backend, run_ids=(), *, rebuild: bool = False, tries: int = 2
         root["consolidated_metadata"] = {**_INLINE, "metadata": dict(sorted(keep.items()))}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            b.write_atomic(DOC, json.dumps(root, indent=2, sort_keys=True, allow_nan=True).encode())
+            b.write_atomic(DOC, json.dumps(root, separators=(",", ":"), allow_nan=True).encode())
         now = set(b.list_runs())
         missing = {r for r in now - {_run_of(k) for k in keep} if run_entries(b, r)}
         if not missing:
             return
-        changed, rebuild = missing, False
+        changed, rebuild, known = missing, False, {}
