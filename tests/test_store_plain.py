@@ -222,3 +222,17 @@ def test_a_layout_2_run_is_published_as_it_was(tmp_path):
     ds = plain_group(url, "runs/r0/lens")
     assert list(ds.data_vars) == ["raw"] and ds.attrs["output_variables"] == ["raw"]
     np.testing.assert_array_equal(ds["raw"].values, lens["raw"].values)
+
+
+def test_a_coordinate_named_like_another_variable_is_published_under_its_own_name(tmp_path):
+    url = str(tmp_path / "n.zarr")
+    a = xr.DataArray([1.0, 2.0], dims="pair", coords={"pair": ["p", "q"], "weight": ("pair", [0.5, 0.25])})
+    w = xr.DataArray([[3.0, 4.0]], dims=("k", "pair"), coords={"pair": ["p", "q"]})
+    write_run(url, "r", {"obs": Result({"a": a, "weight": w})}, {"model": "m"})
+    ds = plain_group(url, "runs/r/obs")
+    np.testing.assert_array_equal(ds["weight"].values, [[3.0, 4.0]])          # the variable keeps its name
+    own = ds.attrs["stored_as"]["a"]["coords"]["weight"]
+    assert own != "weight" and list(ds[own].values) == [0.5, 0.25]
+    got = open_store(url).load("r", "obs", lazy=False)
+    xr.testing.assert_identical(got["a"].drop_attrs(), a.rename("a"))
+    xr.testing.assert_identical(got["weight"].drop_attrs(), w.rename("weight"))

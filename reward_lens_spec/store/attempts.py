@@ -378,7 +378,6 @@ class Attempt:
                     return False
                 time.sleep(0.05)
             if not force and run_state(self.b, self.run_id)[0] == "complete":
-                lock.release("publish")
                 return False
 
             def fence():
@@ -391,12 +390,17 @@ class Attempt:
             doc = {"zarr_format": 3, "node_type": "group",
                    "attributes": {**run_attrs, "complete": True, "attempt": self.aid}}
             self.b.write_atomic(f"{RUNS}/{self.run_id}/{DOC}", group_doc(doc["attributes"]))
-            lock.release("publish")
         finally:
-            lock.close()
+            try:
+                lock.release("publish")       # also after a failure: the next writer clears what is left
+            finally:
+                lock.close()
         entries[f"{RUNS}/{self.run_id}"] = {**doc, "consolidated_metadata": {
             "kind": "inline", "must_understand": False, "metadata": {}}}
-        consolidate(self.b, known={self.run_id: entries})
+        try:                                  # the run is complete: a failure here only delays plain readers
+            consolidate(self.b, known={self.run_id: entries})
+        except Exception:
+            pass
         return True
 
     def remove(self) -> None:

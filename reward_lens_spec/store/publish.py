@@ -149,6 +149,11 @@ def plan(b: Backend, src: str) -> tuple[dict, dict, dict]:
     def dims(doc):
         return tuple(doc.get("dimension_names") or ())
 
+    clash = sorted(set(listed or ()) & set(top))
+    if clash:
+        raise StoreError(f"store {b.url}: {src}: output variable(s) {clash} share their name with the pair labels; "
+                         "one Dataset cannot hold both. Fix: rename the variable.")
+    reserved = set(listed or ())                # variable names are never given to a coordinate or dim
     stored_as: dict[str, dict] = {}
     for var in listed or []:
         own = {n.split("/", 1)[1]: d for n, d in docs.items()
@@ -167,19 +172,21 @@ def plan(b: Backend, src: str) -> tuple[dict, dict, dict]:
         for d in sizes:
             if d == "pair" and shared_pair:
                 continue
-            if d in index:
+            if d in reserved:
+                clash = True
+            elif d in index:
                 clash = signature(f"{var}/{d}") != signature(arrays[d][0]) if d in arrays else d in used
             else:
                 clash = d in arrays or (d in used and used[d] != sizes[d])
             if clash:
-                rename[d] = _free(f"{d}__{var}", set(arrays) | set(used))
+                rename[d] = _free(f"{d}__{var}", set(arrays) | set(used) | reserved)
         names = {}
         for c in coords:
             new_dims = [rename.get(x, x) for x in dims(own[c])]
             target = rename.get(c, c)
-            if c not in index and target in arrays and (list(dims(arrays[target][1])) != new_dims
-                                                        or signature(f"{var}/{c}") != signature(arrays[target][0])):
-                target = _free(f"{c}__{var}", set(arrays) | set(used))
+            if c not in index and (target in reserved or target in arrays and (
+                    list(dims(arrays[target][1])) != new_dims or signature(f"{var}/{c}") != signature(arrays[target][0]))):
+                target = _free(f"{c}__{var}", set(arrays) | set(used) | reserved)
             names[c] = target
             if target not in arrays:
                 arrays[target] = (f"{var}/{c}", _with_dims(own[c], new_dims))
