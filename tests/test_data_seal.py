@@ -60,7 +60,11 @@ def _arr(url, path):
 
 
 def _chunks(d):
-    """Chunk files of the array at ``d``, in order along its first (pair) axis."""
+    """Chunk files of the array at ``d``, in order along its first (pair) axis (chunk keys ``c/0/1`` in an
+    attempt, ``c.0.1`` where published)."""
+    flat = sorted((f for f in os.listdir(d) if f.startswith("c.")), key=lambda f: [int(x) for x in f.split(".")[1:]])
+    if flat:
+        return [os.path.join(d, f) for f in flat]
     out = [os.path.join(r, f) for r, _, fs in os.walk(os.path.join(d, "c")) for f in fs]
     return sorted(out, key=lambda p: [int(x) for x in os.path.relpath(p, os.path.join(d, "c")).split(os.sep)])
 

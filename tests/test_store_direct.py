@@ -139,7 +139,7 @@ def test_loaded_run_equals_what_was_written_and_a_flipped_bit_fails(tmp_path):
         assert {c: list(np.asarray(back[name][c].values)) for c in back[name].coords} == \
             {c: list(np.asarray(da[c].values)) for c in da.coords}
     assert store.verify("r1")["status"] == "verified"
-    chunk = os.path.join(url, "runs", "r1", "obs", "lens", "c", "0", "0")      # the published array
+    chunk = os.path.join(url, "runs", "r1", "obs", "lens", "c.0.0")      # the published array
     raw = bytearray(open(chunk, "rb").read())
     raw[len(raw) // 2] ^= 0x01
     open(chunk, "wb").write(bytes(raw))

@@ -229,6 +229,16 @@ def _with_dims(doc: dict, dims) -> dict:
     return out
 
 
+def _flat_keys(doc: dict):
+    """``(doc, key map)``: an array with Zarr's default chunk keys (``c/0/1``) is published with the ``.``
+    separator (``c.0.1``): the same chunks, one folder per array instead of one per grid level."""
+    enc = doc.get("chunk_key_encoding") or {}
+    if enc.get("name") != "default" or (enc.get("configuration") or {}).get("separator", "/") != "/":
+        return doc, lambda c: c
+    doc = {**doc, "chunk_key_encoding": {"name": "default", "configuration": {"separator": "."}}}
+    return doc, lambda c: c.replace("/", ".")
+
+
 def publish_group(b: Backend, src: str, dst: str, attempt: str, fence=None) -> dict:
     """Publish the attempt group ``src`` (a key) as the Dataset group ``dst``: arrays first (chunks copied,
     ``zarr.json`` written), the group document last, naming ``attempt``. Returns the consolidated-metadata
@@ -236,7 +246,8 @@ def publish_group(b: Backend, src: str, dst: str, attempt: str, fence=None) -> d
     arrays, attrs, chunks = plan(b, src)
     copies, docs, entries = [], {}, {}
     for name, (node, doc) in arrays.items():
-        copies += [(f"{src}/{node}/{c}", f"{dst}/{name}/{c}") for c in chunks.get(node, [])]
+        doc, flat = _flat_keys(doc)
+        copies += [(f"{src}/{node}/{c}", f"{dst}/{name}/{flat(c)}") for c in chunks.get(node, [])]
         docs[f"{dst}/{name}/{DOC}"] = json.dumps(doc, indent=2).encode()
         entries[f"{dst}/{name}"] = _entry(doc)
     if fence is not None:
