@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import warnings
@@ -20,7 +19,7 @@ import xarray as xr
 from reward_lens_spec import open_store
 from reward_lens_spec.errors import StoreError
 from reward_lens_spec.result import Result
-from reward_lens_spec.store import migrate, write_run
+from reward_lens_spec.store import write_run
 
 N_LAYERS = 4          # tiny_llama
 
