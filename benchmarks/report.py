@@ -58,7 +58,8 @@ def fmt_row(name, o_t, o_f, p_t, p_f, note=""):
 def store_section(store_rows) -> list[str]:
     """§4: ``write_run`` / ``load`` (a group per variable) against one Dataset in one group, same run."""
     L = ["", "## 4. Store throughput (`write_run` / `open_store(...).load(..., lazy=False)`)", "",
-         "One Zarr group per output variable (store layout 3) against the same Dataset in one group with "
+         "The store's write (layout 4: one group per variable in the writer's attempt, published as one "
+         "Dataset, root metadata consolidated) against the same Dataset in one group with "
          "plain xarray (layout 2's data write; no run document, lease or trust seal), timed side by side.", "",
          "| result | variables | size | write | read | one-group write | one-group read | write ratio | read ratio |",
          "|---|---|---|---|---|---|---|---|---|"]

@@ -3,8 +3,9 @@
 An observable's outputs need not share coordinate sets: in ``battery``, ``dla`` has
 ``component`` ∈ {embed, attn, mlp} over layers −1..L−1 and ``patch_effect`` has {resid, attn, mlp}
 over 0..L−1. One ``xarray.Dataset`` would align them on the union and pad each with NaN cells for
-combinations that do not exist. ``Result`` holds them side by side instead (the store keeps one
-Zarr group per variable, ``runs/<run_id>/<attempt>/<observable>/<variable>``), and reads like a
+combinations that do not exist. ``Result`` holds them side by side instead (the store publishes them in
+one Dataset, a coordinate two variables hold differently under the later one's own name: ``store.publish``),
+and reads like a
 Dataset where that is unambiguous: ``res["dla"]`` is the DataArray; ``res.coords`` / ``res.sizes``
 are the coordinates and dims every variable that has them agrees on (``pair``, ``dimension``, ...);
 ``res.attrs`` the observable's attrs. ``to_dataset()`` is the explicit outer-join Dataset.

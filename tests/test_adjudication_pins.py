@@ -54,18 +54,14 @@ def ran(_ran, tmp_path):
 
 def inflate_margin(store, rid) -> None:
     """Multiply the stored margins by 1e9 in place (decoded, edited, re-encoded: valid chunk checksums)."""
-    att = open_store(store).document(rid)["attempt"]
-    a = zarr.open_array(store=zarr.storage.LocalStore(store), path=f"runs/{rid}/{att}/score/margin/margin",
-                        mode="r+")
+    a = zarr.open_array(store=zarr.storage.LocalStore(store), path=f"runs/{rid}/score/margin", mode="r+")
     a[...] = np.asarray(a[...]) * 1e9
 
 
 def forge_digests(store, rid) -> None:
     """The forger also rewrites the run's sealed digests to the edited data and reseals the run."""
-    st = open_store(store)
-    att = st.document(rid)["attempt"]
-    from reward_lens_spec.store.groups import open_variables
-    new = result_digests(open_variables(zarr.storage.LocalStore(store), f"runs/{rid}/{att}/score", lazy=False))
+    from reward_lens_spec.store.published import open_published
+    new = result_digests(open_published(zarr.storage.LocalStore(store), f"runs/{rid}/score", lazy=False))
 
     def fn(d):
         d[KEY] = {"score": new}

@@ -52,9 +52,7 @@ def pristine(setup, tmp_path_factory):
 
 
 def _group(url, run_id="r"):
-    st = open_store(url)
-    att = st.document(run_id)["attempt"]
-    return os.path.join(url, "runs", run_id, att, "dla")
+    return os.path.join(url, "runs", run_id, "dla")         # the published observable
 
 
 def _arr(url, path):
@@ -62,31 +60,35 @@ def _arr(url, path):
 
 
 def _chunks(d):
-    """Chunk files of the array at ``d``, in order along its first (pair) axis."""
+    """Chunk files of the array at ``d``, in order along its first (pair) axis (chunk keys ``c/0/1`` in an
+    attempt, ``c.0.1`` where published)."""
+    flat = sorted((f for f in os.listdir(d) if f.startswith("c.")), key=lambda f: [int(x) for x in f.split(".")[1:]])
+    if flat:
+        return [os.path.join(d, f) for f in flat]
     out = [os.path.join(r, f) for r, _, fs in os.walk(os.path.join(d, "c")) for f in fs]
     return sorted(out, key=lambda p: [int(x) for x in os.path.relpath(p, os.path.join(d, "c")).split(os.sep)])
 
 
 def _replace_bytes(url, g):
-    c = _chunks(os.path.join(g, "dla", "dla"))
+    c = _chunks(os.path.join(g, "dla"))
     shutil.copyfile(c[1], c[0])
 
 
 def _reencode(url, g):
-    a = _arr(url, os.path.join(g, "dla", "dla"))
+    a = _arr(url, os.path.join(g, "dla"))
     v = a[3]
     a[3] = v + 1.0                      # decoded, edited, encoded again: its checksum is valid
 
 
 def _bit_flip(url, g):
-    p = _chunks(os.path.join(g, "dla", "dla"))[2]
+    p = _chunks(os.path.join(g, "dla"))[2]
     raw = bytearray(open(p, "rb").read())
     raw[len(raw) // 2] ^= 0x10
     open(p, "wb").write(bytes(raw))
 
 
 def _delete_chunk(url, g):
-    os.remove(_chunks(os.path.join(g, "dla", "dla"))[0])     # reads back as fill (NaN)
+    os.remove(_chunks(os.path.join(g, "dla"))[0])     # reads back as fill (NaN)
 
 
 def _swap_labels(url, g):
@@ -97,7 +99,7 @@ def _swap_labels(url, g):
 
 
 def _dla_times_ten(url, g):
-    a = _arr(url, os.path.join(g, "dla", "dla"))
+    a = _arr(url, os.path.join(g, "dla"))
     a[:] = a[:] * 10
 
 
@@ -116,7 +118,7 @@ def test_pristine_run_reads_and_verifies(pristine, capsys):
     assert st.runs().trust_verified.all()
     assert catalog_cli.main(["verify", f"url={pristine}"]) == 0
     assert "r  verified" in capsys.readouterr().out
-    meta = json.load(open(os.path.join(_group(pristine), "dla", "dla", "zarr.json")))
+    meta = json.load(open(os.path.join(_group(pristine), "dla", "zarr.json")))
     assert {"name": "crc32c"} in meta["codecs"]
 
 
@@ -156,8 +158,9 @@ def test_an_edited_digest_breaks_the_seal(pristine, tmp_path):
 
 
 def _mark_dir(url, run_id="r"):
-    (att,) = [a for a in os.listdir(os.path.join(url, "runs", run_id)) if a.startswith("attempt-")]
-    return os.path.join(url, "runs", run_id, att)
+    attempts = os.path.join(url, "_internal", "attempts", run_id)
+    (att,) = [a for a in os.listdir(attempts) if a.startswith("attempt-")]
+    return os.path.join(attempts, att)
 
 
 @pytest.mark.parametrize("completer_checks", [False, True])

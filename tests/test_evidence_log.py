@@ -57,7 +57,7 @@ def edit_doc(url, rid, fn) -> None:
 
 
 def entries(url) -> list[Path]:
-    return sorted((Path(url) / "log").glob("*.json"))
+    return sorted((Path(url) / "_internal" / "log").glob("*.json"))
 
 
 def margin_trust(url, rid) -> dict:

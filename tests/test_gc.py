@@ -47,7 +47,7 @@ def test_gc_removes_a_dead_writers_attempt_only_past_the_age(tmp_path):
     store = open_store(url)
     assert store.remove_incomplete() == [] and store.incomplete() == ["r"]   # default age: kept
     b = Backend(url)
-    (aid,) = [n for n in os.listdir(b.path("runs/r")) if n != "zarr.json"]
+    (aid,) = [n for n in os.listdir(b.path("_internal/attempts/r")) if n.startswith("attempt-")]
     # another host's writer, heartbeat fresh: kept at any age (its process cannot be checked from here)
     remote = Attempt.create(b, "r", {"kind": "write"})
     key = f"{remote.prefix}/_ctl/lease.write.0.json"

@@ -123,7 +123,7 @@ def test_a_writer_whose_attempt_went_while_it_ran_errs_instead_of_promising_a_li
     def gc_while_stalled(ctx, out):          # what `store gc older_than=0` does to a writer seen dead
         calls.append(1)
         if len(calls) == 2:
-            for run in (url / "runs").iterdir():
+            for run in (url / "_internal" / "attempts").iterdir():
                 for att in run.glob("attempt-*"):
                     shutil.rmtree(att)
 

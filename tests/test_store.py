@@ -60,12 +60,12 @@ def assert_same(got, want: xr.Dataset) -> None:
     from reward_lens_spec.result import Result
     from reward_lens_spec.store.writer import READER_KEYS
 
-    if isinstance(got, xr.DataTree):            # plain xarray: the pair labels are coords of the group, once
+    if isinstance(got, xr.Dataset):             # plain xarray: the published group, one Dataset
+        from reward_lens_spec.store.published import HIDDEN
+
         assert list(got.attrs["output_variables"]) == list(want.data_vars)
-        labels = {k: c for k, c in got.dataset.coords.items() if k != "pair"}
-        got = Result({k: node.dataset[k].assign_coords(labels) if "pair" in node.dataset[k].dims
-                      else node.dataset[k] for k, node in got.children.items()},
-                     {k: v for k, v in got.attrs.items() if k != "output_variables"})
+        got = Result({k: got[k] for k in got.attrs["output_variables"]},
+                     {k: v for k, v in got.attrs.items() if k not in HIDDEN})
     assert isinstance(got, Result) and sorted(got) == sorted(want.data_vars)
     got = got.load()
     for name in want.data_vars:
@@ -159,26 +159,31 @@ def test_round_trip_readable_with_plain_xarray(url):
     results, attrs = make_results(1), make_attrs(1)
     assert write_run(url, "r1", results, attrs) is True
     doc = json.load(open(os.path.join(url, "runs", "r1", "zarr.json")))["attributes"]
-    for obs, want in results.items():   # the run document names the attempt holding the data
+    for obs, want in results.items():   # published in the run group: one Dataset per observable
         with warnings.catch_warnings():
             warnings.simplefilter("error")                   # as docs/results.md writes it: no warning
-            got = xr.open_datatree(url, group=f"runs/r1/{doc['attempt']}/{obs}", engine="zarr",
-                                   consolidated=False)
-            one = xr.open_zarr(url, group=f"runs/r1/{doc['attempt']}/{obs}/{list(want.data_vars)[0]}",
-                               consolidated=False)
+            tree = xr.open_datatree(url, engine="zarr")
+            got = xr.open_zarr(url, group=f"runs/r1/{obs}")
         assert_same(got, want)
-        assert list(one.data_vars) == list(want.data_vars)[:1]
+        xr.testing.assert_identical(tree[f"runs/r1/{obs}"].to_dataset(), got)
+        assert got.attrs["attempt"] == doc["attempt"]
+    assert sorted(tree["runs/r1"].children) == ["lens", "score"] and sorted(tree.children) == ["runs"]
     root = json.load(open(os.path.join(url, "zarr.json")))
     assert root["attributes"] == {"reward_lens_spec_layout": LAYOUT_VERSION}
     assert doc["complete"] is True and doc["observables"] == ["lens", "score"]
     assert {k: doc[k] for k in attrs} == attrs
     prov = open_store(url).provenance("r1")
     assert json.loads(json.dumps(prov)) == prov and prov["git_sha"] is None
-    shared = [os.path.join(url, "zarr.json"), os.path.join(url, "runs", "zarr.json")]
-    before = [os.stat(p).st_mtime_ns for p in shared]
+    runs_doc = os.path.join(url, "runs", "zarr.json")
+    before = os.stat(runs_doc).st_mtime_ns
     time.sleep(0.01)
     write_run(url, "r2", make_results(2), make_attrs(2))
-    assert [os.stat(p).st_mtime_ns for p in shared] == before  # shared metadata never rewritten
+    assert os.stat(runs_doc).st_mtime_ns == before           # shared metadata never rewritten
+    root = json.load(open(os.path.join(url, "zarr.json")))   # the root: its attrs kept, its consolidated
+    assert root["attributes"] == {"reward_lens_spec_layout": LAYOUT_VERSION}   # metadata lists both runs
+    listed = root["consolidated_metadata"]["metadata"]
+    assert {"runs/r1/lens/raw", "runs/r2/score/margin"} <= set(listed)
+    assert not [k for k in listed if "attempt-" in k or "_internal" in k or "_stage" in k]
 
 
 def test_bad_attrs_and_names_refused(url):
@@ -261,8 +266,9 @@ def test_sigkill_mid_write_leaves_no_result(url, tmp_path):
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    assert any(os.path.isdir(os.path.join(url, "runs", "victim", a, "lens"))   # partial data, in its attempt
-               for a in os.listdir(os.path.join(url, "runs", "victim")))
+    attempts = os.path.join(url, "_internal", "attempts", "victim")
+    assert any(os.path.isdir(os.path.join(attempts, a, "lens"))   # partial data, in its attempt
+               for a in os.listdir(attempts))
     store = open_store(url)
     assert list(store.runs().run_id) == ["good"]
     assert store.incomplete() == ["victim"] and not is_complete(url, "victim")
@@ -344,8 +350,7 @@ def test_corrupt_run_group_is_isolated(url):
     for r in ("a", "b", "c"):
         write_run(url, r, make_results(0), make_attrs(0))
     open(os.path.join(url, "runs", "b", "zarr.json"), "w").write("\x00garbage{")
-    att_c = json.load(open(os.path.join(url, "runs", "c", "zarr.json")))["attributes"]["attempt"]
-    open(os.path.join(url, "runs", "c", att_c, "lens", "raw", "zarr.json"), "w").write("nope")
+    open(os.path.join(url, "runs", "c", "lens", "raw", "zarr.json"), "w").write("nope")   # the published array
     store = open_store(url)
     assert list(store.runs().run_id) == ["a", "c"]
     assert store.corrupt() == ["b"] and store.incomplete() == ["b"]

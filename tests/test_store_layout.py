@@ -1,13 +1,13 @@
-"""Store layout 3: one Zarr group per output variable, each with exactly its own coordinates.
+"""Store layout 4: each observable one plain Dataset, each variable with exactly its own coordinates.
 
 Checked on a real CLI run of ``battery`` read back with plain xarray (warnings are errors), against
-the operators' own coordinate sets; a layout-2 store (one Dataset per observable) is still read.
+the operators' own coordinate sets (a coordinate two variables hold differently is published under the
+later one's own name, never padded); a layout-2 run is read after migrate (``test_store_plain``).
 """
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import warnings
@@ -19,7 +19,7 @@ import xarray as xr
 from reward_lens_spec import open_store
 from reward_lens_spec.errors import StoreError
 from reward_lens_spec.result import Result
-from reward_lens_spec.store import migrate, write_run
+from reward_lens_spec.store import write_run
 
 N_LAYERS = 4          # tiny_llama
 
@@ -37,40 +37,47 @@ def battery(tmp_path_factory):
     return url, run, st.document(run)["attempt"]
 
 
+def _own(ds: xr.Dataset, name: str) -> xr.DataArray:
+    """A published variable under its own dim names (``stored_as``), with only its own coordinates."""
+    spec = ds.attrs["stored_as"][name]
+    v = ds[name].reset_coords(drop=True).rename(spec["dims"])
+    dims = spec["dims"]
+    return v.assign_coords({own: ([dims.get(d, d) for d in ds[stored].dims], ds[stored].values)
+                            for own, stored in spec["coords"].items()})
+
+
 def test_each_variable_has_the_coordinates_it_really_has(battery):
     url, run, attempt = battery
-    group = f"runs/{run}/{attempt}/battery"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        tree = xr.open_datatree(url, group=group, engine="zarr", consolidated=False)
-    assert sorted(tree.children) == sorted(tree.attrs["output_variables"])
-    for name, node in tree.children.items():
-        assert list(node.dataset.data_vars) == [name]
-    assert tree.attrs["run_id"] == run and tree.attrs["trust"] == "exploratory"
-    assert set(tree.attrs["gauge"]) == set(tree.attrs["units"]) == set(tree.children)
+        ds = xr.open_zarr(url, group=f"runs/{run}/battery")
+        tree = xr.open_datatree(url, engine="zarr")
+    xr.testing.assert_identical(tree[f"runs/{run}/battery"].to_dataset(), ds)
+    assert sorted(ds.data_vars) == sorted(ds.attrs["output_variables"])
+    assert ds.attrs["run_id"] == run and ds.attrs["trust"] == "exploratory" and ds.attrs["attempt"] == attempt
+    assert set(ds.attrs["gauge"]) == set(ds.attrs["units"]) == set(ds.data_vars)
     layers = list(range(N_LAYERS))
-    patch = tree["patch_effect"].dataset["patch_effect"]
+    patch = _own(ds, "patch_effect")
     assert list(patch.component.values) == ["resid", "attn", "mlp"] and list(patch.layer.values) == layers
-    dla = tree["dla"].dataset["dla"]
+    dla = _own(ds, "dla")
     assert list(dla.component.values) == ["embed", "attn", "mlp"] and list(dla.layer.values) == [-1, *layers]
-    assert list(tree["dla_heads"].dataset["dla_heads"].layer.values) == layers
-    assert "component" not in tree["lens"].dataset.coords and "layer" not in tree["margin"].dataset.coords
+    assert list(_own(ds, "dla_heads").layer.values) == layers
+    assert "component" not in _own(ds, "lens").coords and "layer" not in _own(ds, "margin").coords
     for name in ("patch_effect", "attribution_patch_effect", "dla_heads", "lens", "margin", "reward"):
-        values = tree[name].dataset[name].values
+        values = ds[name].values
         assert np.isfinite(values).all(), name                  # no cell padded to another variable's coords
     # dla's own grid: a cell is NaN exactly where it names no unit (layer −1: embed only; else attn, mlp)
     unit = np.array([str(u) for u in dla["unit"].values.ravel()]).reshape(dla["unit"].shape)
     assert (np.isnan(dla.values) == (unit == "")[None]).all()
-    np.testing.assert_allclose(dla.sum(["layer", "component"]), tree["margin"].dataset["margin"], atol=1e-5)
+    np.testing.assert_allclose(dla.sum(["layer", "component"]), ds["margin"], atol=1e-5)
     # the package's reader gives the same variables, and an explicit outer join is what pads
     res = open_store(url).load(run, "battery", lazy=False)
-    assert isinstance(res, Result) and list(res) == list(tree.attrs["output_variables"])
+    assert isinstance(res, Result) and list(res) == list(ds.attrs["output_variables"])
     xr.testing.assert_equal(res["patch_effect"].reset_coords(drop=True), patch.load().reset_coords(drop=True))
     labels = {"dimension", "prompt_id", "prompt_truncated", "response_truncated", "empty_response", "identical_sides"}
-    assert set(tree.dataset.coords) == {"pair"} | labels                # the run's pair labels, stored once
-    assert not labels & set(patch.coords)                               # not again in each variable's group
+    assert labels <= set(ds.coords) and labels <= set(ds["patch_effect"].coords)    # the run's pair labels, once
     for k in labels:                                                    # and given back by the reader
-        np.testing.assert_array_equal(res["patch_effect"][k].values, tree.dataset[k].values)
+        np.testing.assert_array_equal(res["patch_effect"][k].values, ds[k].values)
     assert "component" not in res.coords and "layer" not in res.sizes and res.sizes["pair"] == 6
     joined = res.to_dataset()
     assert np.isnan(joined["patch_effect"].sel(component="embed")).all()
@@ -91,31 +98,6 @@ def test_export_one_variable_and_refuse_to_pad(battery, tmp_path):
     df = pd.read_csv(out)
     assert len(df) == 6 * N_LAYERS * 3 and set(df["component"]) == {"resid", "attn", "mlp"}
     assert df["patch_effect"].notna().all()
-
-
-def test_a_layout_2_store_is_read_after_migrate(tmp_path):
-    """Layout 2 wrote each observable as one Dataset in its group; such runs stay readable."""
-    url = str(tmp_path / "old.zarr")
-    lens = xr.Dataset({"raw": (("pair", "layer"), np.arange(6.0).reshape(2, 3), {"units": "reward"})},
-                      coords={"pair": ["a", "b"], "layer": [-1, 0, 1]})
-    write_run(url, "r", {"lens": lens}, {"model": "m"})
-    att = json.load(open(os.path.join(url, "runs", "r", "zarr.json")))["attributes"]["attempt"]
-    group = os.path.join(url, "runs", "r", att, "lens")
-    shutil.rmtree(group)
-    old = lens.copy()
-    old.attrs = {"run_id": "r", "trust": "exploratory"}
-    old.assign_coords(pair=np.array(["a", "b"], dtype=object)).to_zarr(
-        url, group=f"runs/r/{att}/lens", mode="w", consolidated=False, zarr_format=3)
-    root = os.path.join(url, "zarr.json")
-    doc = json.load(open(root))
-    doc["attributes"]["reward_lens_spec_layout"] = 2
-    json.dump(doc, open(root, "w"))
-    with pytest.raises(StoreError, match="older than this package's 3.*store migrate"):
-        open_store(url)
-    assert migrate(url) == 3
-    res = open_store(url).load("r", "lens", lazy=False)
-    assert list(res) == ["raw"] and res.attrs["run_id"] == "r"
-    np.testing.assert_array_equal(res["raw"].values, lens["raw"].values)
 
 
 def test_result_reads_like_a_dataset_where_unambiguous():
@@ -139,8 +121,7 @@ def test_a_group_without_its_listing_is_refused_not_read_as_empty(tmp_path):
     url = str(tmp_path / "s.zarr")
     write_run(url, "r", {"score": xr.Dataset({"margin": ("pair", [1.0, -2.0])}, coords={"pair": ["a", "b"]})},
               {"model": "m"})
-    att = json.load(open(os.path.join(url, "runs", "r", "zarr.json")))["attributes"]["attempt"]
-    doc_path = os.path.join(url, "runs", "r", att, "score", "zarr.json")
+    doc_path = os.path.join(url, "runs", "r", "score", "zarr.json")          # the published group
     doc = json.load(open(doc_path))
     assert doc["attributes"]["output_variables"] == ["margin"]
     np.testing.assert_array_equal(open_store(url).load("r", "score", lazy=False)["margin"].values, [1.0, -2.0])

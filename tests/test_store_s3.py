@@ -83,9 +83,9 @@ def test_s3_round_trip_catalog_and_reuse(s3):
     fs = s3fs.S3FileSystem(**so)
     attempt = json.loads(fs.cat_file(f"{url[5:]}/runs/r1/zarr.json"))["attributes"]["attempt"]
     for obs, want in make_results(1).items():  # a colleague without this package
-        got = xr.open_datatree(url, group=f"runs/r1/{attempt}/{obs}", engine="zarr", storage_options=so,
-                               consolidated=False)
+        got = xr.open_zarr(url, group=f"runs/r1/{obs}", storage_options=so)
         assert_same(got, want)
+        assert got.attrs["attempt"] == attempt
     store = open_store(url, storage_options=so)
     assert sorted(store.runs().run_id) == ["r0", "r1"]
     assert list(store.runs(model_fingerprint="fp1").run_id) == ["r1"]
@@ -128,7 +128,7 @@ def test_s3_sigkill_and_corrupt_run_are_isolated(s3, tmp_path):
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    assert store._b.fs.glob(store._b.path("runs/victim/attempt-*/lens/raw/zarr.json"))  # partial data
+    assert store._b.fs.glob(store._b.path("_internal/attempts/victim/attempt-*/lens/raw/zarr.json"))  # partial data
     assert list(store.runs().run_id) == ["good"]
     assert store.incomplete() == ["bad", "victim"] and store.corrupt() == ["bad"]
     assert write_run(url, "victim", make_results(2), make_attrs(2), storage_options=so) is True

@@ -118,7 +118,7 @@ def test_chunked_run_matches_one_chunk_and_the_in_memory_path(tmp_path):
 
 
 def _markers(url):
-    return glob.glob(os.path.join(url, "runs", "*", "attempt-*", "_ctl", "chunk.*.json"))
+    return glob.glob(os.path.join(url, "_internal", "attempts", "*", "attempt-*", "_ctl", "chunk.*.json"))
 
 
 def test_sigkilled_run_resumes_to_the_identical_result(tmp_path):
@@ -160,7 +160,7 @@ def test_four_shard_joblib_multirun_equals_one_job(tmp_path):
     assert prov["torch_threads"] == 1
     assert prov["chunks"]["n"] == 7 and prov["chunks"]["shards"] == 4
     assert len(prov["chunks"]["by_writer"]) == 4 and sum(prov["chunks"]["by_writer"].values()) == 7
-    assert st.incomplete() == [] and len(os.listdir(os.path.join(tmp_path, "sharded.zarr", "runs", rid))) == 2
+    assert st.incomplete() == [] and len(os.listdir(os.path.join(tmp_path, "sharded.zarr", "_internal", "attempts", rid))) == 2
     assert cli(tmp_path, *args, f"store.url={tmp_path / 'single.zarr'}").returncode == 0
     _, rid1, single = only_run(tmp_path / "single.zarr")
     assert rid1 == rid

@@ -60,9 +60,9 @@ def test_the_store_can_neither_lower_the_requirement_nor_add_trust(tmp_path, tam
     os.environ[ENV_TRUST] = write(tmp_path / "lab.trust", f"alice@lab * sha256:{fingerprint(HEX_A)}",
                                   f"@require {tmp_path}/*.zarr")
     if tamper == "delete_policy":
-        os.remove(b.path("keys/policy.json"))
+        os.remove(b.path("_internal/keys/policy.json"))
     elif tamper == "delete_keys":
-        shutil.rmtree(b.path("keys"))
+        shutil.rmtree(b.path("_internal/keys"))
     elif tamper == "policy_false":
         set_require_signers(b, False)
     elif tamper == "list_own_key":
@@ -139,9 +139,9 @@ def test_a_required_store_stays_required_whatever_its_keys_folder_says(_unsigned
     for args in ([f"add={keys / 'lab'}.key.pub"], ["require=true"]):
         assert store_main(["keys", f"url={store}", *args]) == 0
     src = lab_trust(tmp_path, keys, "lab")
-    {"delete_policy": lambda: os.remove(f"{store}/keys/policy.json"),
-     "delete_keys": lambda: shutil.rmtree(f"{store}/keys"),
-     "policy_false": lambda: Path(f"{store}/keys/policy.json").write_text('{"require_signers": false}')}[tamper]()
+    {"delete_policy": lambda: os.remove(f"{store}/_internal/keys/policy.json"),
+     "delete_keys": lambda: shutil.rmtree(f"{store}/_internal/keys"),
+     "policy_false": lambda: Path(f"{store}/_internal/keys/policy.json").write_text('{"require_signers": false}')}[tamper]()
     t = margin_trust(store, rid)
     assert t["level"] == "exploratory" and not t["verified"] and "unsigned" in t["why"], t
     rc, out = verify(store, capsys)
@@ -161,7 +161,7 @@ def test_a_key_listed_only_in_the_store_adds_no_trust(_signed, keys, tmp_path, c
     os.environ[ENV_TRUST] = write(tmp_path / "fp.trust", f"lab@lab * sha256:{fingerprint(pub)}", "@require *")
     assert margin_trust(store, rid)["level"] == "calibrated"
     assert verify(store, capsys)[0] == 0
-    shutil.rmtree(f"{store}/keys")                         # the key gone from the list: fail closed
+    shutil.rmtree(f"{store}/_internal/keys")                         # the key gone from the list: fail closed
     assert margin_trust(store, rid)["level"] == "exploratory"
 
 
@@ -192,8 +192,7 @@ def rechain(store, rid, *, own=None, drop_sig=False) -> None:
 def reseal_by_hand(store, rid, keys, how) -> None:
     """A writer without lab's private key negates the run's margins and re-seals everything: the data's
     digests and the document's content hash, the run's log entry and every later one (chained again)."""
-    att = open_store(store).document(rid)["attempt"]
-    a = zarr.open_array(store=zarr.storage.LocalStore(store), path=f"runs/{rid}/{att}/score/margin/margin", mode="r+")
+    a = zarr.open_array(store=zarr.storage.LocalStore(store), path=f"runs/{rid}/score/margin", mode="r+")
     a[...] = -np.asarray(a[...])
     forge_digests(store, rid)
     if how == "own_key":                                   # its own key, listed in the store, requirement off

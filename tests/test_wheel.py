@@ -49,11 +49,9 @@ READ = """\
 import json, sys, warnings
 warnings.simplefilter("error")
 import xarray as xr
-run, obs = sys.argv[2], sys.argv[3]                 # the run document names the attempt that holds the data
-attempt = json.load(open(f"{sys.argv[1]}/runs/{run}/zarr.json"))["attributes"]["attempt"]
-group = f"runs/{run}/{attempt}/{obs}"
-tree = xr.open_datatree(sys.argv[1], group=group, engine="zarr", consolidated=False)
-ds = xr.open_zarr(sys.argv[1], group=f"{group}/dla_total", consolidated=False)
+run, obs = sys.argv[2], sys.argv[3]                 # each observable is one Dataset in its run's group
+tree = xr.open_datatree(sys.argv[1], engine="zarr")[f"runs/{run}/{obs}"]
+ds = xr.open_zarr(sys.argv[1], group=f"runs/{run}/{obs}")
 print(json.dumps({"total": ds["dla_total"].values.tolist(), "pair": ds["pair"].values.tolist(),
                   "trust": tree.attrs["trust"], "run_id": tree.attrs["run_id"]}))
 """

@@ -87,7 +87,7 @@ def test_killed_writer_leaves_its_attempt_unlisted_and_its_lease_dead(tmp_path):
     a = spawn_writer(url=url, run_id="r", seed=1, slow_marker=str(marker))
     _wait(marker, a)
     b = Backend(url)
-    (aid,) = [n for n in os.listdir(os.path.join(url, "runs", "r")) if n.startswith("attempt-")]
+    (aid,) = [n for n in os.listdir(os.path.join(url, "_internal", "attempts", "r")) if n.startswith("attempt-")]
     att = Attempt.open(b, "r", aid)
     assert att.live_roles() == ["write"]                 # alive: its lease is held
     a.send_signal(signal.SIGKILL)

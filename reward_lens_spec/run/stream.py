@@ -168,7 +168,7 @@ def _attempt(b, run_id, meta, shard, launch):
 
 def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_kw, frame, store_spec,
          run_attrs, progress, keep_context, widths):
-    out_g, scr_g = f"{att.prefix}/{plan.observable}", f"{att.prefix}/{SCRATCH}"
+    out_g, scr_g = plan.observable, SCRATCH          # groups of the attempt's own zarr store (att.zarr_store())
     ps = passes(plan, st)
     last_pass = max(ps.values(), default=0)
     later = {i for s in plan.steps for i in s.inputs            # pair-stage arrays a later stage reads back
@@ -176,7 +176,7 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     keep = {s.name for s in plan.steps if st[s.name] == "pair" and (s.name in plan.outputs or s.name in later)}
     need_h = any(s.op.reads_capture for s in plan.steps if st[s.name] == "reduce")
     full_coords = RunContext(lm=lm, pairs=pairs, encoded=enc, capture=None, info=info).pair_coords()
-    labels = labels_once(b)
+    labels = labels_once(att)
     shared = dict(labels=labels, b=b, lm=lm, pairs=pairs, enc=enc, plan=plan, info=info, st=st, ps=ps,
                   slices=slices, keep=keep, capture_kw=capture_kw, frame=frame, need_h=need_h, full_coords=full_coords,
                   groups=(out_g, scr_g), size=store_spec.chunk_pairs, keep_context=keep_context,
@@ -223,7 +223,7 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
                              out_g, scr_g, frame, need_h, full_coords, reduced, labels))
     chunk_info = {"n": len(slices), "chunk_pairs": store_spec.chunk_pairs, "shards": store_spec.shards,
                   "by_writer": by_writer, **({"widths": widths} if widths else {})}
-    zs = b.zarr_store()       # the outputs as stored: small ones read in one pass, bigger ones block by block
+    zs = att.zarr_store()     # the outputs as stored: small ones read in one pass, bigger ones block by block
     stored = open_variables(zs, out_g, plan.outputs, lazy=EAGER_BYTES, labels=labels(out_g))
     logits = np.asarray(open_variable(zs, scr_g, HEAD_LOGITS, lazy=False, labels=labels(scr_g)).values)
     attrs = run_attrs(counts, chunk_info, stored, logits)
@@ -272,7 +272,7 @@ def _chunk_loop(att, role, p, ks, reduced, sh, progress) -> list:
                     given[i] = reduced[i]
                 elif ps[i] < p:
                     group = out_g if i in plan.outputs else scr_g
-                    given[i] = open_variable(b.zarr_store(), group, i, labels=sh["labels"](group)).isel(pair=sl).load()
+                    given[i] = open_variable(att.zarr_store(), group, i, labels=sh["labels"](group)).isel(pair=sl).load()
         ds_out, ds_scr, counts, ctx = _pair_chunk(sh["lm"], sh["pairs"], subset(sh["enc"], sl), plan, steps,
                                                   replace(info, pairs=lim), sh["keep"], sh["capture_kw"], sh["frame"],
                                                   sh["need_h"] and p == 0, given, sh["pads"], first=p == 0)
@@ -311,7 +311,7 @@ def _unverified(att, sh, p, marks: dict) -> set:
             group, _, name = path.rpartition("/")
             try:
                 if path not in cache:
-                    cache[path] = open_variable(b.zarr_store(), group, name, labels=sh["labels"](group))
+                    cache[path] = open_variable(att.zarr_store(), group, name, labels=sh["labels"](group))
                 v = cache[path].isel(pair=sl)
                 got = values_digest((v.coords[coord] if coord else v).values)
             except Exception:                    # missing array, a chunk failing its checksum, ...
@@ -375,7 +375,7 @@ def _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, 
         return {}
     pair_inputs = {i for s in reduce_steps for i in s.inputs if st[i] == "pair"}
     in_out = [i for i in pair_inputs if i in plan.outputs]
-    zs = b.zarr_store()
+    zs = att.zarr_store()
     stored = {**dict(open_variables(zs, scr_g, sorted(pair_inputs - set(in_out)), labels=labels(scr_g))),
               **dict(open_variables(zs, out_g, in_out, labels=labels(out_g)))}   # lazy (dask); coords in memory
     if need_h:

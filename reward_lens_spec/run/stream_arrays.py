@@ -56,7 +56,8 @@ def pad_widths(v: xr.DataArray, widths: dict, where: str) -> xr.DataArray:
 
 def labels_once(b):
     """``labels(group)``: the group's stored pair labels (``store.groups.group_labels``), read once per run:
-    every later open of the group's variables is given them."""
+    every later open of the group's variables is given them. ``b``: what holds the groups (an attempt:
+    ``store.attempts.Attempt``, whose ``zarr_store()`` is rooted at its prefix)."""
     memo = {}
 
     def labels(group):

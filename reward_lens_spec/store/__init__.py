@@ -1,14 +1,15 @@
 """The result store: one Zarr v3 hierarchy (local path or fsspec URL) shared by a lab.
 
-Layout (``reward_lens_spec_layout: 3`` in the root attrs)::
+Layout (``reward_lens_spec_layout: 4`` in the root attrs; ``docs/store-format.md``)::
 
-    <url>/runs/<run_id>/                         run group; attrs = provenance (+ complete: true and
-                                                 the attempt, last)
-    <url>/runs/<run_id>/<attempt>/<observable>/  attrs a reader needs (trust, gauge, units, run id,
-                                                 provenance summary, ``output_variables``)
-    <url>/runs/<run_id>/<attempt>/<observable>/<variable>/
-                                                 one xarray Dataset per variable, readable without
-                                                 this package: xarray.open_zarr(url, group=...)
+    <url>/zarr.json                    root; its consolidated metadata lists every complete run
+    <url>/runs/<run_id>/               run group; attrs = provenance (+ complete: true and
+                                       the attempt, last)
+    <url>/runs/<run_id>/<observable>/  one xarray Dataset: every output variable, its coordinates, the
+                                       pair labels, and the attrs a reader needs (trust, gauge, units,
+                                       run id, provenance summary, ``output_variables``), readable without
+                                       this package: xarray.open_zarr(url, group=...), xr.open_datatree(url)
+    <url>/_internal/                   attempts, staging, control files, the evidence log, keys
 
 Writers go skeleton -> data -> completion document (see ``writer``); readers
 list only complete runs (see ``reader``). Nothing here imports torch. The names below are imported on
@@ -18,7 +19,7 @@ from importlib import import_module
 
 _WHERE = {"decode_json_attrs": "_attrs", "LAYOUT_KEY": "_backend", "LAYOUT_VERSION": "_backend",
           "Backend": "_backend", "COLUMNS": "reader", "Store": "reader", "open_store": "reader",
-          "is_complete": "writer", "migrate": "writer", "write_run": "writer"}
+          "is_complete": "writer", "migrate": "migration", "write_run": "writer"}
 __all__ = ["write_run", "is_complete", "open_store", "Store", "migrate", "decode_json_attrs",
            "COLUMNS", "LAYOUT_KEY", "LAYOUT_VERSION", "Backend"]
 

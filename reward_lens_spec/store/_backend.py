@@ -1,14 +1,15 @@
 """Key-level access to one result store: a local folder or any fsspec URL.
 
-The store is one Zarr v3 hierarchy::
+The store is one Zarr v3 hierarchy (layout 4, ``docs/store-format.md``)::
 
-    <url>/zarr.json                 root group; attrs {"reward_lens_spec_layout": 3}
+    <url>/zarr.json                 root group; attrs {"reward_lens_spec_layout": 4} and the
+                                    consolidated metadata of every complete run (``store.publish``)
     <url>/runs/zarr.json            the group holding every run
     <url>/runs/<run_id>/zarr.json   run group; its attrs are the run's provenance and,
                                     written last, ``complete: true`` + ``attempt``
-    <url>/runs/<run_id>/<attempt>/<obs>/<var>/  one xarray Dataset per output variable
-                                    (``store.groups``), under the prefix of the writer
-                                    the run document names
+    <url>/runs/<run_id>/<obs>/      one xarray Dataset: every output variable (``store.publish``)
+    <url>/_internal/                not a Zarr node: attempts, staging, control files, the
+                                    evidence log, the listed keys
 
 This module reads and writes the small JSON documents (``zarr.json``) itself,
 so it can create them exclusively (root) or atomically (run documents), list
@@ -29,9 +30,10 @@ from fsspec.utils import get_protocol
 from reward_lens_spec.errors import StoreError
 
 LAYOUT_KEY = "reward_lens_spec_layout"
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 4
 RUNS = "runs"
 DOC = "zarr.json"
+INTERNAL = "_internal"      # beside runs/, no zarr.json: not part of the Zarr hierarchy plain readers open
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,199}$")   # a run id or observable name (``writer.check_name``)
 
 
@@ -70,8 +72,16 @@ class Backend:
         """Absolute filesystem path of ``key`` (a '/'-separated store key)."""
         return f"{self.root}/{key}" if key else self.root
 
-    def zarr_store(self):
-        """The zarr Store object xarray reads and writes through."""
+    def zarr_store(self, prefix: str = ""):
+        """The zarr Store object xarray reads and writes through; ``prefix``: a store rooted at that key
+        (an attempt: a Zarr hierarchy of its own, so zarr never writes a group document above it)."""
+        if prefix:
+            import zarr.storage
+
+            if self.local:
+                return zarr.storage.LocalStore(self.path(prefix))
+            return zarr.storage.FsspecStore.from_url(f"{self.url.rstrip('/')}/{prefix}",
+                                                     storage_options=self.storage_options)
         if self._zarr_store is None:
             import zarr.storage
 
@@ -328,7 +338,7 @@ class Backend:
             return False
         except Exception as e:
             raise self._fail("list the store", e) from e
-        return any(not n.startswith(".") and n not in (DOC, RUNS) for n in names)
+        return any(not n.startswith(".") and n not in (DOC, RUNS, INTERNAL) for n in names)
 
     def exists_key(self, key: str) -> bool:
         """True when the object/file ``key`` exists (fresh, uncached)."""

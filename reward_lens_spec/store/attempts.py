@@ -1,18 +1,22 @@
-"""One writer's prefix inside a run: attempts, leases, chunk markers and completion.
+"""One writer's prefix of a run: attempts, leases, chunk markers and completion.
 
 However many processes write one run id, each launch writes under an **attempt**
-prefix of its own, and the run becomes visible by one atomic write of the run
-document naming the attempt whose data it lists::
+prefix of its own, outside the Zarr hierarchy plain readers open (``_internal/``), and the
+run becomes visible by one atomic write of the run document naming the attempt whose
+data it lists, after that attempt's data are published into the run group (``store.publish``)::
 
     runs/<run_id>/zarr.json                 run document: empty attrs until completion, then the
                                             run's attrs + ``complete: true`` + ``attempt: <aid>``
-    runs/<run_id>/<aid>/zarr.json           attempt group; attrs: shards, chunk_pairs, n_pairs, created
-    runs/<run_id>/<aid>/<observable>/       that attempt's data (an xarray Dataset in Zarr v3)
-    runs/<run_id>/<aid>/_ctl/lease.<role>.<gen>.json   who works on a role, renewed by a heartbeat
-    runs/<run_id>/<aid>/_ctl/chunk.<k>.json chunk ``k``'s regions are written (its counts, its writer, the
-                                            digests of its regions, and ``tag``: an HMAC under the
-                                            writing user's key, ``Attempt.authentic``)
-    runs/<run_id>/<aid>/_ctl/skeleton.json  the arrays of every chunk exist (regions may be written)
+    runs/<run_id>/<observable>/             the published data of the attempt the document names
+    _internal/attempts/<run_id>/<aid>/zarr.json   attempt group (the root of a Zarr hierarchy of its own);
+                                            attrs: shards, chunk_pairs, n_pairs, created
+    _internal/attempts/<run_id>/<aid>/<observable>/   that attempt's data (one group per variable)
+    _internal/attempts/<run_id>/<aid>/_ctl/lease.<role>.<gen>.json   who works on a role, renewed by a heartbeat
+    _internal/attempts/<run_id>/<aid>/_ctl/chunk.<k>.json   chunk ``k``'s regions are written (its counts, its
+                                            writer, the digests of its regions, and ``tag``: an HMAC under
+                                            the writing user's key, ``Attempt.authentic``)
+    _internal/attempts/<run_id>/<aid>/_ctl/skeleton.json   the arrays of every chunk exist
+    _internal/attempts/<run_id>/_publish/_ctl/lease.publish.<gen>.json   who publishes the run now
 
 Roles are ``write`` (a whole-dataset ``write_run``), ``skeleton``, ``shard-<i>``
 (the pair chunks ``k`` with ``k % shards == i``) and ``reduce`` (the steps that
@@ -47,7 +51,7 @@ import uuid
 
 from reward_lens_spec.errors import StoreError
 from reward_lens_spec.signed_cache import tagged_by_user, user_tag
-from reward_lens_spec.store._backend import DOC, RUNS, Backend, group_doc
+from reward_lens_spec.store._backend import DOC, INTERNAL, RUNS, Backend, group_doc
 from reward_lens_spec.store.log import append as append_to_log
 from reward_lens_spec.store.state import run_state
 
@@ -56,6 +60,8 @@ LEASE_S = float(os.environ.get("REWARD_LENS_SPEC_LEASE_S") or 60.0)
 PREFIX = "attempt-"
 MARKER_TAG = "chunk-marker"     # the kind of a marker's tag (signed_cache.user_tag)
 CTL = "_ctl"
+ATTEMPTS = f"{INTERNAL}/attempts"     # <run_id>/<aid>: every attempt of a run
+PUBLISH = "_publish"           # the run-level lease completion and publication are serialised by
 _LEASE = re.compile(r"^lease\.(?P<role>[A-Za-z0-9-]+)\.(?P<gen>\d+)\.json$")
 _CHUNK = re.compile(r"^chunk\.(?P<k>\d+)\.json$")
 HOST = socket.gethostname()
@@ -87,8 +93,8 @@ def lease_live(doc: dict | None, *, lease_s: float | None = None, now: float | N
 
 
 def list_attempts(b: Backend, run_id: str) -> list[str]:
-    """Attempt ids under ``runs/<run_id>`` (never through a symlink), sorted."""
-    return [n for n in b.list_dirs(f"{RUNS}/{run_id}") if n.startswith(PREFIX)]
+    """Attempt ids of ``run_id`` (never through a symlink), sorted."""
+    return [n for n in b.list_dirs(f"{ATTEMPTS}/{run_id}") if n.startswith(PREFIX)]
 
 
 def fenced_store(zstore, guard):
@@ -125,7 +131,8 @@ class Attempt:
 
     def __init__(self, b: Backend, run_id: str, aid: str, meta: dict, *, lease_s: float = LEASE_S):
         self.b, self.run_id, self.aid, self.meta, self.lease_s = b, run_id, aid, meta, lease_s
-        self.prefix = f"{RUNS}/{run_id}/{aid}"
+        self.prefix = f"{ATTEMPTS}/{run_id}/{aid}"
+        self._zs = None
         self.writer = f"{HOST}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._held: dict[str, int] = {}
         self._last_ok = time.monotonic()
@@ -146,6 +153,7 @@ class Attempt:
         with other meta, or ``role`` is held there.
         """
         b.check_inside(f"{RUNS}/{run_id}")
+        b.check_inside(f"{ATTEMPTS}/{run_id}")
         if not b.create_exclusive(f"{RUNS}/{run_id}/{DOC}", group_doc({})) and \
                 run_state(b, run_id)[0] == "corrupt":        # garbage lists nothing: a placeholder replaces it
             b.write_atomic(f"{RUNS}/{run_id}/{DOC}", group_doc({}))
@@ -263,9 +271,15 @@ class Attempt:
             raise StoreError(f"store {self.b.url}: run {self.run_id} attempt {self.aid}: role {role} was taken "
                              "over by another writer; this one stops without writing.")
 
+    def zarr_store(self):
+        """This attempt's zarr store: rooted at its prefix (groups are ``<observable>``, ``_stage``)."""
+        if self._zs is None:
+            self._zs = self.b.zarr_store(self.prefix)
+        return self._zs
+
     def zstore(self, role: str):
-        """The store's zarr store, fenced: ``fence(role)`` before every key written, no deletes."""
-        return fenced_store(self.b.zarr_store(), lambda: self.fence(role))
+        """This attempt's zarr store, fenced: ``fence(role)`` before every key written, no deletes."""
+        return fenced_store(self.zarr_store(), lambda: self.fence(role))
 
     def generation(self, role: str) -> int | None:
         """The generation of ``role`` this process holds (0: the first holder; more: it took over)."""
@@ -342,19 +356,51 @@ class Attempt:
         return state == "complete" and attrs.get("attempt") == self.aid
 
     def complete(self, run_attrs: dict, role: str, *, force: bool = False) -> bool:
-        """Name this attempt in the run document (one atomic write); False when another completed first.
+        """Publish this attempt's observables into the run group and name it in the run document; False when
+        another writer completed first.
 
-        Without ``force`` a run already complete is left as it is (both are whole and
-        consistent; the first stays listed). Raises StoreError when this process no longer
-        holds ``role``.
+        Under the run's ``publish`` lease (one completing writer at a time): the published groups are
+        replaced by this attempt's (``store.publish.publish``), the run is logged, then the run document is
+        written (one atomic write); then the root's consolidated metadata is brought up to date. Without
+        ``force`` a run already complete is left as it is (the first stays listed). Raises StoreError when
+        this process no longer holds ``role``.
         """
+        from reward_lens_spec.store.publish import consolidate, publish
+
         self.fence(role)
         if not force and run_state(self.b, self.run_id)[0] == "complete":
             return False
-        # seq under the seal, then the entry in the evidence log, then the document (store.log)
-        run_attrs = append_to_log(self.b, self.run_id, run_attrs, fence=lambda: self.fence(role))
-        self.b.write_atomic(f"{RUNS}/{self.run_id}/{DOC}",
-                            group_doc({**run_attrs, "complete": True, "attempt": self.aid}))
+        lock = Attempt(self.b, self.run_id, PUBLISH, {}, lease_s=self.lease_s)
+        try:
+            while not lock.claim("publish"):          # another writer publishes this run now
+                self.fence(role)
+                if not force and run_state(self.b, self.run_id)[0] == "complete":
+                    return False
+                time.sleep(0.05)
+            if not force and run_state(self.b, self.run_id)[0] == "complete":
+                return False
+
+            def fence():
+                self.fence(role)
+                lock.fence("publish")
+
+            entries = publish(self, run_attrs, fence)
+            # seq under the seal, then the entry in the evidence log, then the document (store.log)
+            run_attrs = append_to_log(self.b, self.run_id, run_attrs, fence=fence)
+            doc = {"zarr_format": 3, "node_type": "group",
+                   "attributes": {**run_attrs, "complete": True, "attempt": self.aid}}
+            self.b.write_atomic(f"{RUNS}/{self.run_id}/{DOC}", group_doc(doc["attributes"]))
+        finally:
+            try:
+                lock.release("publish")       # also after a failure: the next writer clears what is left
+            finally:
+                lock.close()
+        entries[f"{RUNS}/{self.run_id}"] = {**doc, "consolidated_metadata": {
+            "kind": "inline", "must_understand": False, "metadata": {}}}
+        try:                                  # the run is complete: a failure here only delays plain readers
+            consolidate(self.b, known={self.run_id: entries})
+        except Exception:
+            pass
         return True
 
     def remove(self) -> None:

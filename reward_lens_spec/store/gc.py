@@ -1,9 +1,9 @@
 """``store gc``: remove what no live writer holds and no reader lists.
 
-Garbage is an attempt (``store.attempts``) that no complete run document names,
-whose leases are all released or dead and whose last heartbeat is older than the
-age limit, and a run folder left with nothing but a placeholder or a crashed
-pre-attempt writer's partial data. Deletion goes entry by entry — never a whole
+Garbage is an attempt (``store.attempts``, under ``_internal/attempts/<run_id>/``) that no
+complete run document names, whose leases are all released or dead and whose last heartbeat is
+older than the age limit, and a run folder left with nothing but a placeholder, a crashed
+writer's partial publication or a crashed pre-attempt writer's partial data. Deletion goes entry by entry — never a whole
 run folder at once, so an attempt a new writer creates meanwhile survives — and
 never through a symlink (``Backend.check_inside``).
 """
@@ -14,7 +14,7 @@ import time
 from datetime import datetime
 
 from reward_lens_spec.store._backend import DOC, RUNS, Backend
-from reward_lens_spec.store.attempts import PREFIX, Attempt, list_attempts
+from reward_lens_spec.store.attempts import ATTEMPTS, PUBLISH, Attempt, list_attempts
 
 GC_AGE_S = 3600.0            # default age limit: a dead writer's attempt stays an hour
 
@@ -34,7 +34,7 @@ def collect_run(b: Backend, run_id: str, older_than_s: float = GC_AGE_S) -> list
     """Collect one run's garbage; return ``[run_id]`` if the run went, else its removed ``run_id/attempt``s."""
     from reward_lens_spec.store.writer import run_state
 
-    if b.is_link(f"{RUNS}/{run_id}"):
+    if b.is_link(f"{RUNS}/{run_id}") or b.is_link(f"{ATTEMPTS}/{run_id}"):
         return []
     now = time.time()
     state, attrs = run_state(b, run_id)
@@ -54,12 +54,13 @@ def collect_run(b: Backend, run_id: str, older_than_s: float = GC_AGE_S) -> list
     if state == "incomplete" and attrs and _young(_created(attrs), now, older_than_s):
         return removed                            # a pre-attempt writer's run, still young
     b.remove_file(f"{RUNS}/{run_id}/{DOC}")
-    for child in b.list_dirs(f"{RUNS}/{run_id}"):
-        if not child.startswith(PREFIX):          # partial data of a writer from before attempts
-            b.remove_tree(f"{RUNS}/{run_id}/{child}")
+    for child in b.list_dirs(f"{RUNS}/{run_id}"):   # a partial publication, or a pre-attempt writer's data
+        b.remove_tree(f"{RUNS}/{run_id}/{child}")
+    b.remove_tree(f"{ATTEMPTS}/{run_id}/{PUBLISH}")
     if b.local:
-        try:
-            os.rmdir(b.path(f"{RUNS}/{run_id}"))  # only if empty: a new writer's attempt stays
-        except OSError:
-            pass
+        for key in (f"{ATTEMPTS}/{run_id}", f"{RUNS}/{run_id}"):
+            try:
+                os.rmdir(b.path(key))             # only if empty: a new writer's attempt stays
+            except OSError:
+                pass
     return [run_id]

@@ -1,21 +1,17 @@
 """One Zarr group per output variable: each variable stored with exactly its own coordinates.
 
-Layout (store layout 3) of one observable of a run::
+How an attempt (``store.attempts``; rooted at its own prefix) holds one observable while it is written
+(store layout 3's shape; layout 4 publishes it as one Dataset on completion, ``store.publish``)::
 
-    runs/<run_id>/<attempt>/<observable>/            the pair labels every pair-dim variable shares
-                                                    (``pair`` + e.g. ``dimension``, ``prompt_id``,
-                                                    the pair flags), stored once; attrs: trust, gauge,
-                                                    units, provenance summary, run id,
-                                                    ``output_variables`` (their order)
-    runs/<run_id>/<attempt>/<observable>/<variable>/ one Dataset: that variable, its own coords and
-                                                    its ``pair`` index
+    <observable>/            the pair labels every pair-dim variable shares (``pair`` + e.g. ``dimension``,
+                             ``prompt_id``, the pair flags), stored once; attrs: trust, gauge, units,
+                             provenance summary, run id, ``output_variables`` (their order)
+    <observable>/<variable>/ one Dataset: that variable, its own coords and its ``pair`` index
 
-so ``xr.open_datatree(url, group=".../<observable>", engine="zarr")`` reads it with plain xarray (or
-``xr.open_zarr(url, group=".../<observable>/<variable>")`` one variable, labelled by pair id) and no
-variable is padded to another's coordinate set. ``open_variables`` gives each pair-dim variable the
-shared labels back (the writer shares them only when every variable's ``pair`` index is identical, so a
-variable's own ``pair`` copy need not be read). Runs written before layout 3 hold one Dataset in the observable group;
-``open_variables`` still reads them (with whatever padding they stored).
+so a streamed run writes each variable's regions into an array of its own and no variable is padded to
+another's coordinate set. ``open_variables`` gives each pair-dim variable the shared labels back (the writer
+shares them only when every variable's ``pair`` index is identical, so a variable's own ``pair`` copy need not
+be read). A group with no listing (one Dataset, store layout 2) is read as that Dataset's variables.
 """
 from __future__ import annotations
 
@@ -204,14 +200,26 @@ def open_variable(zstore, group: str, name: str, *, lazy: bool = True, labels=No
         if labels.sizes["pair"] != v.sizes["pair"]:
             raise KeyError(f"{group}/{name}: {v.sizes['pair']} pairs, the group labels {labels.sizes['pair']}")
         coords.update({k: c.variable for k, c in labels.coords.items()})
+    done = set()
     if digest is not None:
-        from reward_lens_spec.store.digest import check_coords, check_header
-
-        label = f"{where or group}: variable {name}"
-        check_header(v, digest, label)
         rec = digest.get("coords") or {}
         done = {k for k in coords if shared and k in labels.coords and (known or {}).get(k) == rec.get(str(k))
                 and set(map(str, coords)) == set(rec)}
+    return finish_variable(v, coords, name, lazy=lazy, digest=digest, label=f"{where or group}: variable {name}",
+                           done=done)
+
+
+def finish_variable(v: xr.DataArray, coords: dict, name: str, *, lazy, digest: dict | None, label: str,
+                    done=()) -> xr.DataArray:
+    """The stored variable ``v`` (its data lazily indexed or in memory, its zarr encoding) with ``coords``
+    (name -> Variable, in memory): dask-backed or read per ``lazy`` (``open_variable``), checked against its
+    sealed ``digest`` when given (coords now, except those in ``done``, already checked; data now or block by
+    block as read), a mismatch raising ``DigestError`` naming ``label``."""
+    if digest is not None:
+        from reward_lens_spec.store.digest import check_coords, check_header
+
+        check_header(v, digest, label)
+        rec = digest.get("coords") or {}
         rest = {k: c for k, c in coords.items() if k not in done}
         check_coords(xr.DataArray(v.variable, coords=rest, name=name),
                      {**digest, "coords": {k: h for k, h in rec.items() if k not in done}}, label)

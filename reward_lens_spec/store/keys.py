@@ -1,5 +1,5 @@
-"""A store's listed signers: ``<store>/keys/<key id>.json`` (one public key each) and
-``<store>/keys/policy.json`` (``{"require_signers": true|false}``).
+"""A store's listed signers: ``<store>/_internal/keys/<key id>.json`` (one public key each) and
+``<store>/_internal/keys/policy.json`` (``{"require_signers": true|false}``).
 
 Plain JSON files beside the Zarr hierarchy (zarr ignores them), written with the store's own exclusive
 and atomic writes (``Backend``). They are a list, not trust: someone who can write the store can edit
@@ -12,9 +12,9 @@ import json
 import re
 import time
 
-from reward_lens_spec.store._backend import Backend
+from reward_lens_spec.store._backend import INTERNAL, Backend
 
-KEYS = "keys"
+KEYS = f"{INTERNAL}/keys"
 POLICY = f"{KEYS}/policy.json"
 _KEY = re.compile(r"^(?P<id>[0-9a-f]{16})\.json$")
 

@@ -1,6 +1,6 @@
 """The store's evidence log: an append-only, hash-chained record of every completed run document.
 
-``<store>/log/<seq, 12 digits>.json``, one entry per completion (``Attempt.complete``)::
+``<store>/_internal/log/<seq, 12 digits>.json``, one entry per completion (``Attempt.complete``)::
 
     {"seq": n, "kind": "scorecard"|"study"|"adjudication"|"run", "id": run id,
      "doc": content hash of the document as completed, "created": its sealed time,
@@ -35,10 +35,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from reward_lens_spec.errors import StoreError
-from reward_lens_spec.store._backend import Backend
+from reward_lens_spec.store._backend import INTERNAL, Backend
 from reward_lens_spec.store.trust_root import policy
 
-LOG = "log"
+LOG = f"{INTERNAL}/log"
 _ENTRY = re.compile(r"^(?P<seq>\d{12})\.json$")
 _UNHASHED = ("hash", "sig")
 

@@ -2,7 +2,7 @@
 
 Needs no model and no torch. Only runs whose run document
 (``runs/<run_id>/zarr.json``) carries ``complete: true`` are results, read from
-the attempt that document names (``writer.data_group``); the rest
+the Datasets published in the run group (``runs/<run_id>/<observable>``, ``store.published``); the rest
 are in progress, crashed (``incomplete()``) or unreadable (``corrupt()``), and
 none of them stops the good runs from being listed or loaded.
 
@@ -36,7 +36,7 @@ from reward_lens_spec.result import Result
 from reward_lens_spec.store._attrs import encode_json_attrs
 from reward_lens_spec.store._backend import Backend
 from reward_lens_spec.store.gc import GC_AGE_S, collect_run
-from reward_lens_spec.store.groups import open_variables
+from reward_lens_spec.store.published import open_published
 from reward_lens_spec.store.writer import check_layout, check_name, data_group, run_state
 
 COLUMNS = ("run_id", "observables", "model_fingerprint", "model", "dataset", "dataset_checksum",
@@ -300,7 +300,7 @@ class Store:
                 raise StoreError(f"store {self.url}: run {run_id} observable {obs}: the run's sealed data digests "
                                  "do not list it; the stored data were changed after the run was written.")
         try:
-            return open_variables(self._b.zarr_store(), data_group(run_id, attrs, obs), lazy=lazy,
+            return open_published(self._b.zarr_store(), data_group(run_id, attrs, obs), lazy=lazy,
                                   digests=digests, where=f"run {run_id} observable {obs}")
         except DigestError as e:
             self._data_bad[run_id] = str(e)

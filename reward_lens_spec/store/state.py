@@ -4,14 +4,14 @@ and ``store.writer`` need not import each other.
 """
 from __future__ import annotations
 
-from reward_lens_spec.store._backend import DOC, RUNS, Backend
+from reward_lens_spec.store._backend import DOC, INTERNAL, RUNS, Backend
 
 
 def run_state(b: Backend, run_id: str) -> tuple[str, dict | None]:
     """``("complete"|"incomplete"|"corrupt"|"absent", run attrs or None)`` of one run.
 
     A run document with no attrs is the placeholder attempts create; with no attempt
-    under it (a writer that failed and removed its own) the run is ``absent``.
+    of it (``_internal/attempts/<run_id>/``) and nothing under it (a writer that failed and removed its own) the run is ``absent``.
     """
     try:
         doc = b.read_json(f"{RUNS}/{run_id}/{DOC}")
@@ -24,6 +24,6 @@ def run_state(b: Backend, run_id: str) -> tuple[str, dict | None]:
         return "corrupt", None
     if attrs.get("complete") is True:
         return "complete", attrs
-    if not attrs and not b.list_dirs(f"{RUNS}/{run_id}"):
+    if not attrs and not b.list_dirs(f"{RUNS}/{run_id}") and not b.list_dirs(f"{INTERNAL}/attempts/{run_id}"):
         return "absent", None
     return "incomplete", attrs

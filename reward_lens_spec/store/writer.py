@@ -1,27 +1,27 @@
-"""Writing runs into a shared result store: each writer its own attempt, completion names one.
+"""Writing runs into a shared result store: each writer its own attempt, completion publishes one.
 
 1. **root** (once per store, create-if-absent): ``zarr.json`` with
-   ``reward_lens_spec_layout: 3`` and ``runs/zarr.json``. Created exclusively;
-   nobody rewrites them afterwards (``migrate`` is the one exception).
-2. **attempt**: the writer claims a lease and creates ``runs/<run_id>/<attempt>/``
-   (``store.attempts``): a prefix no other writer writes. Nothing is ever deleted
-   to make room: not a crashed writer's attempt, not a complete run under ``force``.
-3. **data**: each observable goes to ``runs/<run_id>/<attempt>/<observable>``, one subgroup
+   ``reward_lens_spec_layout: 4`` and ``runs/zarr.json``. Created exclusively; afterwards only its
+   consolidated metadata is rewritten (``store.publish.consolidate``), and ``migrate`` stamps the layout.
+2. **attempt**: the writer claims a lease and creates ``_internal/attempts/<run_id>/<attempt>/``
+   (``store.attempts``): a prefix no other writer writes, outside the Zarr hierarchy plain readers
+   open. Nothing is ever deleted to make room: not a crashed writer's attempt, not a complete run's
+   attempt under ``force``.
+3. **data**: each observable goes to the attempt's group ``<observable>``, one subgroup
    per variable with that variable's own coordinates (``store.groups``), via
-   ``Dataset.to_zarr(mode="w-", consolidated=False)`` (created exclusively, never a mode that deletes;
-   never consolidated: xarray consolidates at the store root, which would rewrite shared metadata),
+   ``Dataset.to_zarr(mode="w-", consolidated=False)`` (created exclusively, never a mode that deletes),
    every chunk with a ``crc32c`` checksum codec. The digest of every stored array
    (``store.digest``) goes into the run document, under its seal when it has one.
    Streaming runs write pair-chunk regions instead (``reward_lens_spec.streaming``).
-4. **complete**: while its lease holds, the writer replaces the run document
-   ``runs/<run_id>/zarr.json`` atomically by one with ``complete: true`` and
-   ``attempt: <its attempt>``. Readers list only complete runs and read the
-   attempt that document names, so a displaced, slow or killed writer never
-   changes what they see: its data lie in a prefix nobody lists.
+4. **complete**: while its lease holds, under the run's ``publish`` lease, the writer publishes its
+   attempt's observables as ``runs/<run_id>/<observable>`` (one plain xarray Dataset each,
+   ``store.publish``), logs the run, replaces the run document ``runs/<run_id>/zarr.json`` atomically
+   by one with ``complete: true`` and ``attempt: <its attempt>``, and consolidates the root's metadata.
+   Readers list only complete runs and read the groups published from the attempt that document names,
+   so a displaced, slow or killed writer never changes what they see: its data lie in a prefix nobody lists.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from datetime import datetime, timezone
@@ -33,7 +33,7 @@ from reward_lens_spec.result import Result
 from reward_lens_spec.store._attrs import attrs_problem, check_json_safe
 from reward_lens_spec.store._backend import (DOC, LAYOUT_KEY, LAYOUT_VERSION, RUN_NAME, RUNS, Backend,
                                              group_doc)
-from reward_lens_spec.store.attempts import Attempt, list_attempts
+from reward_lens_spec.store.attempts import ATTEMPTS, Attempt, list_attempts
 from reward_lens_spec.store.groups import write_variables, written_digests
 from reward_lens_spec.store.state import run_state  # noqa: F401  (defined in store.state; importable from here as before)
 
@@ -71,6 +71,9 @@ def check_layout(b: Backend, *, create: bool = False) -> int:
         raise StoreError(f"no result store at {b.url} (no zarr.json). Fix: check url=, or write "
                          "a run there first.")
     version = (doc.get("attributes") or {}).get(LAYOUT_KEY)
+    if version is None and not b.exists_key(f"{RUNS}/{DOC}"):
+        raise StoreError(f"store {b.url} is a Zarr group reward_lens_spec did not write (no {LAYOUT_KEY} "
+                         "attribute, no runs/ group). Fix: point url= at a result store this package wrote.")
     if not isinstance(version, int) or version < LAYOUT_VERSION:
         raise StoreError(f"store {b.url} has layout {version!r}, older than this package's "
                          f"{LAYOUT_VERSION}. Fix: run `reward-lens-spec store migrate url={b.url}`.")
@@ -105,12 +108,8 @@ def check_storable(res, observable: str, ops: dict | None = None, run_id: str | 
                              "numpy scalar, str() otherwise) or return the array as a variable of its own.")
 
 def data_group(run_id: str, attrs: dict, observable: str) -> str:
-    """The Zarr group holding ``observable`` of a complete run: under the attempt its document names.
-
-    Runs written before attempts existed (no ``attempt`` attr) hold their data in the run group.
-    """
-    att = attrs.get("attempt")
-    return f"{RUNS}/{run_id}/{att}/{observable}" if att else f"{RUNS}/{run_id}/{observable}"
+    """The Zarr group holding ``observable`` of a complete run: the Dataset published in the run group."""
+    return f"{RUNS}/{run_id}/{observable}"
 
 
 def stored_digests(zstore, group: str, names=None) -> dict:
@@ -134,7 +133,7 @@ def with_digests(attrs: dict, digests: dict) -> dict:
     return out
 
 
-def _write_observable(b: Backend, res, group: str, attrs: dict, zstore=None) -> dict | None:
+def _write_observable(b: Backend, res, group: str, attrs: dict, zstore=None, root: str = "") -> dict | None:
     """Write one observable (``Result`` or Dataset) as the group ``group``, one subgroup per variable
     (``store.groups``); returns what ``write_variables`` returns (the chunk shapes of a direct write).
 
@@ -149,8 +148,8 @@ def _write_observable(b: Backend, res, group: str, attrs: dict, zstore=None) -> 
 
     staged: dict = {}
     chunks = write_variables(zarr.storage.MemoryStore(store_dict=staged), res, group, attrs)
-    prefix = group + "/"
-    files = {b.path(k): v.to_bytes() for k, v in staged.items() if k.startswith(prefix)}
+    prefix, base = group + "/", f"{root}/" if root else ""
+    files = {b.path(base + k): v.to_bytes() for k, v in staged.items() if k.startswith(prefix)}
     b.put_many(files)
     return chunks
 
@@ -223,11 +222,11 @@ def write_run(url: str, run_id: str, results: dict, attrs: dict, *,
             att.fence("write")
             try:
                 res = Result.of(results[obs])
-                chunks = _write_observable(b, res, f"{att.prefix}/{obs}", observable_attrs(run_attrs, res),
-                                           att.zstore("write"))
+                chunks = _write_observable(b, res, obs, observable_attrs(run_attrs, res), att.zstore("write"),
+                                           att.prefix)
                 # digests of what was written, decoded as a reader decodes it; else read back
                 digests[obs] = ((written_digests(res, chunks) if chunks is not None else None)
-                                or stored_digests(b.zarr_store(), f"{att.prefix}/{obs}"))
+                                or stored_digests(att.zarr_store(), obs))
             except Exception as e:
                 raise StoreError(f"store {url}: writing run {run_id} observable {obs} failed "
                                  f"({type(e).__name__}: {e}).") from e
@@ -268,6 +267,8 @@ def discard_unstarted(att: Attempt) -> bool:
         att.close()
         att.remove()
         b, run = att.b, f"{RUNS}/{att.run_id}"
+        if b.local:
+            _rmdir_empty(b, f"{ATTEMPTS}/{att.run_id}")
         if not list_attempts(b, att.run_id) and run_state(b, att.run_id)[0] == "absent":
             b.remove_file(f"{run}/{DOC}")      # the empty placeholder; then the folder, only if empty
             if b.local:
@@ -275,6 +276,13 @@ def discard_unstarted(att: Attempt) -> bool:
         return True
     except Exception:
         return False
+
+def _rmdir_empty(b: Backend, key: str) -> None:
+    try:
+        os.rmdir(b.path(key))                 # only if empty
+    except OSError:
+        pass
+
 
 def is_complete(url: str, run_id: str, *, storage_options: dict | None = None) -> bool:
     """True when ``runs/<run_id>`` exists and its run document says ``complete: true``.
@@ -285,28 +293,3 @@ def is_complete(url: str, run_id: str, *, storage_options: dict | None = None) -
     b = Backend(url, storage_options)
     b.check_not_file()
     return run_state(b, run_id)[0] == "complete"
-
-
-def migrate(url: str, *, storage_options: dict | None = None) -> int:
-    """Bring a store's root to this package's layout; return the layout version.
-
-    Stores written before the attr existed, or with an older layout, get this package's
-    ``reward_lens_spec_layout`` (other root attrs kept); their runs' data stay where they are and
-    are read there (layout 1: in the run group; layout 2: one Dataset per observable group). A current store is left alone. Raises StoreError for a missing/garbage root or a
-    store from a newer version.
-    """
-    b = Backend(url, storage_options)
-    b.check_not_file()
-    try:
-        doc = b.read_json(DOC)
-    except ValueError as e:
-        raise StoreError(f"store {url}: root zarr.json is not valid JSON ({e}).") from e
-    if doc is None:
-        raise StoreError(f"no result store at {url} (no zarr.json); nothing to migrate.")
-    attrs = dict(doc.get("attributes") or {})
-    version = attrs.get(LAYOUT_KEY)
-    if version is None or (isinstance(version, int) and version < LAYOUT_VERSION):
-        doc["attributes"] = {**attrs, LAYOUT_KEY: LAYOUT_VERSION}
-        b.write_atomic(DOC, json.dumps(doc, indent=2, sort_keys=True).encode())
-        return LAYOUT_VERSION
-    return check_layout(b)
