@@ -166,14 +166,14 @@ def test_the_docs_plain_xarray_lines_give_the_per_pair_labels_and_trust(mixed):
 
     _, out, _ = mixed
     page = (Path(__file__).resolve().parents[1] / "docs" / "results.md").read_text(encoding="utf-8")
-    block = next(b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "assign_coords(labels.coords)" in b)
+    block = next(b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "xr.open_zarr(" in b)
     ns: dict = {}
     exec(block.replace("outputs/store.zarr", out.store_url), ns)     # noqa: S102 - the documented lines
-    margin = ns["margin"]
+    margin = ns["ds"]["margin"]
     for label in ("dimension", "prompt_id", "empty_response", "identical_sides", "prompt_truncated"):
         assert margin[label].dims == ("pair",), label
     assert bool(margin["prompt_truncated"].sel(pair="long_prompt")) and bool(margin["empty_response"].sel(pair="empty"))
-    assert ns["labels"].attrs["trust"] == ns["res"].attrs["trust"]
+    assert ns["ds"].attrs["trust"] == ns["res"].attrs["trust"]
 
 
 def _synthetic():

@@ -56,6 +56,16 @@ WHY_NOT = {
                                           "under that name only"),
     "label_cycles": _NO_PLANT.format("an example variant of hodge_pooled under another name; graded as hodge_pooled"),
     "gated_scalar_cost": _NO_PLANT.format("an example variant of scalar_cost on a gated head; no gated organism"),
+    # interventions as artifacts: the fitted LEACE eraser's parameters (the erasure itself is graded by leace_removal)
+    "eraser_mean": _NO_PLANT.format("the eraser's mean μ is a fit statistic; its erasure is graded as leace_removal"),
+    "eraser_projection": _NO_PLANT.format("the eraser's matrix E is a fit; its erasure is graded as leace_removal"),
+    # TRL stepwise data: the model's step rewards graded against the data's own labels (not a planted organism)
+    **{k: _NO_PLANT.format("a grade of the model against the dataset's per-step labels; no organism plants labels")
+       for k in ("step_label", "first_error", "step_accuracy", "step_auc", "first_error_accuracy")},
+    # SAE fit on this model: a measurement of the dictionary, gated by trust.sae_gate's floor
+    **{k: _NO_PLANT.format("the SAE's reconstruction of this model's activations; it gates the attribution "
+                           "(trust.sae_gate) rather than being graded")
+       for k in ("sae_variance_explained", "sae_relative_error")},
     # ensembles
     "member_sign_agreement": _NO_PLANT.format("the ensemble organism plants its members' rewards (graded by "
                                               "ensemble_member_margin); the agreement share follows from them but no "

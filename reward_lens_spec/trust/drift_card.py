@@ -38,15 +38,15 @@ def drift_spec_hash(read_spec_hash: str, params) -> str:
 def _checkpoint_truth(steps, pairs) -> tuple[list, list]:
     """Per checkpoint step: margins (pair) and readout rows (pair-major, chosen then rejected: 2·pairs × d)."""
     import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from ..models.hub import load_classifier, load_tokenizer
     from ..models.training_organism import TEMPLATE, resolve
 
     margins, hs = [], []
     for step in steps:
         folder = resolve(f"training/checkpoint-{step}")
-        model = AutoModelForSequenceClassification.from_pretrained(str(folder), torch_dtype=torch.float32).eval()
-        tok = AutoTokenizer.from_pretrained(str(folder))
+        model = load_classifier(folder, trust_remote_code=False, num_labels=1, dtype=torch.float32)[0].eval()
+        tok = load_tokenizer(folder, trust_remote_code=False)
         got: list = []
         hook = model.model.norm.register_forward_hook(lambda mod, args, out: got.append(out[0, -1].double()))
         m, rows = [], []
