@@ -66,6 +66,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .errors import SpecError
+import os
+import yaml
+from .paths import conf_dir, user_dirs
 
 ALLOWED_TARGETS = frozenset({
     "hydra._internal.core_plugins.basic_launcher.BasicLauncher",
@@ -369,8 +372,6 @@ def check_files(root: Path, label: str, trusted: bool = False) -> None:
     """Check every YAML file under ``root`` (``label`` names the source: ``conf/``, ``--config-dir``): names of
     code for all; for a user's folder (not ``trusted``) also the ``hydra`` allowlist (through each file's
     package), its defaults list and the value rules. A folder checked unchanged before is not read again."""
-    import yaml
-
     root = Path(root)
     try:
         sig = _file_signature(root)
@@ -439,8 +440,6 @@ def _launcher_option_ok(name: Any, config_dirs: list) -> bool:
 def _check_override_list(overrides: list[str], typed: bool, where: str | None = None,
                          config_dirs: list | None = None) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    from .paths import user_dirs
 
     dirs = list(user_dirs()) if config_dirs is None else list(config_dirs)
     try:
@@ -526,7 +525,6 @@ def _baseline_hydra(launcher: str | None) -> dict | None:
     from hydra.types import RunMode
     from omegaconf import OmegaConf
 
-    from .paths import conf_dir
     from .spec import register_configs
 
     register_configs()
@@ -611,8 +609,6 @@ def check_composed_config(tree: dict, cli_overrides: list[str]) -> None:
 
     Call it right after composing, before anything reads the config; it composes nothing of the user's (it
     composes the project's own tree once per launcher, cached, for the comparison)."""
-    from .paths import user_dirs
-
     for d in user_dirs():
         if Path(d).is_dir():
             check_files(Path(d).resolve(), "config folder " + str(d))
@@ -641,15 +637,12 @@ def check_composed(config_dirs: list[str], config_name: str, overrides: list[str
     """Compose the config as Hydra will (nothing is instantiated), ``hydra`` included, and run
     ``check_composed_config`` on it: once with every sweep at its first value, then once more for each other
     option a group sweep (``model=a,b``, ``model=glob(*)``) or the sweeper's params select."""
-    import os
-
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra._internal.utils import create_config_search_path
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.types import RunMode
     from omegaconf import OmegaConf
 
-    from .paths import conf_dir
     from .spec import register_configs
 
     search = [f"hydra.searchpath=[{','.join('file://' + os.path.abspath(d) for d in config_dirs)}]"] \
@@ -735,8 +728,6 @@ def check_argv(argv: list[str]) -> None:
     ``overrides.prepare_overrides``): flags, ``conf/`` and the user's folders file by file, the overrides,
     then the composed config (``check_composed``). ``SpecError`` with one line naming the key."""
     from hydra._internal.utils import get_args_parser
-
-    from .paths import conf_dir
 
     try:
         args, _ = get_args_parser().parse_known_args(argv)

@@ -14,6 +14,8 @@ from pathlib import Path
 from . import __version__
 from .observables import load_observable
 from .registry import expand_steps
+import numpy
+import xarray
 
 
 def canonical_observable(obs) -> dict:
@@ -28,10 +30,8 @@ def spec_hash(parts: dict) -> str:
 
 
 def versions() -> dict:
-    import numpy
     import torch
     import transformers
-    import xarray
     import zarr
 
     return {"reward_lens_spec": __version__, "python": platform.python_version(), "torch": torch.__version__,

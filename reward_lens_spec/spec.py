@@ -19,6 +19,13 @@ from omegaconf.errors import ConfigKeyError, ConfigTypeError, ValidationError
 from .errors import SpecError
 from .models.admission import Admission, stamp
 from .spec_kinds import EnsembleSpec, ImplicitSpec, JudgeSpec, PrmSpec  # noqa: F401  (schemas of ModelSpec)
+from pathlib import Path
+import yaml
+from .errors import did_you_mean
+from .frames.covariance import check_shrinkage
+from .models.checkpoints import select_checkpoint
+from .models.kinds import check_kind
+from .paths import find_config, group_options
 
 
 class DType(str, Enum):
@@ -330,9 +337,7 @@ def _check_values(run: RunConfig, partial: bool = False) -> None:
         raise SpecError("model.max_tokens", f"must be positive or null, got {m.max_tokens}.")
     if run.dataset.limit is not None and run.dataset.limit <= 0:
         raise SpecError("dataset.limit", f"must be positive or null, got {run.dataset.limit}.")
-    from .models.kinds import check_kind
     check_kind(m)                               # model.kind and its settings (did you mean)
-    from .models.checkpoints import select_checkpoint
     if not partial:
         select_checkpoint(m)                    # model.checkpoints: source and name of checkpoint i
     _check_restrictions(run.observable)
@@ -362,8 +367,6 @@ def _check_restrictions(obs) -> None:
 
 
 def _check_frame(f: FrameSpec, partial: bool) -> None:
-    from .frames.covariance import check_shrinkage
-
     check_shrinkage(f.shrinkage, "frame.shrinkage")
     if f.reference_limit < 2:
         raise SpecError("frame.reference_limit", f"must be at least 2, got {f.reference_limit}.",
@@ -395,12 +398,8 @@ def group_config(group: str, ref: str, *, key: str, base_dir: str | None = None)
     config that does not fit the schema. A model is not read here: every model spec crosses the one
     guarded door (``models.door.admit``), which refuses resolvers and untyped flags.
     """
-    from pathlib import Path
-
     if group == "model":
         raise TypeError("model specs are resolved by models.door (admit / nested), the one guarded door")
-
-    from .paths import find_config, group_options
 
     path = find_config(group, ref)                  # a built-in or user-folder option, else a path
     if path is None:
@@ -410,9 +409,6 @@ def group_config(group: str, ref: str, *, key: str, base_dir: str | None = None)
         else:
             raise SpecError(key, f"no {group} config '{ref}'.", value=ref, options=group_options(group),
                             fix=f"name an option of conf/{group}/ or the path of a {group} YAML file.")
-    import yaml
-
-    from .errors import did_you_mean
     try:
         loaded = OmegaConf.load(path)
         merged = OmegaConf.merge(OmegaConf.structured(GROUP_SCHEMAS[group]), loaded)

@@ -35,6 +35,11 @@ from ..models.door import derive
 from . import evaluate as ev
 from .head import DEFAULT_L2_GRID, fit_bt_head, save_checkpoint, set_head
 from .split import PARTS, split_by_prompt
+import hashlib
+from scipy.special import expit
+from ..data.checksum import prompt_cluster_key
+from ..run.compose import store_url
+from ..run.inputs import batch_size, encode, load_dataset, load_lm
 
 
 @dataclass
@@ -96,8 +101,6 @@ def _write_split(folder: Path, split) -> None:
 def report_dataset(report: dict, test_ids, test_margin, test_groups, ratio):
     """The ``fit_report`` observable as an ``xarray.Dataset`` (dims pair, bin, l2, bound)."""
     import xarray as xr
-    from scipy.special import expit
-
     b = ["estimate", "ci_low", "ci_high"]
     t = report["parts"]["test"]
     rel = t["reliability"]
@@ -124,16 +127,11 @@ def report_dataset(report: dict, test_ids, test_margin, test_groups, ratio):
 
 def run_fit(opts: FitOptions, out: str, run, resolved_yaml: str, base_dir: str) -> dict:
     """Do the whole job (see module doc); return the report dict."""
-    import hashlib
-
     from .. import __version__
-    from ..data.checksum import prompt_cluster_key
     from ..identity import spec_hash, versions
     from ..models.capture import capture
     from ..models.fingerprint import model_fingerprint
-    from ..run.compose import store_url
     from ..run.identity import numerics
-    from ..run.inputs import batch_size, encode, load_dataset, load_lm
     from ..store import write_run
 
     t0 = time.perf_counter()
@@ -210,8 +208,6 @@ def _verify(run, folder: Path, base_dir: str, pairs, expected) -> dict:
     if not pairs:
         return {"n": 0}
     from ..models.capture import capture
-    from ..run.inputs import batch_size, encode, load_lm
-
     spec = derive(run.model, source=str(folder), gguf_file=None)
     lm = load_lm(spec, base_dir)
     enc = encode(lm, pairs, spec)

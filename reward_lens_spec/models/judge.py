@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import SpecError
+from .causal import load_causal
 
 MODES = ("pointwise", "pairwise")
 
@@ -131,7 +132,6 @@ def as_verdict_classifier(causal, token_ids: tuple[int, int], scale: float = 1.0
 def load_judge(spec, base_dir: str | None = None, *, tokens=None, field: str = "model.judge.tokens",
                mode: str | None = None):
     """The ``LoadedModel`` of a judge: the causal LM wrapped with its verdict row (module docstring)."""
-    from .causal import load_causal
     from .loading import resolve_device, wrap_model
 
     mode = mode or spec.judge.mode

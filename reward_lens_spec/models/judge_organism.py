@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
+from .judge import JudgeSignal, as_verdict_classifier, verdict_ids
 
 
 @torch.no_grad()
@@ -20,7 +21,6 @@ def judge_organism(strength: float, **kw):
     """``Organism`` of kind ``judge_planted`` at ``strength`` (``kw``: ``planted_organism``'s arguments)."""
     import transformers as tf
 
-    from .judge import JudgeSignal, as_verdict_classifier, verdict_ids
     from .loading import wrap_model
     from .organisms import planted_organism
 

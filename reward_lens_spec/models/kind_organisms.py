@@ -37,6 +37,12 @@ from ..data import Pair
 from ..errors import SpecError
 from .organism_base import STRENGTHS, WORDS, Organism, pairset
 from .organisms import KINDS as CLASSIFIER_KINDS
+import torch
+from .loading import wrap_model
+from .organisms import TRIGGER, planted_pairs
+from .per_token import response_starts
+from ..run.inputs import encode
+from .tiny import build_tiny
 
 KIND_FAMILIES = ("judge_planted", "prm_planted", "implicit_planted", "concept", "curvature", "ensemble_planted")
 KINDS = CLASSIFIER_KINDS + KIND_FAMILIES
@@ -47,13 +53,7 @@ PRM_GAMMA = 0.3        # the flaw head's write: readings rise with s over the wh
 def implicit_organism(strength: float, *, seed: int = 0, n_pairs: int = 8, beta: float = IMPLICIT_BETA,
                       base: str = "tiny_llama") -> Organism:
     """The ``implicit_planted`` organism at ``strength`` (module docstring)."""
-    import torch
-
-    from ..run.inputs import encode
     from .implicit_organism import unembed_organism
-    from .organisms import TRIGGER, planted_pairs
-    from .per_token import response_starts
-
     pairs = planted_pairs(n_pairs, seed)
     tok_probe = unembed_organism(0.0, (), name=base, seed=seed, beta=beta)[0].tokenizer
     trig = tok_probe(TRIGGER, add_special_tokens=False)["input_ids"]
@@ -82,9 +82,6 @@ def implicit_organism(strength: float, *, seed: int = 0, n_pairs: int = 8, beta:
 def _with_verdicts(org: Organism) -> Organism:
     """``org`` with ``truth["verdict_margin"]``: per pair id, (z_Y − z_N)(chosen) − (z_Y − z_N)(rejected) read off
     the judge's own causal LM (``lm.model.judge_causal``) at the last token, plain forward, batch of one."""
-    import torch
-
-    from ..run.inputs import encode
     causal, (yes, no) = org.lm.model.judge_causal, org.lm.signal.token_ids
     enc = encode(org.lm, org.pairs)
     out = {}
@@ -100,9 +97,6 @@ def _with_rayleigh(org: Organism) -> Organism:
     """``org`` with ``truth["rayleigh"]``: per pair id, ``[vᵀH_c v, vᵀH_r v]`` — the second derivative of each
     side's reward along the planted direction ``v`` added to resid_post[layer] at the readout (last) token,
     by double backward through a plain forward (batch of one, a forward hook; none of the Lanczos code)."""
-    import torch
-
-    from ..run.inputs import encode
     model, layer = org.lm.model, org.truth["layer"]
     v = torch.as_tensor(org.truth["direction"], dtype=torch.float32)
     enc = encode(org.lm, org.pairs)
@@ -145,9 +139,6 @@ def concept_pairs(strength: float, n: int = 200, seed: int = 0):
 
 def concept_organism(strength: float, *, seed: int = 0, n_pairs: int = 200, base: str = "tiny_llama") -> Organism:
     """The ``concept`` organism at ``strength`` (module docstring)."""
-    from .loading import wrap_model
-    from .tiny import build_tiny
-
     model, tok = build_tiny(base, seed=seed)
     lm = wrap_model(f"organism_concept_s{strength:g}", model, tok)
     return Organism("concept", float(strength), lm, concept_pairs(strength, n_pairs, seed),

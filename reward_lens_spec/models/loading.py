@@ -29,6 +29,7 @@ from .admission import permissions
 from .hub import load_classifier, load_tokenizer, remote_code_error, trust_remote_code  # noqa: F401  (public here too)
 from .sources import gguf_for, resolve_source  # noqa: F401  (public here too)
 from .tiny import TINY_CONFIGS, build_tiny
+from .head import get_module
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -47,7 +48,6 @@ class LoadedModel:
 
     @property
     def n_layers(self) -> int:
-        from .head import get_module
         return len(get_module(self.model, self.family.layers))
 
     @property

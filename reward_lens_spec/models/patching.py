@@ -35,6 +35,7 @@ from .copy_skip import CopySkip, start_layer
 from .prefix import run_prefix, sliding
 from .head import get_module
 from .padding import batches_by_length, pad_batch
+from ..errors import SpecError
 
 
 def _module_for(lm, site: str, layer: int):
@@ -255,8 +256,6 @@ def patch_all_positions(lm, encoded, cap, targets, pair_indices, *, mode: str = 
     base side runs once per chunk of targets, row 0 unpatched (checked against the capture).
     Raises ``SpecError`` (``observable.positions``) naming the misaligned pairs.
     """
-    from ..errors import SpecError
-
     bad = misaligned_pairs(encoded, pair_indices)
     if bad:
         raise SpecError("observable.positions", f"positions=all needs both sides of a pair to tokenize to equal "

@@ -22,6 +22,8 @@ from ..errors import SpecError
 from .loading import wrap_model
 from .organism_base import STRENGTHS, WORDS, Organism, pairset
 from .tiny import TINY_CONFIGS, build_tiny
+from .capture import capture
+from ..run.inputs import encode
 
 
 CYCLE = ("rock", "paper", "scissors")
@@ -97,9 +99,6 @@ def annotator_organisms(kind: str = "annotator_mixture", strengths=STRENGTHS, *,
     model's margin, split where it is small); truth ``contested_where_margin_small``.
     """
     from ..frames.fit import fit_whitened
-    from .capture import capture
-    from ..run.inputs import encode
-
     if kind not in ANNOTATOR_KINDS:
         raise SpecError("organism", f"unknown annotator organism '{kind}'.", value=kind, options=ANNOTATOR_KINDS)
     if base not in TINY_CONFIGS:
@@ -155,9 +154,6 @@ def multi_objective_organisms(strengths=STRENGTHS, *, base: str = "tiny_llama", 
     Truth: ``{"n_objectives": K, "participation_ratio": PR(s)}``.
     """
     from ..frames.fit import fit_whitened
-    from .capture import capture
-    from ..run.inputs import encode
-
     if base not in TINY_CONFIGS:
         raise SpecError("organism.base", f"unknown tiny model '{base}'.", value=base, options=TINY_CONFIGS)
     rng = np.random.Generator(np.random.PCG64(seed + 41))

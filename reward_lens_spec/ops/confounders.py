@@ -40,6 +40,7 @@ import xarray as xr
 from ..errors import SpecError
 from ..registry import register
 from .base import INVARIANT, Operator, labelled, need_dim
+from ..data.checksum import prompt_cluster_key
 
 FEATURES = {"length_log_ratio": "log_ratio", "length_diff": "chars", "overlap_diff": "fraction",
             "chosen_position": "position"}
@@ -76,7 +77,6 @@ def pair_feature(pair, feature: str, min_prompt_words: int = 30) -> float:
 
 
 def _groups(ctx):
-    from ..data.checksum import prompt_cluster_key
     by_id = {p.id: p for p in ctx.pairs}
     return np.array([prompt_cluster_key(by_id[i].prompt) for i in ctx.encoded.pair_ids], dtype=object)
 

@@ -27,6 +27,7 @@ from ..errors import SpecError
 from ..registry import register
 from .base import INVARIANT, Operator, labelled, need_dim
 from .pair_labels import pair_agreement
+from ..data.checksum import prompt_cluster_key
 
 STATS = ["abs_margin_contested", "abs_margin_unanimous", "abs_margin_gap", "n_contested", "n_unanimous",
          "n_effective"]
@@ -54,7 +55,6 @@ def check_unanimous(value: float, where: str) -> None:
 
 def record_classes(ctx, unanimous: float):
     """(recorded mask, contested mask, prompt-cluster keys) per encoded pair; raises when a class is empty."""
-    from ..data.checksum import prompt_cluster_key
     agree = pair_agreement(ctx)
     rec = np.isfinite(agree)
     cont = contested_mask(agree, unanimous)

@@ -43,6 +43,9 @@ from scipy.special import expit, log_expit
 from ..errors import SpecError
 from ..registry import register
 from .base import INVARIANT, Operator, labelled, need_readout_sides
+from ..data.checksum import prompt_cluster_key
+from ..fit import evaluate as ev
+from ..fit.split import split_by_prompt
 
 QUANTITIES = ("statistics", "singular_values")
 BOUND = ["estimate", "ci_low", "ci_high"]
@@ -119,10 +122,6 @@ def _pca(h_train: np.ndarray, n_components: int):
 
 
 def _fit(ctx, p: PreferenceRankParams, h: xr.DataArray) -> dict:
-    from ..data.checksum import prompt_cluster_key
-    from ..fit import evaluate as ev
-    from ..fit.split import split_by_prompt
-
     ids = list(ctx.encoded.pair_ids)
     H = np.asarray(h.sel(pair=ids).transpose("pair", "side", "d_model").values, np.float64)
     by_id = {q.id: q for q in ctx.pairs}

@@ -43,6 +43,7 @@ from ..errors import CaptureError, SpecError
 from ..registry import register
 from .base import INVARIANT, Operator, labelled, need_dim
 from .rewardbench_ties import TERMS, item_stats, split_id, ties_bounds
+from ..data.checksum import prompt_cluster_key
 
 SECTIONS = {
     "Chat": {"alpacaeval-easy": 100, "alpacaeval-length": 95, "alpacaeval-hard": 95, "mt-bench-easy": 28,
@@ -137,7 +138,6 @@ def _check_level(level, options, where):
 
 
 def _pair_groups(ctx, ids):
-    from ..data.checksum import prompt_cluster_key
     by_id = {p.id: p for p in ctx.pairs}
     return [by_id[i] for i in ids], np.array([prompt_cluster_key(by_id[i].prompt) for i in ids], dtype=object)
 
@@ -226,7 +226,6 @@ class BestOfN(Operator):
         return INVARIANT
 
     def run(self, ctx, reward):
-        from ..data.checksum import prompt_cluster_key
         from ..fit.evaluate import correct
         ids = [str(i) for i in reward["pair"].values]
         pairs, _ = _pair_groups(ctx, ids)

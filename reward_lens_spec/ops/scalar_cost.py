@@ -30,6 +30,8 @@ from ..errors import SpecError
 from ..registry import register
 from .base import INVARIANT, Operator, labelled
 from .conflicts import pairwise
+from ..data.checksum import prompt_cluster_key
+from ..fit import evaluate as ev
 
 STATS = ["sign_disagreement", "sign_disagreement_weighted", "overruled_preference", "mean_pairwise_disagreement",
          "n_pairs", "n_effective"]
@@ -82,8 +84,6 @@ class ScalarCost(Operator):
         return INVARIANT
 
     def run(self, ctx, margins, scalar=None):
-        from ..data.checksum import prompt_cluster_key
-        from ..fit import evaluate as ev
         ids = list(ctx.encoded.pair_ids)
         D = np.asarray(margins.sel(pair=ids).transpose("pair", "objective").values, np.float64)
         s = D.mean(1) if scalar is None else np.asarray(scalar.sel(pair=ids).values, np.float64)

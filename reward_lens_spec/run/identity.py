@@ -24,6 +24,8 @@ import json
 
 from .. import __version__
 from ..identity import canonical_observable, spec_hash
+from ..models.checkpoints import chain
+from ..models.kinds import kind_settings
 
 
 def observable_hash(obs) -> str:
@@ -34,8 +36,6 @@ def observable_hash(obs) -> str:
 
 def numerics(spec) -> dict:
     """How a ``ModelSpec`` turns pairs into numbers beyond its weights (the one such dict: runs, frames, fit)."""
-    from ..models.kinds import kind_settings
-
     out = {"dtype": spec.dtype.value, "max_length": spec.max_length, "format": spec.format.value,
            "template": spec.template if spec.format.value == "plain" else None, "objectives": list(spec.objectives)}
     kind = kind_settings(spec)                    # {} for the classifier: its run ids are as before
@@ -77,7 +77,6 @@ def identity_parts(run, inputs, plan, fingerprint, accounting, *, study_hash=Non
         parts["member_fingerprints"] = list(members)
     if frame_id is not None:
         parts["frame"] = frame_id
-    from ..models.checkpoints import chain
     cp = chain(run.model, base_dir)
     if cp is not None:                     # a checkpoint of a sequence: its place in the chain
         parts["checkpoint"] = cp

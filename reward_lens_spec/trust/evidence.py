@@ -55,6 +55,7 @@ import json
 from .certificate import held_out_ok
 from .code_identity import CODE_MODULES, code_changes, code_hash  # noqa: F401  (re-exported)
 from .kind_criteria import KIND_FLOORS     # judge / PRM / implicit / LEACE / curvature criteria
+from .study_doc import COMPARATORS, predictions, study_hash
 
 LEVELS = ("exploratory", "calibrated", "registered", "adjudicated")
 CACHE_KEYS = ("trust", "trust_by_variable", "content_hash")
@@ -226,7 +227,6 @@ class Evidence:
         return None
 
     def study_error(self, rid: str, a: dict) -> str | None:
-        from .study_doc import study_hash
         bad = seal_error(a)
         if bad:
             return f"study {rid}: {bad}"
@@ -329,7 +329,6 @@ class Evidence:
         return _verdict(a, level, by_var, None, reason, scopes)
 
     def _adjudication(self, rid: str, a: dict) -> dict:
-        from .study_doc import COMPARATORS, predictions
         bad = seal_error(a)
         rec, why = self.verified_study(a.get("study_hash"))
         if bad or rec is None:

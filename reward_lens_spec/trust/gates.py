@@ -19,13 +19,14 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from .evidence import LEVELS, Evidence, seal
+from ..errors import StoreError
+from ..store.digest import KEY, result_digests
 
 __all__ = ["LEVELS", "seal_run", "derive_pending"]
 
 
 def derive_pending(run_id: str, attrs: dict, store_url: str, *, storage_options=None) -> dict:
     """The verdict ``attrs`` would get on read if written now as ``run_id`` (reads the store only)."""
-    from ..errors import StoreError
     from ..store import open_store
 
     try:
@@ -54,8 +55,6 @@ def seal_run(run_id: str, attrs: dict, result, run, store_url: str, *, logits, p
     """
     from .identities import check_identities
     from ..run.identity import observable_hash
-    from ..store.digest import KEY, result_digests
-
     attrs = {**attrs, KEY: {run.observable.name: result_digests(result)},
              "observable_spec_hash": observable_hash(run.observable),
              "identities": check_identities(result, logits, pair_ids,

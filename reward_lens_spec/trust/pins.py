@@ -12,13 +12,14 @@ the config a study's design describes (``experiment=<name>`` for a study file;
 from __future__ import annotations
 
 import yaml
+from ..paths import group_options
+from ..run.inputs import load_dataset, load_lm
 
 PIN_KEYS = ("observable_spec_hash", "model_fingerprint", "dataset_checksum")
 _GROUPS = ("model", "dataset", "observable", "frame")
 
 
 def _overrides(design: dict) -> list[str]:
-    from ..paths import group_options
     out = []
     for group in _GROUPS:
         node = design.get(group)
@@ -44,7 +45,6 @@ def design_run(experiment, study: dict):
 def pins(run, base_dir: str) -> dict:
     """The three pins of ``run`` (loads the model and the pairs; reads no results)."""
     from ..models.fingerprint import model_fingerprint
-    from ..run.inputs import load_dataset, load_lm
     from ..run.identity import observable_hash
 
     pairs = load_dataset(run.dataset, base_dir)

@@ -30,6 +30,10 @@ import json
 import numpy as np
 
 from ..data.accounting import accounting
+import yaml
+from ..errors import RewardLensError
+from ..run.executor import compute
+from ..run.inputs import encode, load_dataset, load_lm
 
 RTOL = 1e-3
 
@@ -43,14 +47,10 @@ def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
 
 def recompute_run(store, run_id: str, k: int, *, base_dir: str, seed: int = 0) -> tuple[bool | None, str]:
     """``(True | False | None (skipped), detail)`` for one result run; see the module doc."""
-    import yaml
     from omegaconf import OmegaConf
 
-    from ..errors import RewardLensError
     from ..planning import data_dims, plan_for
     from ..run.compose import finish
-    from ..run.executor import compute
-    from ..run.inputs import encode, load_dataset, load_lm
     from ..run.stream_arrays import pad_widths           # xarray: deferred like the rest
 
     attrs = store.document(run_id)
@@ -136,7 +136,6 @@ def descriptive_mismatches(attrs: dict, run, pairs, enc) -> list[str]:
 
 def recompute_card(store, card_id: str) -> tuple[bool | None, str]:
     """Grade a scorecard's organism check again and compare every reading; see the module doc."""
-    from ..errors import RewardLensError
     from ..observables import load_observable
     from ..run.identity import observable_hash
     from .scorecard import grade

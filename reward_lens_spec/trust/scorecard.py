@@ -98,6 +98,14 @@ from .evidence import EXACT_CRITERIA, MIN_SPEARMAN, card_verdict, code_hash, sea
 from ..run.identity import observable_hash
 from .identities import check_identities
 from .reference import planted_margins, reference_dataset, reference_identities
+import yaml
+from ..errors import StoreError
+from ..identity import git_sha, versions
+from ..models.fingerprint import model_fingerprint
+from ..observables import load_observable
+from ..ops.base import PlanInfo
+from ..registry import build_plan, expand_steps
+from ..run.executor import compute
 
 CARD_OBSERVABLE = "scorecard"
 UNIT_KINDS = ("planted", "planted_head", "planted_paths", "judge_planted")   # truth names a planted unit
@@ -118,11 +126,6 @@ def evaluate(obs, org: Organism) -> xr.Dataset:
 
     ``attrs["identities"]``: the run's exactness-identity records (``trust.identities``).
     """
-    from ..observables import load_observable
-    from ..ops.base import PlanInfo
-    from ..registry import build_plan
-    from ..run.executor import compute
-
     lm = org.lm
     info = PlanInfo(family=lm.family, n_layers=lm.n_layers, n_objectives=lm.head.n_objectives,
                     objectives=lm.head.objectives, model_name=lm.name,
@@ -219,10 +222,6 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
     ``organisms`` overrides the built family (tests pass hand-made ones).
     Raises ``SpecError`` when no criterion applies to the observable's outputs.
     """
-    from ..models.fingerprint import model_fingerprint
-    from ..registry import expand_steps
-    from ..observables import load_observable
-
     t0 = time.perf_counter()
     obs = load_observable(observable) if isinstance(observable, str) else observable
     _, outputs = expand_steps(obs, load_observable)
@@ -332,9 +331,6 @@ def write_card(card: Scorecard, store_url: str, *, force: bool = True, storage_o
     ``force`` (default) replaces an earlier card with the same id, so the store
     holds the latest grading of this observable on this organism.
     """
-    import yaml
-
-    from ..identity import git_sha, versions
     from ..store import write_run
 
     crit = list(card.readings)
@@ -363,7 +359,6 @@ def find_cards(store_url: str, *, spec_hash: str | None = None, storage_options=
 
     A store that does not exist yet holds no cards (``[]``); other store errors propagate.
     """
-    from ..errors import StoreError
     from ..store import open_store
 
     try:
