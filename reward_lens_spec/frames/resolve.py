@@ -29,6 +29,9 @@ from ..errors import SpecError, StoreError
 from .fit import Frame, fit_shared, fit_whitened
 from .io import load_frame, save_frame
 from ..run.inputs import batch_size, encode, load_dataset, load_lm
+from ..models.door import nested
+from ..run.identity import numerics
+from ..spec import group_config
 
 
 def body_fingerprint(lm) -> str:
@@ -38,8 +41,6 @@ def body_fingerprint(lm) -> str:
 
 
 def _reference_pairs(run, base_dir):
-    from ..spec import group_config
-
     f = run.frame
     ds = run.dataset if f.reference is None else group_config("dataset", f.reference, key="frame.reference",
                                                                  base_dir=base_dir)
@@ -113,9 +114,6 @@ def _check_covers(frame: Frame, model: str, fingerprint: str, kind: str) -> Fram
 
 def resolve_frame(run, lm, store_url: str, base_dir: str | None = None) -> Frame | None:
     """The run's frame (``None`` for native); fits, stores and reuses as the module doc says."""
-    from ..run.identity import numerics
-    from ..models.door import nested
-    from ..spec import group_config
     f, kind = run.frame, run.frame.name.value
     if kind == "native":
         return None

@@ -44,6 +44,8 @@ from torch import nn
 from ..errors import CaptureError, SpecError
 from .hub import load_config, load_tokenizer
 from .readout import ReadoutHead
+from safetensors.torch import load_file
+from transformers import LlamaModel
 
 ARCHITECTURE = "LlamaForRewardModelWithGating"
 GATING_PATTERN = (128009, 128006, 78191, 128007, 271)
@@ -119,8 +121,6 @@ class ArmoRM(nn.Module):
 
     def __init__(self, config, attn_implementation: str | None = "eager"):
         super().__init__()
-        from transformers import LlamaModel
-
         if attn_implementation:
             config._attn_implementation = attn_implementation
         self.config = config
@@ -170,8 +170,6 @@ class ArmoRM(nn.Module):
 
 
 def _read_state(loc: Path) -> dict:
-    from safetensors.torch import load_file
-
     single = loc / "model.safetensors"
     index = loc / "model.safetensors.index.json"
     if single.is_file():

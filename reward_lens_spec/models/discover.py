@@ -40,6 +40,7 @@ from .families import SITES, Family
 from .families import FAMILIES, family_for
 from .head import read_final_norm, read_head
 from .padding import pad_batch
+import transformers as tf
 
 _ATTN = re.compile(r"attn|attention", re.I)
 _MLP = re.compile(r"mlp|feed_?forward|ffn", re.I)
@@ -101,7 +102,6 @@ def discover_family(model, *, numeric: bool = True) -> Family:
 
 def discover_from_config(cfg) -> Family:
     """Plan-time discovery on a weightless (meta-device) model built from ``cfg``."""
-    import transformers as tf
     with torch.device("meta"):
         try:
             model = tf.AutoModelForSequenceClassification.from_config(cfg, trust_remote_code=False)   # never stdin

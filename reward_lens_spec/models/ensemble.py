@@ -37,6 +37,7 @@ from .implicit import LINEAR_OPS, _KindConfig, canonical_spec
 from .readout import ReadoutHead
 from .capture import capture
 from .fingerprint import model_fingerprint, tokenizer_dict
+from .loading import load_model
 
 REDUCES = ("mean", "min", "quantile")
 
@@ -131,8 +132,6 @@ def refused_ops(spec) -> dict:
 def load_ensemble(spec, base_dir=None) -> EnsembleModel:
     """Every member (``models.loading.load_model``) as one ``EnsembleModel``; ``SpecError`` naming the member
     for a member with several outputs or another tokenizer."""
-    from .loading import load_model
-
     check_ensemble(spec)
     members, names, fps = [], [], []
     for i, ref in enumerate(spec.members):

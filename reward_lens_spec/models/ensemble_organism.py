@@ -19,6 +19,8 @@ from .organism_base import Organism
 from .fingerprint import model_fingerprint
 from .organisms import planted_organism
 from .readout import ReadoutHead
+from .ensemble import EnsembleModel
+from .implicit import _KindConfig
 
 ENSEMBLE_REDUCE, ENSEMBLE_Q = "quantile", 0.25
 MEMBER_SEEDS = (0, 1, 2)
@@ -38,8 +40,6 @@ def _member_rewards(model, tok, pairs) -> dict[str, list[float]]:
 
 def ensemble_organism(strength: float, *, seed: int = 0, n_pairs: int = 12, base: str = "tiny_llama") -> Organism:
     """The ``ensemble_planted`` organism at ``strength`` (module docstring); ``seed`` offsets the member seeds."""
-    from .ensemble import EnsembleModel
-    from .implicit import _KindConfig
     orgs = [planted_organism(strength, base=base, seed=seed + k, n_pairs=n_pairs) for k in MEMBER_SEEDS]
     pairs = orgs[0].pairs
     names = [f"planted_s{seed + k}" for k in MEMBER_SEEDS]

@@ -14,16 +14,14 @@ from dataclasses import replace
 
 import torch
 from .judge import JudgeSignal, as_verdict_classifier, verdict_ids
+import transformers as tf
+from .loading import wrap_model
+from .organisms import planted_organism
 
 
 @torch.no_grad()
 def judge_organism(strength: float, **kw):
     """``Organism`` of kind ``judge_planted`` at ``strength`` (``kw``: ``planted_organism``'s arguments)."""
-    import transformers as tf
-
-    from .loading import wrap_model
-    from .organisms import planted_organism
-
     org = planted_organism(strength, **kw)
     clf, tok = org.lm.model, org.lm.tokenizer
     causal = tf.AutoModelForCausalLM.from_config(clf.config)

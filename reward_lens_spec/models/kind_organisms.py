@@ -43,6 +43,7 @@ from .organisms import TRIGGER, planted_pairs
 from .per_token import response_starts
 from ..run.inputs import encode
 from .tiny import build_tiny
+from .implicit_organism import unembed_organism
 
 KIND_FAMILIES = ("judge_planted", "prm_planted", "implicit_planted", "concept", "curvature", "ensemble_planted")
 KINDS = CLASSIFIER_KINDS + KIND_FAMILIES
@@ -53,7 +54,6 @@ PRM_GAMMA = 0.3        # the flaw head's write: readings rise with s over the wh
 def implicit_organism(strength: float, *, seed: int = 0, n_pairs: int = 8, beta: float = IMPLICIT_BETA,
                       base: str = "tiny_llama") -> Organism:
     """The ``implicit_planted`` organism at ``strength`` (module docstring)."""
-    from .implicit_organism import unembed_organism
     pairs = planted_pairs(n_pairs, seed)
     tok_probe = unembed_organism(0.0, (), name=base, seed=seed, beta=beta)[0].tokenizer
     trig = tok_probe(TRIGGER, add_special_tokens=False)["input_ids"]

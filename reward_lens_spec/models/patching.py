@@ -36,6 +36,7 @@ from .prefix import run_prefix, sliding
 from .head import get_module
 from .padding import batches_by_length, pad_batch
 from ..errors import SpecError
+from transformers.utils import logging as hf_logging
 
 
 def _module_for(lm, site: str, layer: int):
@@ -175,7 +176,6 @@ def _copies_mask(pmask: torch.Tensor, n: int, dtype) -> torch.Tensor:
 @contextlib.contextmanager
 def _quiet_transformers():
     """Silence HF's note that pad detection is off with inputs_embeds: our readout comes from the mask."""
-    from transformers.utils import logging as hf_logging
     old = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:

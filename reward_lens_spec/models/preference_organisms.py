@@ -24,6 +24,7 @@ from .organism_base import STRENGTHS, WORDS, Organism, pairset
 from .tiny import TINY_CONFIGS, build_tiny
 from .capture import capture
 from ..run.inputs import encode
+from ..frames.fit import fit_whitened
 
 
 CYCLE = ("rock", "paper", "scissors")
@@ -98,7 +99,6 @@ def annotator_organisms(kind: str = "annotator_mixture", strengths=STRENGTHS, *,
     ``annotator_agreement``: f = 3·strength, g = 0 (annotators follow the
     model's margin, split where it is small); truth ``contested_where_margin_small``.
     """
-    from ..frames.fit import fit_whitened
     if kind not in ANNOTATOR_KINDS:
         raise SpecError("organism", f"unknown annotator organism '{kind}'.", value=kind, options=ANNOTATOR_KINDS)
     if base not in TINY_CONFIGS:
@@ -153,7 +153,6 @@ def multi_objective_organisms(strengths=STRENGTHS, *, base: str = "tiny_llama", 
     disagreement), K at s = 1 (K uncorrelated ones). W = Ũ Σ̂^{-1/2} (``direction_from_frame``).
     Truth: ``{"n_objectives": K, "participation_ratio": PR(s)}``.
     """
-    from ..frames.fit import fit_whitened
     if base not in TINY_CONFIGS:
         raise SpecError("organism.base", f"unknown tiny model '{base}'.", value=base, options=TINY_CONFIGS)
     rng = np.random.Generator(np.random.PCG64(seed + 41))

@@ -12,6 +12,7 @@ import xarray as xr
 
 from ..errors import SpecError
 from .base import INVARIANT, labelled
+from .confounders import _groups as prompt_clusters
 
 BOUNDS = ("estimate", "ci_low", "ci_high")
 
@@ -23,7 +24,6 @@ def by_group(ctx, x: xr.DataArray, stat, by, cluster: str, ci: float, resamples:
     (per group). ``cluster``: ``prompt`` (clusters resampled) or ``pair`` (plain bootstrap). Pairs
     with a NaN value (e.g. outside ``observable.pairs``) are dropped per cell."""
     from ..fit.evaluate import bootstrap_ci, n_eff
-    from .confounders import _groups as prompt_clusters
     if not 0 < ci < 1:
         raise SpecError("observable.steps.ci", f"ci must be in (0, 1), got {ci}.")
     if by and (by not in x.coords or x.coords[by].dims != ("pair",)):

@@ -24,6 +24,7 @@ from .inputs import Inputs, encode, load_dataset, load_inputs, ops_view
 from ..models.fingerprint_cache import load_tokenizer_only, remember, remembered, weights_key
 from ..report.summary import summary_of
 from ..trust.gates import seal_run
+from ..spec import StoreSpec
 
 if TYPE_CHECKING:                     # the executor's heavy imports (torch, transformers) come after the reuse check
     from ..result import Result
@@ -79,7 +80,6 @@ def compute(lm, pairs, plan, info, *, fmt="plain", template="User: {prompt}\nAss
     outputs, the last chunk's RunContext (capture, counts of the whole run), EncodedPairs)``.
     Raises ``SpecError`` when no pair is left after exclusions, and the operators' errors.
     """
-    from ..spec import StoreSpec
     from ..store import Backend, open_store
     from ..store.writer import check_layout
     from .identity import declared_fields

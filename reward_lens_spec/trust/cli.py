@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from ..errors import RewardLensError, SpecError
+from ..run.compose import store_url
 
 _COMMON = ("store.url",)
 
@@ -33,7 +34,6 @@ def parse_args(argv: list[str], allowed: tuple[str, ...], required: tuple[str, .
     for k in required:
         if k not in out:
             raise SpecError(k, "required.", fix=f"add {k}=...")
-    from ..run.compose import store_url
     out["store.url"] = store_url(out.get("store.url") or None, str(Path.cwd()))
     return out
 

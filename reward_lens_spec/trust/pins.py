@@ -14,6 +14,7 @@ from __future__ import annotations
 import yaml
 from ..paths import group_options
 from ..run.inputs import load_dataset, load_lm
+from ..run.compose import compose_run
 
 PIN_KEYS = ("observable_spec_hash", "model_fingerprint", "dataset_checksum")
 _GROUPS = ("model", "dataset", "observable", "frame")
@@ -36,7 +37,6 @@ def _overrides(design: dict) -> list[str]:
 
 def design_run(experiment, study: dict):
     """The ``RunConfig`` a study's design describes (``experiment``: a study name or the study dict)."""
-    from ..run.compose import compose_run
     overrides = [f"experiment={experiment}"] if isinstance(experiment, str) else \
         _overrides(study.get("design") or {})
     return compose_run(overrides, typed=[])[0]

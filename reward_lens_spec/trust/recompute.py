@@ -34,6 +34,9 @@ import yaml
 from ..errors import RewardLensError
 from ..run.executor import compute
 from ..run.inputs import encode, load_dataset, load_lm
+from omegaconf import OmegaConf
+from ..observables import load_observable
+from ..run.compose import finish
 
 RTOL = 1e-3
 
@@ -47,10 +50,7 @@ def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
 
 def recompute_run(store, run_id: str, k: int, *, base_dir: str, seed: int = 0) -> tuple[bool | None, str]:
     """``(True | False | None (skipped), detail)`` for one result run; see the module doc."""
-    from omegaconf import OmegaConf
-
     from ..planning import data_dims, plan_for
-    from ..run.compose import finish
     from ..run.stream_arrays import pad_widths           # xarray: deferred like the rest
 
     attrs = store.document(run_id)
@@ -136,7 +136,6 @@ def descriptive_mismatches(attrs: dict, run, pairs, enc) -> list[str]:
 
 def recompute_card(store, card_id: str) -> tuple[bool | None, str]:
     """Grade a scorecard's organism check again and compare every reading; see the module doc."""
-    from ..observables import load_observable
     from ..run.identity import observable_hash
     from .scorecard import grade
 

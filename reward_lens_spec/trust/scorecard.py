@@ -106,6 +106,8 @@ from ..observables import load_observable
 from ..ops.base import PlanInfo
 from ..registry import build_plan, expand_steps
 from ..run.executor import compute
+from scipy.stats import spearmanr
+from ..store import open_store, write_run
 
 CARD_OBSERVABLE = "scorecard"
 UNIT_KINDS = ("planted", "planted_head", "planted_paths", "judge_planted")   # truth names a planted unit
@@ -114,7 +116,6 @@ N_PAIRS_KINDS = UNIT_KINDS + ("prm_planted", "implicit_planted", "concept", "cur
 
 def spearman(x, y) -> float:
     """Spearman ρ with average ranks for ties (Spearman 1904); NaN if a side is constant or not finite."""
-    from scipy.stats import spearmanr
     x, y = np.asarray(x, float), np.asarray(y, float)
     if not (np.isfinite(x).all() and np.isfinite(y).all()) or np.ptp(x) == 0 or np.ptp(y) == 0:
         return float("nan")
@@ -331,8 +332,6 @@ def write_card(card: Scorecard, store_url: str, *, force: bool = True, storage_o
     ``force`` (default) replaces an earlier card with the same id, so the store
     holds the latest grading of this observable on this organism.
     """
-    from ..store import write_run
-
     crit = list(card.readings)
     reading = np.array([[np.nan if v is None else v for v in card.readings[c]] for c in crit], np.float64)
     ds = xr.Dataset(
@@ -359,8 +358,6 @@ def find_cards(store_url: str, *, spec_hash: str | None = None, storage_options=
 
     A store that does not exist yet holds no cards (``[]``); other store errors propagate.
     """
-    from ..store import open_store
-
     try:
         st = open_store(store_url, storage_options=storage_options)
     except StoreError:
