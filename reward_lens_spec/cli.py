@@ -35,7 +35,7 @@ from .models.checkpoints import checkpoint_indices
 from .paths import group_options, search_dirs
 from .report.summary import print_summary, run_line, table_lines
 from .run.compose import compose_app, compose_run, finish, store_url
-from .run.inputs import load_dataset
+from .inputs import load_dataset
 from .run.reuse import validate_key
 from .signed_cache import read_signed, write_signed
 from .spec import GROUP_SCHEMAS

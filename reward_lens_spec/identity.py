@@ -29,6 +29,12 @@ def spec_hash(parts: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def observable_hash(obs) -> str:
+    """Canonical content hash of an ``ObservableSpec`` (expanded steps, outputs, version, restrictions): what a
+    scorecard, a study's pins and the gate compare."""
+    return spec_hash(canonical_observable(obs))
+
+
 def versions() -> dict:
     import torch
     import transformers

@@ -22,7 +22,6 @@ from .spec_kinds import EnsembleSpec, ImplicitSpec, JudgeSpec, PrmSpec  # noqa: 
 from pathlib import Path
 import yaml
 from .errors import did_you_mean
-from .frames.covariance import check_shrinkage
 from .models.checkpoints import select_checkpoint
 from .models.kinds import check_kind
 from .paths import find_config, group_options
@@ -422,3 +421,20 @@ def group_config(group: str, ref: str, *, key: str, base_dir: str | None = None)
         hint = did_you_mean(bad, names) if bad else ""
         raise SpecError(key, f"{path} is not a valid {group} config: {str(exc).splitlines()[0]}.{hint}",
                         options=names) from None
+
+
+SHRINKAGE = ("auto", "ledoit_wolf", "oas", "none")   # covariance shrinkage estimators (frames.covariance)
+
+
+def check_shrinkage(value, where: str = "frame.shrinkage") -> str | float:
+    """Normalise a shrinkage setting; raise ``SpecError`` naming ``where`` if it is invalid."""
+    if isinstance(value, str) and value in SHRINKAGE:
+        return value
+    try:
+        rho = float(value)
+    except (TypeError, ValueError):
+        raise SpecError(where, f"unknown shrinkage {value!r}.", value=str(value),
+                        options=list(SHRINKAGE) + ["<number in [0, 1]>"]) from None
+    if not 0.0 <= rho <= 1.0:
+        raise SpecError(where, f"a fixed shrinkage must lie in [0, 1], got {rho}.")
+    return rho

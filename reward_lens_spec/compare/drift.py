@@ -48,7 +48,7 @@ from ..errors import RewardLensError
 from ..models.checkpoints import link
 from ..ops.margin_agreement import compare_margins
 from .runs import _variables
-from ..trust.gates import LEVELS
+from ..trust.evidence import LEVELS
 
 OBSERVABLE = "drift"
 REFERENCES = ("previous", "last")

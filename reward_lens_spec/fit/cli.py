@@ -39,7 +39,8 @@ import hashlib
 from scipy.special import expit
 from ..data.checksum import prompt_cluster_key
 from ..run.compose import store_url
-from ..run.inputs import batch_size, encode, load_dataset, load_lm
+from ..inputs import batch_size, encode, load_dataset, load_lm
+from ..inputs import numerics
 
 
 @dataclass
@@ -131,7 +132,6 @@ def run_fit(opts: FitOptions, out: str, run, resolved_yaml: str, base_dir: str) 
     from ..identity import spec_hash, versions
     from ..models.capture import capture
     from ..models.fingerprint import model_fingerprint
-    from ..run.identity import numerics
     from ..store import write_run
 
     t0 = time.perf_counter()

@@ -28,9 +28,9 @@ import numpy as np
 from ..errors import SpecError, StoreError
 from .fit import Frame, fit_shared, fit_whitened
 from .io import load_frame, save_frame
-from ..run.inputs import batch_size, encode, load_dataset, load_lm
+from ..inputs import batch_size, encode, load_dataset, load_lm
 from ..models.door import nested
-from ..run.identity import numerics
+from ..inputs import numerics
 from ..spec import group_config
 
 

@@ -1,7 +1,7 @@
 """Executing a run: spec → plan → inputs → identity → the one streamed executor → store.
 
 ``execute`` is the whole main job for one composed config: plan (every spec error before any model
-loads), inputs (``run.inputs``), identity (``run.identity``), then ``run.stream`` into the run's
+loads), inputs (``inputs``), identity (``run.identity``), then ``run.stream`` into the run's
 attempt. A complete run with the same id is found in the store and not recomputed unless
 ``store.force``: first from bytes alone (``run.reuse``: no torch, no tokenizer, no plan), else after
 tokenizing with a remembered fingerprint (no weights), else after loading. ``compute`` runs a plan on pairs in memory — the same executor, streamed into an
@@ -20,10 +20,10 @@ from .reuse import remember_run, reuse_key, reused_run
 from types import SimpleNamespace
 from ..data.accounting import accounting, summary_line
 from ..errors import SpecError
-from .inputs import Inputs, encode, load_dataset, load_inputs, ops_view
+from ..inputs import Inputs, encode, load_dataset, load_inputs, ops_view
 from ..models.fingerprint_cache import load_tokenizer_only, remember, remembered, weights_key
 from ..report.summary import summary_of
-from ..trust.gates import seal_run
+from .seal import seal_run
 from ..spec import StoreSpec
 
 if TYPE_CHECKING:                     # the executor's heavy imports (torch, transformers) come after the reuse check

@@ -9,7 +9,7 @@
   (``EncodedPairs.digest``), and ``accounting`` (which pairs were excluded or flagged);
 - ``pair_fields``: the value, pair by pair in order, of every per-pair field an operator of the plan
   declares it reads (``Operator.pair_fields``: ``chosen_position``, ``group``, ``agreement``, ``votes``,
-  RewardBench 2's ``item`` …); operators see no other field (``run.inputs.ops_view``);
+  RewardBench 2's ``item`` …); operators see no other field (``inputs.ops_view``);
 - ``observable``: the expanded steps, outputs, version and restrictions; ``numerics`` (dtype,
   max_length, format, template, objectives); ``package_version``; the study and frame it ran under;
 - ``checkpoint`` (a ``model.checkpoints`` sequence only): index, step, the checkpoint's content digest
@@ -25,21 +25,7 @@ import json
 from .. import __version__
 from ..identity import canonical_observable, spec_hash
 from ..models.checkpoints import chain
-from ..models.kinds import kind_settings
-
-
-def observable_hash(obs) -> str:
-    """Canonical content hash of an ``ObservableSpec`` (expanded steps, outputs, version, restrictions): what a
-    scorecard, a study's pins and the gate compare."""
-    return spec_hash(canonical_observable(obs))
-
-
-def numerics(spec) -> dict:
-    """How a ``ModelSpec`` turns pairs into numbers beyond its weights (the one such dict: runs, frames, fit)."""
-    out = {"dtype": spec.dtype.value, "max_length": spec.max_length, "format": spec.format.value,
-           "template": spec.template if spec.format.value == "plain" else None, "objectives": list(spec.objectives)}
-    kind = kind_settings(spec)                    # {} for the classifier: its run ids are as before
-    return {**out, "signal": kind} if kind else out
+from ..inputs import numerics
 
 
 def declared_fields(plan) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ import re
 import time
 
 from reward_lens_spec.store._backend import Backend
-from reward_lens_spec.trust.signing import key_id
+from reward_lens_spec.store.signing import key_id
 
 KEYS = "keys"
 POLICY = f"{KEYS}/policy.json"

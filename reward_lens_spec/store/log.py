@@ -38,7 +38,7 @@ from reward_lens_spec.errors import StoreError
 from reward_lens_spec.store._backend import Backend
 from reward_lens_spec.store.trust_root import policy
 from reward_lens_spec.trust.evidence import content_hash, seal
-from reward_lens_spec.trust.signing import available, key_id, public_hex, sign, signing_key, verify
+from reward_lens_spec.store.signing import available, key_id, public_hex, sign, signing_key, verify
 
 LOG = "log"
 _ENTRY = re.compile(r"^(?P<seq>\d{12})\.json$")
@@ -74,7 +74,7 @@ def append(b: Backend, run_id: str, attrs: dict, fence=None) -> dict:
     """Log the completion of ``run_id``; return ``attrs`` with its ``seq`` (resealed when sealed).
 
     ``fence``: called right before the entry is created (raises when the writer lost its lease).
-    Signs the entry with ``REWARD_LENS_SPEC_SIGN_KEY`` when set (``trust.signing``). Raises StoreError
+    Signs the entry with ``REWARD_LENS_SPEC_SIGN_KEY`` when set (``store.signing``). Raises StoreError
     when the store cannot be written or the key cannot be read.
     """
     key = signing_key()

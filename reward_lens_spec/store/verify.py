@@ -18,7 +18,7 @@ import os
 
 from reward_lens_spec.errors import StoreError
 from reward_lens_spec.trust.evidence import NOT_RESULTS
-from reward_lens_spec.trust.signing import ENV_KEY, generate, read_public
+from reward_lens_spec.store.signing import ENV_KEY, generate, read_public
 from reward_lens_spec.store._backend import Backend
 from reward_lens_spec.store.keys import add_key, set_require_signers, trusted_keys
 from reward_lens_spec.store.trust_root import ENV_TRUST, policy
@@ -73,7 +73,7 @@ def run_verify(store, kv: dict) -> int:
 
 
 def run_keys(cmd: str, kv: dict, storage_options=None) -> int:
-    """``keygen`` and ``keys`` (see the module doc and ``trust.signing``)."""
+    """``keygen`` and ``keys`` (see the module doc and ``store.signing``)."""
     from reward_lens_spec.store.writer import check_layout
     if cmd == "keygen":
         if not kv.get("out"):

@@ -21,7 +21,7 @@ CODE_MODULES = ("ops/*.py", "models/capture.py", "models/patching.py", "models/i
                 # what grades a card: its criteria, floors and identities, and the organisms it plants (a card
                 # graded by older criteria does not calibrate runs read by newer ones)
                 "trust/criteria.py", "trust/kind_criteria.py", "trust/identities.py", "trust/certificate.py",
-                "models/*organism*.py")
+                "models/*organism*.py", "organisms/*.py")
 _CODE_CACHE: dict = {}
 
 

@@ -41,7 +41,7 @@ every run that relied on an earlier passing one. A stored label that differs
 from the derived one is reported as ``trust_verified: false`` with
 ``trust_reason``. Reading changes nothing in the store.
 
-Limits: without signatures (``trust.signing``) a seal and the log are integrity checks — someone who
+Limits: without signatures (``store.signing``) a seal and the log are integrity checks — someone who
 rewrites a document, recomputes its hash AND rewrites the log's tail is caught only where the verdict is
 re-derived from the stored numbers (cards, adjudications) or by recomputation (``trust.recompute``).
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import yaml
 from ..paths import group_options
-from ..run.inputs import load_dataset, load_lm
+from ..inputs import load_dataset, load_lm
 from ..run.compose import compose_run
 
 PIN_KEYS = ("observable_spec_hash", "model_fingerprint", "dataset_checksum")
@@ -45,7 +45,7 @@ def design_run(experiment, study: dict):
 def pins(run, base_dir: str) -> dict:
     """The three pins of ``run`` (loads the model and the pairs; reads no results)."""
     from ..models.fingerprint import model_fingerprint
-    from ..run.identity import observable_hash
+    from ..identity import observable_hash
 
     pairs = load_dataset(run.dataset, base_dir)
     lm = load_lm(run.model, base_dir)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from ..models.organisms import Organism
+from ..organisms.organisms import Organism
 import torch
 from .identities import _record
-from ..run.inputs import encode
+from ..inputs import encode
 
 
 def planted_margins(org: Organism) -> np.ndarray:

@@ -4,7 +4,7 @@ An observable is identified by its canonical spec hash
 (``spec_hash(canonical_observable(obs))``: expanded steps, outputs, version,
 restrictions) — the same hash the gate recomputes for a run. It is run, through
 the ordinary plan and capture path, on every strength of an organism family
-(``models.organisms``), and each *criterion* whose variables the observable
+(``organisms.organisms``), and each *criterion* whose variables the observable
 outputs turns the result into one reading per strength:
 
 =================  ===================  ==========================================  =====================
@@ -46,7 +46,7 @@ planted one) and ``scalar_cost`` (margin-weighted sign disagreement; floor: plai
 ``multi_objective``.
 
 Criteria of the other reward signals and the representation instruments (``trust.kind_criteria``) grade
-only their own organism kinds (``models.kind_organisms``): ``verdict_margin`` on ``judge_planted``,
+only their own organism kinds (``organisms.kind_organisms``): ``verdict_margin`` on ``judge_planted``,
 ``prm_bad_step``, ``prm_step_reward`` and ``prm_step_margin`` (every step) on ``prm_planted``,
 ``ensemble_reward`` and ``ensemble_member_margin`` on ``ensemble_planted``, ``implicit_log_ratio`` on ``implicit_planted``, ``leace_removal`` and
 ``leace_specificity`` on ``concept``, ``curvature_direction`` on ``curvature``.
@@ -92,10 +92,10 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
-from ..models.kind_organisms import STRENGTHS, Organism, organism_family   # every organism kind
+from ..organisms.kind_organisms import STRENGTHS, Organism, organism_family   # every organism kind
 from .criteria import CRITERIA
 from .evidence import EXACT_CRITERIA, MIN_SPEARMAN, card_verdict, code_hash, seal
-from ..run.identity import observable_hash
+from ..identity import observable_hash
 from .identities import check_identities
 from .reference import planted_margins, reference_dataset, reference_identities
 import yaml
@@ -106,20 +106,12 @@ from ..observables import load_observable
 from ..ops.base import PlanInfo
 from ..registry import build_plan, expand_steps
 from ..run.executor import compute
-from scipy.stats import spearmanr
+from ..stats import spearman_rho
 from ..store import open_store, write_run
 
 CARD_OBSERVABLE = "scorecard"
 UNIT_KINDS = ("planted", "planted_head", "planted_paths", "judge_planted")   # truth names a planted unit
 N_PAIRS_KINDS = UNIT_KINDS + ("prm_planted", "implicit_planted", "concept", "curvature", "ensemble_planted")   # take n_pairs
-
-
-def spearman(x, y) -> float:
-    """Spearman ρ with average ranks for ties (Spearman 1904); NaN if a side is constant or not finite."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    if not (np.isfinite(x).all() and np.isfinite(y).all()) or np.ptp(x) == 0 or np.ptp(y) == 0:
-        return float("nan")
-    return float(spearmanr(x, y).statistic)
 
 
 def evaluate(obs, org: Organism) -> xr.Dataset:
@@ -295,7 +287,7 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
 def _grade_one(card: Scorecard, c, results, organisms, refs, s, zero, top, planted, truth_effect) -> None:
     """Criterion ``c``'s readings, Spearman, floor and magnitude into ``card`` (any error: the caller fails it)."""
     vals = [float(np.mean(c.reading(ds, o.truth))) for ds, o in zip(results, organisms)]
-    rho = spearman(s, vals)
+    rho = spearman_rho(s, vals)
     if planted and c.magnitude is not None:
         got = None if zero is None else float(np.mean(c.magnitude(results[top], organisms[top].truth)
                                                       - c.magnitude(results[zero], organisms[zero].truth)))

@@ -51,13 +51,13 @@ import torch
 
 from ..data import Pair, PairSet
 from ..errors import SpecError
-from .loading import wrap_model
+from ..models.loading import wrap_model
 from .organism_base import STRENGTHS, WORDS, Organism, pairset
-from .tiny import TINY_CONFIGS, build_tiny
+from ..models.tiny import TINY_CONFIGS, build_tiny
 from . import preference_organisms as po
-from .attn_heads import n_heads
-from .capture import capture
-from ..run.inputs import encode
+from ..models.attn_heads import n_heads
+from ..models.capture import capture
+from ..inputs import encode
 
 KINDS = ("planted", "planted_head", "planted_paths", "trained_keyword", "trained_length", "planted_cycle",
          "annotator_mixture", "annotator_agreement", "multi_objective")   # the last four: models/preference_organisms.py

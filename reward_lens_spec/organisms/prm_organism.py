@@ -28,9 +28,9 @@ import torch
 
 from ..data import Pair
 from .organism_base import STRENGTHS, WORDS, Organism, pairset  # noqa: F401  (STRENGTHS: the graded grid)
-from .loading import wrap_model
-from .prm import PrmSignal, step_ids
-from .tiny import build_tiny
+from ..models.loading import wrap_model
+from ..models.prm import PrmSignal, step_ids
+from ..models.tiny import build_tiny
 
 FLAW, STEP = "#", "\n"
 TEMPLATE = "Problem: {prompt}\nSolution:\n{response}"

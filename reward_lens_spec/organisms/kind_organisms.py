@@ -38,11 +38,11 @@ from ..errors import SpecError
 from .organism_base import STRENGTHS, WORDS, Organism, pairset
 from .organisms import KINDS as CLASSIFIER_KINDS
 import torch
-from .loading import wrap_model
+from ..models.loading import wrap_model
 from .organisms import TRIGGER, planted_pairs
-from .per_token import response_starts
-from ..run.inputs import encode
-from .tiny import build_tiny
+from ..models.per_token import response_starts
+from ..inputs import encode
+from ..models.tiny import build_tiny
 from .implicit_organism import unembed_organism
 
 KIND_FAMILIES = ("judge_planted", "prm_planted", "implicit_planted", "concept", "curvature", "ensemble_planted")

@@ -22,11 +22,11 @@ import copy
 import numpy as np
 import torch
 
-from .causal import CausalLM
-from .families import family_for
-from .implicit import make_implicit
-from .tiny import build_tiny_causal
-from .head import get_module
+from ..models.causal import CausalLM
+from ..models.families import family_for
+from ..models.implicit import make_implicit
+from ..models.tiny import build_tiny_causal
+from ..models.head import get_module
 
 
 def _pair(name: str, seed: int):

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-from .judge import JudgeSignal, as_verdict_classifier, verdict_ids
+from ..models.judge import JudgeSignal, as_verdict_classifier, verdict_ids
 import transformers as tf
-from .loading import wrap_model
+from ..models.loading import wrap_model
 from .organisms import planted_organism
 
 

@@ -19,11 +19,11 @@ import torch
 from ..data import Pair, PairSet
 from ..data.pairs import make_meta
 from ..errors import SpecError
-from .loading import wrap_model
+from ..models.loading import wrap_model
 from .organism_base import STRENGTHS, WORDS, Organism, pairset
-from .tiny import TINY_CONFIGS, build_tiny
-from .capture import capture
-from ..run.inputs import encode
+from ..models.tiny import TINY_CONFIGS, build_tiny
+from ..models.capture import capture
+from ..inputs import encode
 from ..frames.fit import fit_whitened
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..data import Pair, PairSet, dataset_checksum, effective_sample_size
-from .loading import LoadedModel
+from ..models.loading import LoadedModel
 
 STRENGTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 WORDS = ("apple", "river", "stone", "cloud", "green", "quiet", "metal", "paper", "light", "north",

@@ -16,11 +16,11 @@ import numpy as np
 import torch
 
 from .organism_base import Organism
-from .fingerprint import model_fingerprint
+from ..models.fingerprint import model_fingerprint
 from .organisms import planted_organism
-from .readout import ReadoutHead
-from .ensemble import EnsembleModel
-from .implicit import _KindConfig
+from ..models.readout import ReadoutHead
+from ..models.ensemble import EnsembleModel
+from ..models.implicit import _KindConfig
 
 ENSEMBLE_REDUCE, ENSEMBLE_Q = "quantile", 0.25
 MEMBER_SEEDS = (0, 1, 2)
