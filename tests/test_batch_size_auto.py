@@ -31,7 +31,7 @@ def test_oom_is_recognised_on_every_device():
 
 
 def _run(overrides, url, planted):
-    from reward_lens_spec.run import inputs
+    from reward_lens_spec import inputs
     from reward_lens_spec.run.compose import compose_run
     from reward_lens_spec.run.executor import execute
     from reward_lens_spec.store import open_store
@@ -69,7 +69,7 @@ def test_auto_halves_past_a_planted_oom_and_equals_the_fixed_batch_bit_for_bit(t
 
 
 def test_one_row_that_does_not_fit_is_one_line():
-    from reward_lens_spec.run.inputs import encode, load_dataset, load_lm
+    from reward_lens_spec.inputs import encode, load_dataset, load_lm
     from reward_lens_spec.spec import DatasetSpec, ModelSpec
 
     lm = load_lm(ModelSpec())

@@ -9,7 +9,7 @@ import unittest.mock as um
 import numpy as np
 import pytest
 
-from reward_lens_spec.models.kind_organisms import organism_family
+from reward_lens_spec.organisms.kind_organisms import organism_family
 from reward_lens_spec.observables import load_observable
 from reward_lens_spec.trust import scorecard
 

@@ -120,7 +120,7 @@ def test_a_scaled_margin_run_is_not_calibrated_even_with_a_passing_card(store, t
     obs = observable(SUBTLE["margin_x1.03"], tmp_path)
     forged = grade("margin", organisms=planted)
     assert forged.passed, forged.describe()
-    from reward_lens_spec.run.identity import observable_hash
+    from reward_lens_spec.identity import observable_hash
     forged.spec_hash = observable_hash(obs)          # a valid passing card, for the scaled hash
     write_card(forged, store)
     rid = execute_run(store, tmp_path, make_run(observable=obs))
@@ -186,7 +186,7 @@ def test_a_faked_code_hash_does_not_calibrate(store, tmp_path, planted):
 
 @pytest.fixture(scope="module")
 def spread():
-    from reward_lens_spec.models.organisms import organism_family
+    from reward_lens_spec.organisms.organisms import organism_family
     return organism_family("planted", n_pairs=6, spread=0.2)
 
 
@@ -201,7 +201,7 @@ def test_spread_organism_records_its_random_strengths_and_grades_strictly(spread
 
 
 @pytest.mark.parametrize("module", ["reward_lens_spec.trust.criteria", "reward_lens_spec.trust.kind_criteria",
-                                    "reward_lens_spec.models.organisms"])
+                                    "reward_lens_spec.organisms.organisms"])
 def test_a_card_graded_by_other_criteria_or_organisms_does_not_calibrate(patch_card, monkeypatch, module):
     """The criteria, floors and organisms that grade a card are part of the code a card applies to: replacing any
     function of theirs at run time (as a loosened criterion or a different planted organism would) leaves the card

@@ -8,8 +8,8 @@ import pytest
 
 from reward_lens_spec.data.pairs import make_meta
 from reward_lens_spec.errors import SpecError
-from reward_lens_spec.models.organisms import Organism
-from reward_lens_spec.models.preference_organisms import annotator_organisms
+from reward_lens_spec.organisms.organisms import Organism
+from reward_lens_spec.organisms.preference_organisms import annotator_organisms
 from reward_lens_spec.observables import load_observable
 from reward_lens_spec.ops.contested_direction import contrast_top
 from reward_lens_spec.ops.contested_margin import contested_mask

@@ -140,7 +140,7 @@ def test_default_probes_put_the_planted_organisms_effective_dimension_within_5_p
     """Issue 37 item 6: the planted-curvature organism (one dominant eigenvalue) read with the default SLQ
     params is within 5 % of the participation ratio of a dense Hessian's eigenvalues, and the stored standard
     error covers the difference; undeflated, few probes miss it by far more than 5 % (the old default)."""
-    from reward_lens_spec.models.repr_organisms import curvature_organism
+    from reward_lens_spec.organisms.repr_organisms import curvature_organism
     org = curvature_organism(1.0, n_pairs=2)
     lm, layer = org.lm, org.truth["layer"]
     steps = [{"name": "ed", "op": "curvature", "layer": layer, "quantity": "effective_dimension"},
@@ -170,7 +170,7 @@ def test_default_probes_put_the_planted_organisms_effective_dimension_within_5_p
 def test_planted_curvature_direction_is_found_and_grows_with_strength():
     from reward_lens_spec.models.curvature import site_hvp
     from reward_lens_spec.models.formatting import encode_pairs
-    from reward_lens_spec.models.repr_organisms import curvature_organism
+    from reward_lens_spec.organisms.repr_organisms import curvature_organism
     top, cos = [], []
     for s in (0.0, 0.5, 1.0):
         org = curvature_organism(s, n_pairs=2)

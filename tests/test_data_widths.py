@@ -12,7 +12,7 @@ import xarray as xr
 from reward_lens_spec import open_store
 from reward_lens_spec.data import Pair
 from reward_lens_spec.errors import SpecError, StoreError
-from reward_lens_spec.models.prm_organism import TEMPLATE
+from reward_lens_spec.organisms.prm_organism import TEMPLATE
 from reward_lens_spec.observables import load_observable
 from reward_lens_spec.ops.base import PlanInfo
 from reward_lens_spec.paths import conf_dir
@@ -20,7 +20,7 @@ from reward_lens_spec.planning import data_widths
 from reward_lens_spec.registry import build_plan
 from reward_lens_spec.run import compose_run, execute
 from reward_lens_spec.run import stream as stream_mod
-from reward_lens_spec.run.inputs import encode, load_lm
+from reward_lens_spec.inputs import encode, load_lm
 from reward_lens_spec.run.stream_arrays import pad_widths
 from reward_lens_spec.spec import StoreSpec
 from reward_lens_spec.store._backend import Backend

@@ -26,7 +26,7 @@ def runs(tmp_path_factory):
 
 def _plain_member_rewards(run_result):
     """Each member (tiny Llama of seed s) scored separately: one unpadded forward per side, logits[-1]."""
-    from reward_lens_spec.run.inputs import encode, load_dataset, load_lm
+    from reward_lens_spec.inputs import encode, load_dataset, load_lm
     run, _ = compose_run(["observable=ensemble", "model=tiny_ensemble", "dataset.limit=6"])
     pairs = load_dataset(run.dataset)
     lm = load_lm(run.model)

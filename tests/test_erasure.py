@@ -58,7 +58,7 @@ def test_auc_and_split_helpers():
 
 @pytest.fixture(scope="module")
 def erased():
-    from reward_lens_spec.models.repr_organisms import concept_organism
+    from reward_lens_spec.organisms.repr_organisms import concept_organism
     from reward_lens_spec.ops.base import PlanInfo
     from reward_lens_spec.registry import build_plan
     from reward_lens_spec.run import compute

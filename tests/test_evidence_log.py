@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from reward_lens_spec.run.identity import observable_hash
+from reward_lens_spec.identity import observable_hash
 from reward_lens_spec.store import open_store
 from reward_lens_spec.store._backend import Backend
 from reward_lens_spec.store.log import append, entry_hash, read_log

@@ -8,7 +8,7 @@ import pytest
 
 from reward_lens_spec.data import load_pairs
 from reward_lens_spec.errors import SpecError
-from reward_lens_spec.models.preference_organisms import cycle_organisms
+from reward_lens_spec.organisms.preference_organisms import cycle_organisms
 from reward_lens_spec.observables import load_observable
 from reward_lens_spec.ops.hodge_rank import build_graph, decompose
 from reward_lens_spec.spec import ObservableSpec
@@ -111,7 +111,7 @@ def test_groups_and_agreement_come_from_dataset_fields(tmp_path):
     f.write_text("\n".join(json.dumps(r) for r in rows))
     ps = load_pairs("jsonl", path=str(f), fields={"group": "set_id", "agreement": "share"})
     assert ps[0].meta_dict()["group"] == "S" and ps[2].meta_dict()["agreement"] == 0.5
-    from reward_lens_spec.models.organisms import Organism
+    from reward_lens_spec.organisms.organisms import Organism
     base = cycle_organisms((0.0,), n_groups=1)[0]
     arr = _hodge(Organism("planted_cycle", 0.0, base.lm, ps), False)
     assert list(arr.group.values) == ["S"]              # three prompts, one group

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from reward_lens_spec.errors import SpecError
-from reward_lens_spec.models.implicit_organism import mlp_organism, unembed_organism
+from reward_lens_spec.organisms.implicit_organism import mlp_organism, unembed_organism
 from reward_lens_spec.models.per_token import response_starts
 from reward_lens_spec.planning import plan_for
 from reward_lens_spec.run import compose_run, compute, execute

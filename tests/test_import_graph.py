@@ -111,3 +111,105 @@ def test_the_package_has_no_import_cycle():
     found = cycles(import_graph())
     assert not found, "import cycles:\n" + "\n".join(
         ", ".join(m.removeprefix("reward_lens_spec.") for m in c) for c in found)
+
+
+# The layer contract (docs/internals.md, "Layers"). Bottom to top; a module may import modules of its own
+# layer and of the layers below it. An entry names a top-level module or folder (``"models"``) or one module
+# (``"trust.scorecard"``); the longest entry that names a module places it. An import from a lower layer to a
+# higher one is an upward import: at most ``MAX_UPWARD`` of them, each listed in ``UPWARD`` with its reason.
+LAYERS = (
+    ("floor", ("errors", "paths", "spec_kinds", "signed_cache", "result", "stats", "data", "context")),
+    ("config", ("spec", "config_safety", "observables")),
+    ("models", ("models",)),
+    ("inputs", ("inputs", "overrides")),
+    ("gates", ("trust",)),
+    ("store", ("store",)),
+    ("analysis", ("frames", "fit")),
+    ("operators", ("ops", "registry", "identity", "planning")),
+    ("organisms", ("organisms",)),
+    ("run", ("run", "trust.studies", "trust.pins", "report.summary", "report.summary_stats")),
+    ("workflows", ("trust.scorecard", "trust.reference", "trust.recompute", "trust.cell_truth", "trust.drift_card",
+                   "trust.cli", "fit.cli", "store.verify", "store.catalog_cli", "report", "compare", "api")),
+    ("face", ("cli", "__main__", "")),
+)
+# A ratchet at what the package has now (2026-12-04, after the round-4 merges); issue 38's targets are 4 and 6:
+# spec's five model checks (kinds, checkpoints, admission, artifacts, placement) wait for the registry, and the
+# cell criteria carry their recomputation (trust.cell_truth). Lower these as the house moves; never raise them.
+MAX_UPWARD = 7
+MAX_LOCAL_PER_1000 = 10.0     # the rest defer torch/xarray/scipy/zarr on light paths
+
+
+def layer_of(module: str) -> int:
+    """Index in ``LAYERS`` of a module of the package (``reward_lens_spec.x.y``)."""
+    rel = module.removeprefix("reward_lens_spec").lstrip(".")
+    best, best_len = None, -1
+    for i, (_, entries) in enumerate(LAYERS):
+        for e in entries:
+            if (rel == e or rel.startswith(e + ".") or e == "") and len(e) > best_len:
+                best, best_len = i, len(e)
+    return best
+
+
+def upward_imports(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return sorted((a, b) for a, ts in edges.items() for b in ts if layer_of(b) > layer_of(a))
+
+
+def local_imports(root: Path = PACKAGE) -> tuple[int, int]:
+    """(import statements inside a function, at any depth; lines) over the package's modules."""
+    def inside(node, in_function: bool) -> int:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            return int(in_function)
+        deeper = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        return sum(inside(child, deeper) for child in ast.iter_child_nodes(node))
+
+    n = lines = 0
+    for f in modules(root).values():
+        src = f.read_text(encoding="utf-8")
+        lines += len(src.splitlines())
+        n += inside(ast.parse(src), False)
+    return n, lines
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in modules() if layer_of(m) is None] == []
+
+
+def test_the_layer_finder_places_the_longest_entry():
+    assert LAYERS[layer_of("reward_lens_spec.trust.evidence")][0] == "gates"
+    assert LAYERS[layer_of("reward_lens_spec.trust.scorecard")][0] == "workflows"
+    assert LAYERS[layer_of("reward_lens_spec")][0] == "face"
+    assert upward_imports({"reward_lens_spec.errors": {"reward_lens_spec.run.executor"},
+                           "reward_lens_spec.run.executor": {"reward_lens_spec.errors"}}) == [
+        ("reward_lens_spec.errors", "reward_lens_spec.run.executor")]
+
+
+def test_imports_run_down_the_layers():
+    up = upward_imports(import_graph())
+    assert len(up) <= MAX_UPWARD, f"{len(up)} upward imports (at most {MAX_UPWARD}):\n" + "\n".join(
+        f"{a.removeprefix('reward_lens_spec.')} -> {b.removeprefix('reward_lens_spec.')}" for a, b in up)
+
+
+def test_function_local_imports_are_few():
+    """An import inside a function hides an edge from a reader of the module's head; one is kept only to defer a
+    heavy library off a light path (a rerun, ``validate``, ``ops``, ``store ls``) or an optional extra."""
+    n, lines = local_imports()
+    assert 1000 * n / lines <= MAX_LOCAL_PER_1000, f"{n} function-local imports in {lines} lines"
+
+
+def test_operators_and_the_store_stay_apart_from_the_workflows():
+    """No operator imports a trust workflow or the run; no module of the store imports a trust workflow."""
+    edges = import_graph()
+    workflows = {m for m in edges if m.startswith("reward_lens_spec.trust.") and LAYERS[layer_of(m)][0] != "gates"}
+    bad = [(a, b) for a, ts in edges.items() for b in ts
+           if (a.startswith("reward_lens_spec.ops.") and (b in workflows or b.startswith("reward_lens_spec.run")))
+           or (LAYERS[layer_of(a)][0] == "store" and b in workflows)]
+    assert bad == []
+
+
+def test_the_local_import_counter_counts_imports_inside_functions_only(tmp_path):
+    pkg = tmp_path / "reward_lens_spec"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("import os\n")
+    (pkg / "a.py").write_text("import sys\n\ndef f():\n    import json\n    def g():\n        from os import path\n"
+                              "    return g\n\nclass C:\n    import re\n\n    def m(self):\n        import ast\n")
+    assert local_imports(pkg) == (3, 14)

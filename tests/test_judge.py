@@ -10,7 +10,7 @@ from reward_lens_spec.errors import SpecError
 from reward_lens_spec.models.tiny import TINY_CONFIGS, build_tiny_causal
 from reward_lens_spec.planning import plan_for
 from reward_lens_spec.run import compose_run, compute, execute
-from reward_lens_spec.run.inputs import load_inputs
+from reward_lens_spec.inputs import load_inputs
 
 FAMILIES = sorted(TINY_CONFIGS)
 
@@ -128,8 +128,8 @@ def test_judge_organism_carries_the_planted_unit():
     """Trust organism for judges: the planted organism read as a judge. Its verdict margin is the causal LM's
     own next-token logit difference, equals the planted classifier's margin, and DLA puts the planted write in
     mlp_L1, growing with the planted strength."""
-    from reward_lens_spec.models.judge_organism import judge_organism
-    from reward_lens_spec.models.organisms import planted_organism
+    from reward_lens_spec.organisms.judge_organism import judge_organism
+    from reward_lens_spec.organisms.organisms import planted_organism
     from reward_lens_spec.observables import load_observable
     from reward_lens_spec.ops.base import PlanInfo
     from reward_lens_spec.registry import build_plan

@@ -127,7 +127,7 @@ def test_patching_a_side_into_itself_is_exactly_zero(family):
     from conftest import tiny_lm
 
     from reward_lens_spec.data import Pair
-    from reward_lens_spec.models.organisms import Organism, _pairset
+    from reward_lens_spec.organisms.organisms import Organism, _pairset
     from reward_lens_spec.observables import load_observable
     from reward_lens_spec.trust.scorecard import evaluate
 

@@ -12,14 +12,14 @@ from reward_lens_spec import open_store
 from reward_lens_spec.errors import SpecError
 from reward_lens_spec.paths import conf_dir
 from reward_lens_spec.run import compose_run, compute, execute
-from reward_lens_spec.run.inputs import load_dataset, load_inputs, ops_view
+from reward_lens_spec.inputs import load_dataset, load_inputs, ops_view
 from reward_lens_spec.planning import plan_for
 from reward_lens_spec.run.identity import declared_fields
 
 PKG = Path(__file__).resolve().parents[1] / "reward_lens_spec"
 # the one module allowed to call each, besides where it is defined
-ALLOWED = {"load_pairs": {"run/inputs.py", "data/loaders.py", "data/readers.py"},   # readers: open_dataset
-           "encode_pairs": {"run/inputs.py", "models/formatting.py"},
+ALLOWED = {"load_pairs": {"inputs.py", "data/loaders.py", "data/readers.py"},   # readers: open_dataset
+           "encode_pairs": {"inputs.py", "models/formatting.py"},
            "from_pretrained": {"models/hub.py"}}
 
 

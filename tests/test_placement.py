@@ -72,7 +72,7 @@ def test_an_explicit_map_with_the_head_on_disk_equals_the_unsplit_run(folder, tm
 
 def test_offloaded_weights_really_live_on_meta_and_the_fingerprint_reads_them(folder, tmp_path):
     from reward_lens_spec.models.fingerprint import model_fingerprint
-    from reward_lens_spec.run.inputs import load_lm
+    from reward_lens_spec.inputs import load_lm
     from reward_lens_spec.spec import ModelSpec
 
     lm = load_lm(ModelSpec(source=str(folder), device_map="sequential", max_memory={"cpu": CAP},

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from reward_lens_spec import open_store
-from reward_lens_spec.models.preference_organisms import cycle_pairs
+from reward_lens_spec.organisms.preference_organisms import cycle_pairs
 
 
 def cli(cwd, *args):

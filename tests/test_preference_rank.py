@@ -6,7 +6,7 @@ import pytest
 from scipy.optimize import check_grad
 
 from reward_lens_spec.errors import SpecError
-from reward_lens_spec.models.preference_organisms import cycle_organisms
+from reward_lens_spec.organisms.preference_organisms import cycle_organisms
 from reward_lens_spec.observables import load_observable
 from reward_lens_spec.ops.preference_rank import (_objective, fit_pair_model, pair_scores,
                                                   skew_singular_values)

@@ -11,12 +11,12 @@ import torch
 from reward_lens_spec.data import Pair
 from reward_lens_spec.errors import SpecError
 from reward_lens_spec.models.prm import aggregate, boundaries
-from reward_lens_spec.models.prm_organism import TEMPLATE, located_steps, prm_organism
+from reward_lens_spec.organisms.prm_organism import TEMPLATE, located_steps, prm_organism
 from reward_lens_spec.observables import load_observable
 from reward_lens_spec.ops.base import PlanInfo
 from reward_lens_spec.registry import build_plan
 from reward_lens_spec.run import compose_run, compute, execute
-from reward_lens_spec.run.inputs import load_inputs, load_lm
+from reward_lens_spec.inputs import load_inputs, load_lm
 
 
 def _compute(lm, pairs, observable):
@@ -194,7 +194,7 @@ def test_an_unterminated_final_step_is_read_unless_dropped(tiny_prm_lm, final_st
 
 
 def test_final_step_is_part_of_the_run_identity_and_checked():
-    from reward_lens_spec.run.identity import numerics
+    from reward_lens_spec.inputs import numerics
 
     default, _ = compose_run(["model=tiny_prm"])
     drop, _ = compose_run(["model=tiny_prm", "model.prm.final_step=drop"])
@@ -208,7 +208,7 @@ def test_a_side_without_the_step_token_flags_its_pair(tiny_prm_lm):
     """"x = 2" holds no "\\n": its pair carries ``no_step_separator`` (a coord of every result, and the run's
     accounting) instead of being read as one step in silence; the other pairs do not."""
     from reward_lens_spec.data.accounting import accounting
-    from reward_lens_spec.run.inputs import encode
+    from reward_lens_spec.inputs import encode
 
     res, enc = _compute(tiny_prm_lm, ANSWER_PAIRS, "prm_steps")
     for v in ("step_reward", "margin", "aggregate"):

@@ -26,7 +26,7 @@ def test_smollm2_judge_verdict_margin_and_dla():
 
     from reward_lens_spec.planning import plan_for
     from reward_lens_spec.run import compose_run, compute
-    from reward_lens_spec.run.inputs import load_inputs
+    from reward_lens_spec.inputs import load_inputs
 
     run, _ = compose_run(["model=smollm2_135m_judge", "dataset=rewardbench", f"dataset.path={LLMBAR}",
                           "dataset.limit=4", "observable=dla", "observable.include=[score]",

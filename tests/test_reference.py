@@ -17,7 +17,7 @@ import torch
 from conftest import FAMILIES, make_pairs, tiny_lm
 from reward_lens_spec.models.formatting import encode_pairs
 from reward_lens_spec.models.head import get_module
-from reward_lens_spec.models.organisms import Organism, _pairset
+from reward_lens_spec.organisms.organisms import Organism, _pairset
 from reward_lens_spec.observables import load_observable
 from reward_lens_spec.trust.scorecard import evaluate
 

@@ -136,7 +136,7 @@ def planted_direction_organism(phi: float, seed: int = 0):
     The head gets two more rows read as directions only: ``part`` = cos φ·u + sin φ·q (q ⟂ u) and ``random``.
     Restoring ``part`` puts back (e·δ)e, whose reward-linear share is cos² φ: the planted fraction."""
     from reward_lens_spec.models.loading import wrap_model
-    from reward_lens_spec.models.organisms import planted_organism
+    from reward_lens_spec.organisms.organisms import planted_organism
     org = planted_organism(1.0, n_pairs=8, seed=seed)
     model, d = org.lm.model, org.lm.d_model
     rng = np.random.default_rng(seed + 5)

@@ -245,7 +245,7 @@ def test_plan_and_run_errors_name_the_field(tmp_path):
 
 # -- the planted sparse feature ------------------------------------------------------------------------------
 def test_an_sae_trained_in_the_run_puts_the_top_attribution_on_the_planted_feature():
-    from reward_lens_spec.models.sae_organism import sparse_feature_organism
+    from reward_lens_spec.organisms.sae_organism import sparse_feature_organism
     org = sparse_feature_organism()
     kw = {"op": "sae_attribution", "d_sae": 24, "k": 3, "epochs": 300, "seed": 0}
     ds, ctx = _compute(org.lm, [{"name": "c", **kw}, {"name": "a", "quantity": "activation_diff", **kw},

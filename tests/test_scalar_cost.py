@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from reward_lens_spec.errors import SpecError
-from reward_lens_spec.models.preference_organisms import multi_objective_organisms, planted_participation_ratio
+from reward_lens_spec.organisms.preference_organisms import multi_objective_organisms, planted_participation_ratio
 from reward_lens_spec.observables import load_observable
 from reward_lens_spec.ops.effective_objectives import participation_ratio
 from reward_lens_spec.ops.scalar_cost import cost_statistics
@@ -65,7 +65,7 @@ def test_gated_scalar_is_the_models_own_score():
     lm = wrap_model("gated_mo", org.lm.model, org.lm.tokenizer)
     obs = load_observable("examples/gated_scalar_cost")
     obs.outputs = ["gated_scalar_cost", "margin", "objective_margin"]
-    from reward_lens_spec.models.organisms import Organism
+    from reward_lens_spec.organisms.organisms import Organism
     ds = evaluate(obs, Organism("multi_objective", 1.0, lm, org.pairs))
     D, s = ds["objective_margin"].transpose("pair", "objective").values.astype(float), ds["margin"].values.astype(float)
     direct = (np.abs(D) * (D * s[:, None] < 0)).sum() / np.abs(D).sum()

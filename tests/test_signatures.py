@@ -22,7 +22,7 @@ from reward_lens_spec.store.log import entry_hash  # noqa: E402
 from reward_lens_spec.store.trust_root import ENV_TRUST  # noqa: E402
 from reward_lens_spec.trust.evidence import content_hash  # noqa: E402
 from reward_lens_spec.trust.scorecard import write_card  # noqa: E402
-from reward_lens_spec.trust.signing import ENV_KEY  # noqa: E402
+from reward_lens_spec.store.signing import ENV_KEY  # noqa: E402
 
 from test_adjudication_pins import forge_digests, inflate_margin  # noqa: E402
 from test_evidence_log import card, entries, margin_trust  # noqa: E402

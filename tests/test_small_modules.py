@@ -48,7 +48,7 @@ def test_training_organism_pairs_carry_the_planted_signal_and_nothing_else():
 def test_sparse_feature_organism_margin_is_carried_by_the_planted_atom():
     import torch
 
-    from reward_lens_spec.models.sae_organism import sparse_feature_organism
+    from reward_lens_spec.organisms.sae_organism import sparse_feature_organism
 
     def margins(org):
         tok, model = org.lm.tokenizer, org.lm.model

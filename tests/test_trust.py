@@ -12,14 +12,14 @@ import torch
 from omegaconf import OmegaConf
 
 from reward_lens_spec.errors import SpecError
-from reward_lens_spec.models.organisms import (STRENGTHS, planted_organism,
+from reward_lens_spec.organisms.organisms import (STRENGTHS, planted_organism,
                                                trained_organisms)
 from reward_lens_spec.observables import load_observable
 from reward_lens_spec.spec import ObservableSpec, validate
 from reward_lens_spec.store import open_store
 from reward_lens_spec.trust import studies, study_doc
 from reward_lens_spec.trust.cli import adjudicate_main, calibrate_main, freeze_main
-from reward_lens_spec.run.identity import observable_hash
+from reward_lens_spec.identity import observable_hash
 from reward_lens_spec.trust.scorecard import Scorecard, evaluate, find_cards, grade, write_card
 
 STUDY = {"name": "t_study", "version": 1,

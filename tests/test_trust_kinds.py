@@ -1,5 +1,5 @@
 """Trust for every kind of reward signal (issue 28 item 6, issue 29 item 6): organism families with planted
-truth for judges, PRMs, implicit rewards, LEACE and curvature (``models.kind_organisms``), their criteria
+truth for judges, PRMs, implicit rewards, LEACE and curvature (``organisms.kind_organisms``), their criteria
 (``trust.kind_criteria``), the kinds' exactness identities (``trust.identities``), end to end through
 ``calibrate`` into a store whose runs then read ``calibrated``. Every criterion is also shown to FAIL a card
 when the instrument's reading is deliberately wrong (sign, step, scale, no erasure, wrong direction)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from reward_lens_spec.models.kind_organisms import KINDS, organism_family
+from reward_lens_spec.organisms.kind_organisms import KINDS, organism_family
 from reward_lens_spec.observables import load_observable
 from reward_lens_spec.store import open_store
 from reward_lens_spec.trust import scorecard

@@ -111,7 +111,7 @@ cryptography = pytest.importorskip("cryptography", reason="signatures need the `
 from reward_lens_spec.store import open_store  # noqa: E402
 from reward_lens_spec.store.log import entry_hash  # noqa: E402
 from reward_lens_spec.trust.evidence import content_hash  # noqa: E402
-from reward_lens_spec.trust.signing import load_private, sign  # noqa: E402
+from reward_lens_spec.store.signing import load_private, sign  # noqa: E402
 
 from test_adjudication_pins import forge_digests  # noqa: E402
 from test_evidence_log import entries, margin_trust  # noqa: E402

@@ -20,7 +20,7 @@ from reward_lens_spec.store import open_store
 from reward_lens_spec.store.catalog_cli import main as store_main
 from reward_lens_spec.trust import studies
 from reward_lens_spec.trust.evidence import content_hash
-from reward_lens_spec.run.identity import observable_hash
+from reward_lens_spec.identity import observable_hash
 from reward_lens_spec.trust.scorecard import grade, write_card
 
 from test_trust import STUDY, execute_run, make_run

@@ -42,6 +42,13 @@ import xarray as xr
 
 from ..errors import SpecError
 from .similarity import linear_cka, procrustes_residual
+import sys
+from .cli import parse_args
+from ..errors import RewardLensError
+from ..models.checkpoints import link
+from ..ops.margin_agreement import compare_margins
+from .runs import _variables
+from ..trust.evidence import LEVELS
 
 OBSERVABLE = "drift"
 REFERENCES = ("previous", "last")
@@ -59,8 +66,6 @@ class DriftParams:
 def sequence_runs(st, observable: str, model: str | None = None) -> list[tuple[str, dict]]:
     """``[(run_id, provenance)]`` of one checkpoint sequence's runs of ``observable``, in checkpoint order;
     the chain checked (see the module doc). ``model``: the sequence's model name (before ``@``)."""
-    from ..models.checkpoints import link
-
     groups: dict = {}
     for rid in list(st.runs()["run_id"]):
         prov = st.provenance(rid)
@@ -145,8 +150,6 @@ def _margin_vector(v: xr.DataArray) -> xr.DataArray:
 
 
 def _pairwise(va, vb, name_a, name_b, p: DriftParams) -> dict:
-    from ..ops.margin_agreement import compare_margins
-
     out = {}
     if "margin" in va and "margin" in vb:
         ma, mb = _margin_vector(va["margin"]), _margin_vector(vb["margin"])
@@ -206,8 +209,6 @@ def drift(url: str, observable: str, model: str | None = None, params: DriftPara
     Returns ``(run_id, Dataset, written)``; ``written`` False when the same drift was stored before."""
     from .. import __version__
     from ..store import is_complete, open_store, write_run
-    from ..trust.gates import LEVELS
-
     so = dict(storage_options or {})
     st = open_store(url, storage_options=so)
     runs = sequence_runs(st, observable, model)
@@ -219,8 +220,6 @@ def drift(url: str, observable: str, model: str | None = None, params: DriftPara
         res = st.load(rid, OBSERVABLE, lazy=False)
         return rid, (res.to_dataset() if hasattr(res, "to_dataset") else res), False
     names = [str(p["model"]) for _, p in runs]
-    from .runs import _variables
-
     vs = [_variables(st, r) for r in rids]
     K = len(runs)
     single = [_single(v) for v in vs]
@@ -272,17 +271,11 @@ USAGE = "reward-lens-spec drift url=STORE observable=NAME [model=NAME] [n_null= 
 
 def parse(argv: list[str]) -> dict:
     """``drift``'s arguments (``compare.cli.parse_args``); ``SpecError`` naming a bad key or value."""
-    from .cli import parse_args
-
     return parse_args(argv, KEYS, ("url", "observable"), USAGE)
 
 
 def main(argv: list[str] | None = None) -> int:
     """The ``drift`` command: compute (or find) and store the drift, print one line per checkpoint. 0, or 2."""
-    import sys
-
-    from ..errors import RewardLensError
-
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parse(argv)

@@ -39,6 +39,9 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
+import sys
+from .cli import parse_args
+from ..errors import RewardLensError
 
 OBSERVABLE = "monitor"
 LAMBDAS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
@@ -161,11 +164,6 @@ USAGE = ("reward-lens-spec monitor url=STORE observable=NAME [model=NAME] [stati
 
 def main(argv: list[str] | None = None) -> int:
     """The ``monitor`` command: one line per interval, then the first alarm. 0, or 2 after a one-line error."""
-    import sys
-
-    from ..errors import RewardLensError
-    from .cli import parse_args
-
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parse_args(argv, KEYS, ("url", "observable"), USAGE)

@@ -37,8 +37,9 @@ from ..errors import GaugeError, SpecError
 from ..frames.compare import compare_directions
 from ..frames.gate import gauge_of, is_frame_dependent, require_shared_frame
 from ..ops.margin_agreement import compare_margins
-from ..trust.gates import LEVELS
+from ..trust.evidence import LEVELS
 from .paired import paired_accuracy
+from ..frames.io import load_frame
 
 OBSERVABLE = "compare"
 
@@ -127,8 +128,6 @@ def _directions(a, b, p: CompareParams) -> xr.Dataset:
 
 def check_frame(name, a, b, prov_a, prov_b, url, so) -> str:
     """Pass the gauge gate for a frame-dependent variable; return the shared gauge."""
-    from ..frames.io import load_frame
-
     models = {prov_a.get("model"), prov_b.get("model")}
     if len(models) == 1 and gauge_of(a) != gauge_of(b):
         raise GaugeError(f"compare: '{name}' is in {gauge_of(a)} in run a but {gauge_of(b)} in run b, for the one "

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .pairs import KIND_FLAGS, PAIR_FLAGS
+import yaml
 
 
 def _flag_ids(pairs: Any, encoded: Any) -> dict[str, set[str]]:
@@ -90,8 +91,6 @@ def pairs_phrase(excluded: dict | None, pair_flags: dict | None, n_scored: int |
 
 def pairs_limit(prov: dict) -> int | None:
     """``observable.pairs`` of a stored run (from its resolved config), or None when unset or unknown."""
-    import yaml
-
     try:
         n = ((yaml.safe_load(prov.get("config_yaml") or "") or {}).get("observable") or {}).get("pairs")
     except (yaml.YAMLError, AttributeError):

@@ -31,7 +31,7 @@ the common prefix the prompt is empty and each string is wholly its response. Wo
 
 **Messages in a Pair.** A conversational side is kept as the canonical JSON text of its message list
 (``messages_text``: keys sorted, no whitespace, code points as given), so checksums and ids cover every
-message exactly. The run renders prompt + response messages with a chat template (``run.inputs.encode``,
+message exactly. The run renders prompt + response messages with a chat template (``inputs.encode``,
 ``models.formatting`` format ``messages``): ``dataset.chat_template`` when set, else the model's tokenizer's.
 
 **A stepwise row** becomes a ``Pair`` whose ``chosen`` and ``rejected`` both hold the response — the steps,
@@ -91,7 +91,7 @@ class _Reader:
 
     def open_dataset(self, filename_or_obj, **kw):
         """The ``PairSet`` of a file of this shape (``data.load_pairs`` with this reader's kind)."""
-        from .loaders import load_pairs
+        from . import load_pairs         # the package's reader (data.loaders), which imports this module
         return load_pairs(self.kind, path=str(filename_or_obj), **kw)
 
     def matches(self, row: Mapping, mapping: dict) -> bool:

@@ -35,6 +35,12 @@ from ..models.door import derive
 from . import evaluate as ev
 from .head import DEFAULT_L2_GRID, fit_bt_head, save_checkpoint, set_head
 from .split import PARTS, split_by_prompt
+import hashlib
+from scipy.special import expit
+from ..data.checksum import prompt_cluster_key
+from ..run.compose import store_url
+from ..inputs import batch_size, encode, load_dataset, load_lm
+from ..inputs import numerics
 
 
 @dataclass
@@ -98,8 +104,6 @@ def report_dataset(report: dict, test_ids, test_margin, test_groups, ratio, head
     fitted head's float32 row as the checkpoint stores it, dims d_model, for ``reward-lens-spec export
     what=head``)."""
     import xarray as xr
-    from scipy.special import expit
-
     b = ["estimate", "ci_low", "ci_high"]
     t = report["parts"]["test"]
     rel = t["reliability"]
@@ -130,16 +134,10 @@ def report_dataset(report: dict, test_ids, test_margin, test_groups, ratio, head
 
 def run_fit(opts: FitOptions, out: str, run, resolved_yaml: str, base_dir: str) -> dict:
     """Do the whole job (see module doc); return the report dict."""
-    import hashlib
-
     from .. import __version__
-    from ..data.checksum import prompt_cluster_key
     from ..identity import spec_hash, versions
     from ..models.capture import capture
     from ..models.fingerprint import model_fingerprint
-    from ..run.compose import store_url
-    from ..run.identity import numerics
-    from ..run.inputs import batch_size, encode, load_dataset, load_lm
     from ..store import write_run
 
     t0 = time.perf_counter()
@@ -218,8 +216,6 @@ def _verify(run, folder: Path, base_dir: str, pairs, expected) -> dict:
     if not pairs:
         return {"n": 0}
     from ..models.capture import capture
-    from ..run.inputs import batch_size, encode, load_lm
-
     spec = derive(run.model, source=str(folder), gguf_file=None)
     lm = load_lm(spec, base_dir)
     enc = encode(lm, pairs, spec)

@@ -1,13 +1,11 @@
-"""Held-out statistics of reward margins, and model-free baselines (numpy only, no model).
+"""Held-out reports of reward margins, and model-free baselines (numpy and scipy, no model).
 
 Conventions: a margin ``Δ = r_c − r_r`` (reward units) is *correct* when ``Δ > 0``; a tie
 (``Δ == 0`` exactly, e.g. chosen == rejected) counts one half. Baselines score a pair from a
 feature ``f`` (chosen minus rejected) the same way: ``f > 0`` correct, ``f == 0`` one half.
 
-- ``bootstrap_ci``: percentile bootstrap (Efron & Tibshirani 1993, ch. 13). With ``groups``
-  (prompt cluster keys) whole clusters are resampled — the cluster bootstrap (Field & Welsh
-  2007, "Bootstrapping clustered data", JRSS-B 69:369) — because pairs sharing a prompt are
-  not independent. Seeded (NumPy PCG64).
+- ``correct``, ``bootstrap_ci`` (cluster bootstrap), ``n_eff``, ``accuracy``, ``spearman``: the shared
+  statistics of ``reward_lens_spec.stats``, used here as there.
 - ``bt_loss``: mean ``softplus(−Δ)`` in nats (Bradley & Terry 1952).
 - ``reliability``: 10 equal-width bins of ``p = σ(Δ)``. Every pair enters twice, as
   ``(p, 1)`` and ``(1 − p, 0)`` (both presentation orders), so the table is defined although
@@ -16,7 +14,6 @@ feature ``f`` (chosen minus rejected) the same way: ``f > 0`` correct, ``f == 0`
 - ``length_log_ratio``: ``log((1 + len_c) / (1 + len_r))``, lengths in characters.
 - ``binned_accuracy``: accuracy of the margin and of the feature baseline inside bins of the
   length log-ratio; the bin ``|ratio| ≤ 0.1`` is the length-matched one.
-- ``spearman``: Spearman's ρ (scipy) with a cluster-bootstrap CI.
 
 Every summary carries ``n`` (pairs) and ``n_eff`` (distinct prompt clusters, the effective
 sample size). Errors: ``ValueError`` for arrays of different lengths.
@@ -24,110 +21,19 @@ sample size). Errors: ``ValueError`` for arrays of different lengths.
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 from scipy.special import expit, log_expit
-from scipy.stats import rankdata
+
+from ..stats import accuracy, bootstrap_ci, correct, mean_with_ci, n_eff, spearman  # noqa: F401  (fit's reports, and ``fit.evaluate``'s names as before)
 
 LENGTH_EDGES = (-math.inf, -0.5, -0.1, 0.1, 0.5, math.inf)
-
-
-def correct(x) -> np.ndarray:
-    """Per-pair score of a margin or feature: 1 if > 0, 0.5 if == 0, 0 if < 0 (NaN stays NaN)."""
-    x = np.asarray(x, np.float64)
-    out = np.where(x > 0, 1.0, np.where(x == 0, 0.5, 0.0))
-    return np.where(np.isnan(x), np.nan, out)
 
 
 def bt_loss(margin) -> float:
     """Mean Bradley–Terry loss ``softplus(−Δ)`` in nats."""
     return float(np.mean(-log_expit(np.asarray(margin, np.float64))))
-
-
-def _cluster_index(groups, n):
-    if groups is None:
-        return [np.array([i]) for i in range(n)]
-    groups = np.asarray(groups)
-    if len(groups) != n:
-        raise ValueError(f"groups has {len(groups)} entries for {n} values.")
-    _, inv = np.unique(groups, return_inverse=True)
-    order = np.argsort(inv, kind="stable")
-    cuts = np.flatnonzero(np.diff(inv[order])) + 1
-    return np.split(order, cuts)
-
-
-def bootstrap_ci(stat: Callable[[np.ndarray], float], n: int, *, groups=None, n_boot: int = 1000,
-                 seed: int = 0, level: float = 0.95) -> tuple[float, float]:
-    """Percentile CI of ``stat(idx)`` (``idx``: resampled row indices) over ``n`` rows.
-
-    Returns ``(nan, nan)`` when ``n == 0`` or fewer than 2 replicates are finite.
-    """
-    if n == 0:
-        return (math.nan, math.nan)
-    clusters = _cluster_index(groups, n)
-    row_cluster = np.empty(n, np.int64)
-    for k, c in enumerate(clusters):
-        row_cluster[c] = k
-    rng = np.random.default_rng(seed)
-    reps = np.empty(n_boot)
-    rows = np.arange(n)
-    for b in range(n_boot):
-        weight = np.bincount(rng.integers(0, len(clusters), len(clusters)), minlength=len(clusters))
-        reps[b] = stat(np.repeat(rows, weight[row_cluster]))
-    reps = reps[np.isfinite(reps)]
-    if reps.size < 2:
-        return (math.nan, math.nan)
-    a = (1.0 - level) / 2
-    return (float(np.quantile(reps, a)), float(np.quantile(reps, 1 - a)))
-
-
-def n_eff(groups, n: int) -> int:
-    """Effective sample size: distinct prompt clusters (``n`` when no groups are given)."""
-    return n if groups is None else int(len(set(np.asarray(groups).tolist())))
-
-
-def mean_with_ci(values, *, groups=None, n_boot: int = 1000, seed: int = 0) -> dict:
-    """``{estimate, ci_low, ci_high, n, n_eff}`` of the mean of ``values`` (NaN rows dropped)."""
-    v = np.asarray(values, np.float64)
-    keep = np.isfinite(v)
-    v = v[keep]
-    g = None if groups is None else np.asarray(groups)[keep]
-    lo, hi = (math.nan, math.nan)
-    if len(v):
-        # vectorised cluster bootstrap of a mean: resample clusters, ratio of summed sums to summed counts
-        clusters = _cluster_index(g, len(v))
-        sums = np.array([v[c].sum() for c in clusters])
-        counts = np.array([len(c) for c in clusters], np.float64)
-        pick = np.random.default_rng(seed).integers(0, len(clusters), (n_boot, len(clusters)))
-        reps = sums[pick].sum(1) / counts[pick].sum(1)
-        lo, hi = (float(np.quantile(reps, 0.025)), float(np.quantile(reps, 0.975)))
-    return {"estimate": float(v.mean()) if len(v) else math.nan, "ci_low": lo, "ci_high": hi,
-            "n": int(len(v)), "n_eff": n_eff(g, len(v))}
-
-
-def accuracy(margin, *, groups=None, n_boot: int = 1000, seed: int = 0) -> dict:
-    """Pairwise accuracy (ties one half) with a cluster-bootstrap 95% CI."""
-    return mean_with_ci(correct(margin), groups=groups, n_boot=n_boot, seed=seed)
-
-
-def _rho(x, y) -> float:
-    """Spearman ρ = Pearson correlation of average ranks (same value as ``scipy.stats.spearmanr``)."""
-    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
-        return math.nan
-    return float(np.corrcoef(rankdata(x), rankdata(y))[0, 1])
-
-
-def spearman(x, y, *, groups=None, n_boot: int = 1000, seed: int = 0) -> dict:
-    """Spearman ρ of ``x`` and ``y`` (rows with a NaN dropped) with a cluster-bootstrap CI."""
-    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-    if len(x) != len(y):
-        raise ValueError(f"x has {len(x)} values, y has {len(y)}.")
-    keep = np.isfinite(x) & np.isfinite(y)
-    x, y = x[keep], y[keep]
-    g = None if groups is None else np.asarray(groups)[keep]
-    lo, hi = bootstrap_ci(lambda idx: _rho(x[idx], y[idx]), len(x), groups=g, n_boot=n_boot, seed=seed)
-    return {"estimate": _rho(x, y), "ci_low": lo, "ci_high": hi, "n": int(len(x)), "n_eff": n_eff(g, len(x))}
 
 
 def reliability(margin, n_bins: int = 10) -> tuple[list[dict], float]:

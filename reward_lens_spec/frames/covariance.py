@@ -46,8 +46,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import SpecError
+from ..spec import check_shrinkage
 
-SHRINKAGE = ("auto", "ledoit_wolf", "oas", "none")
 GRAM_SVD_BELOW = 1e-10      # Gram eigenvalue ratio below which the spectrum is recomputed by SVD of X_c
 
 
@@ -67,20 +67,6 @@ class Spectrum:
     def exact_invariance(self) -> bool:
         """True when Σ̂ = S of full rank: frame cosines invariant under every invertible basis change."""
         return self.rho == 0.0 and self.basis.shape[1] == self.d
-
-
-def check_shrinkage(value, where: str = "frame.shrinkage") -> str | float:
-    """Normalise a shrinkage setting; raise ``SpecError`` naming ``where`` if it is invalid."""
-    if isinstance(value, str) and value in SHRINKAGE:
-        return value
-    try:
-        rho = float(value)
-    except (TypeError, ValueError):
-        raise SpecError(where, f"unknown shrinkage {value!r}.", value=str(value),
-                        options=list(SHRINKAGE) + ["<number in [0, 1]>"]) from None
-    if not 0.0 <= rho <= 1.0:
-        raise SpecError(where, f"a fixed shrinkage must lie in [0, 1], got {rho}.")
-    return rho
 
 
 def _intensity(method, tr_s: float, fro2_s: float, sum_norm4: float, n: int, d: int) -> float:

@@ -22,6 +22,8 @@ from ..errors import SpecError
 from ..result import Result
 from .fit import Frame, native_gauge
 from .gate import gauge_of
+from ..errors import GaugeError
+from .io import load_frame
 
 
 def express(ds, frame: Frame | None, model: str):
@@ -57,9 +59,6 @@ def native_direction(arr: xr.DataArray, store_url: str, model: str, where: str) 
     and fitted for ``model`` (mapped back by ``Frame.direction_from_frame``). Raises
     ``GaugeError`` naming the variable otherwise (another model's basis, or no gauge label).
     """
-    from ..errors import GaugeError
-    from .io import load_frame
-
     g, native, name = gauge_of(arr), native_gauge(model), str(arr.name)
     if g == native:
         return arr

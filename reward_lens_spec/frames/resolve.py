@@ -27,6 +27,11 @@ import numpy as np
 
 from ..errors import SpecError, StoreError
 from .fit import Frame, fit_shared, fit_whitened
+from .io import load_frame, save_frame
+from ..inputs import batch_size, encode, load_dataset, load_lm
+from ..models.door import nested
+from ..inputs import numerics
+from ..spec import group_config
 
 
 def body_fingerprint(lm) -> str:
@@ -36,9 +41,6 @@ def body_fingerprint(lm) -> str:
 
 
 def _reference_pairs(run, base_dir):
-    from ..run.inputs import load_dataset
-    from ..spec import group_config
-
     f = run.frame
     ds = run.dataset if f.reference is None else group_config("dataset", f.reference, key="frame.reference",
                                                                  base_dir=base_dir)
@@ -57,8 +59,6 @@ def _reference_pairs(run, base_dir):
 def _readout(lm, spec, pairs) -> dict[str, np.ndarray]:
     """pair id → (2, d) readout activations h (chosen, rejected) of ``lm`` on ``pairs``."""
     from ..models.capture import capture
-    from ..run.inputs import batch_size, encode
-
     enc = encode(lm, pairs, spec)
     cap = capture(lm, enc, (), batch_size=batch_size(spec, lm, enc), max_tokens=spec.max_tokens,
                   padding_side=spec.padding_side.value)
@@ -77,8 +77,6 @@ def fit_key(kind: str, models: list[tuple[str, str, dict]], reference_checksum: 
 
 def _find(store_url: str, key: str, so: dict) -> Frame | None:
     from ..store import open_store
-    from .io import load_frame
-
     try:
         st = open_store(store_url, storage_options=so)
         runs = st.runs(observable="frame")
@@ -91,8 +89,6 @@ def _find(store_url: str, key: str, so: dict) -> Frame | None:
 
 
 def _load_by_id(store_url: str, fid: str, so: dict) -> Frame:
-    from .io import load_frame
-
     fid = fid[len("frame-"):] if fid.startswith("frame-") else fid
     if len(fid) < 8 or any(c not in "0123456789abcdef" for c in fid):
         raise SpecError("frame.id", f"'{fid}' is not a frame id: give at least 8 hex digits of one.",
@@ -118,12 +114,6 @@ def _check_covers(frame: Frame, model: str, fingerprint: str, kind: str) -> Fram
 
 def resolve_frame(run, lm, store_url: str, base_dir: str | None = None) -> Frame | None:
     """The run's frame (``None`` for native); fits, stores and reuses as the module doc says."""
-    from ..run.identity import numerics
-    from ..run.inputs import load_lm
-    from ..models.door import nested
-    from ..spec import group_config
-    from .io import save_frame
-
     f, kind = run.frame, run.frame.name.value
     if kind == "native":
         return None

@@ -26,7 +26,7 @@ from .capture import _first
 from .patching import _module_for
 
 
-def apply(lm, spec, base_dir: str | None = None):
+def apply(lm, spec, base_dir: str | None = None, *, wrap=None):
     """``lm`` with every entry of ``spec.interventions`` applied in order (see the module doc); the records
     (``artifacts.record``: kind, site, alpha, sha256 of the bytes read) in ``lm.interventions``. Returns the
     ``LoadedModel`` (a new one when a head was replaced)."""
@@ -36,7 +36,7 @@ def apply(lm, spec, base_dir: str | None = None):
         key = f"model.interventions.{i}"
         tensors, prov = read(entry, key, base_dir)
         if entry.kind == "head":
-            lm = _set_head(lm, tensors, key)
+            lm = _set_head(lm, tensors, key, wrap)
         else:
             site, layer = parse_site(entry.site, entry.kind, key + ".site")
             if layer >= lm.n_layers:
@@ -80,9 +80,9 @@ def _hook(entry, tensors: dict, d: int, key: str):
     return hook
 
 
-def _set_head(lm, tensors: dict, key: str):
+def _set_head(lm, tensors: dict, key: str, wrap_model):
+    """``wrap_model``: ``models.loading.wrap_model``, handed in by the loader (which imports this module)."""
     from .head import get_module
-    from .loading import wrap_model
 
     if lm.head.gated:
         raise SpecError(key + ".kind", "a gated (multi-objective) head cannot be replaced by a linear one.",

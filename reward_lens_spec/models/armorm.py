@@ -42,6 +42,10 @@ import torch
 from torch import nn
 
 from ..errors import CaptureError, SpecError
+from .hub import load_config, load_tokenizer
+from .readout import ReadoutHead
+from safetensors.torch import load_file
+from transformers import LlamaModel
 
 ARCHITECTURE = "LlamaForRewardModelWithGating"
 GATING_PATTERN = (128009, 128006, 78191, 128007, 271)
@@ -117,8 +121,6 @@ class ArmoRM(nn.Module):
 
     def __init__(self, config, attn_implementation: str | None = "eager"):
         super().__init__()
-        from transformers import LlamaModel
-
         if attn_implementation:
             config._attn_implementation = attn_implementation
         self.config = config
@@ -168,8 +170,6 @@ class ArmoRM(nn.Module):
 
 
 def _read_state(loc: Path) -> dict:
-    from safetensors.torch import load_file
-
     single = loc / "model.safetensors"
     index = loc / "model.safetensors.index.json"
     if single.is_file():
@@ -193,8 +193,6 @@ def load_armorm(loc, *, dtype=torch.float32, attn_implementation: str | None = "
     Raises ``SpecError`` (``model.source``) for missing, unexpected or misshapen tensors,
     (``model.trust_remote_code``) when the config or tokenizer needs the folder's own code.
     """
-    from .hub import load_config, load_tokenizer
-
     loc = Path(loc)
     cfg = load_config(loc, trust_remote_code=trust_remote_code, source=str(loc))
     if cfg.model_type != "llama":
@@ -220,8 +218,6 @@ def load_armorm(loc, *, dtype=torch.float32, attn_implementation: str | None = "
 
 def read_armorm_head(model, objectives: tuple[str, ...] | None = None):
     """The ``ReadoutHead`` of an ``ArmoRM``: untransformed rows ``W``, transform ``T``, a context gate."""
-    from .readout import ReadoutHead
-
     W = model.regression_layer.weight.detach().float().cpu().numpy().copy()
     T = model.reward_transform_matrix.detach().double().cpu().numpy().copy()
     k = W.shape[0]

@@ -16,6 +16,10 @@ import torch
 from ..errors import SpecError
 from .families import Family, family_for
 from .head import get_module
+from .admission import permissions
+from .hub import load_causal_lm, load_tokenizer
+from .loading import gguf_for, resolve_device, resolve_source
+from .tiny import TINY_CONFIGS, build_tiny_causal
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -56,11 +60,6 @@ def load_causal(spec, base_dir: str | None = None) -> CausalLM:
 
     Raises ``SpecError`` naming the config key at fault (``model.source``, ``model.gguf_file``, ``model.family``).
     """
-    from .admission import permissions
-    from .hub import load_causal_lm, load_tokenizer
-    from .loading import gguf_for, resolve_device, resolve_source
-    from .tiny import TINY_CONFIGS, build_tiny_causal
-
     device = resolve_device(str(getattr(spec.device, "value", spec.device)))
     dtype = str(getattr(spec.dtype, "value", spec.dtype))
     padding_side = str(getattr(spec.padding_side, "value", spec.padding_side))

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SpecError
+from .fingerprint_cache import file_sha256
+from .sources import resolve_source
 
 ALL = "all"
 _FIX = ("model.checkpoints=[folder_a, folder_b, ...] or model.checkpoints={folder: RUN_DIR, steps: [100, 200]} "
@@ -98,9 +100,6 @@ def select_checkpoint(spec) -> None:
 
 def content_digest(source: str, revision: str | None = None, base_dir: str | None = None) -> str:
     """sha256 of one checkpoint's content: its files (folder) or its source string and revision."""
-    from .fingerprint_cache import file_sha256
-    from .sources import resolve_source
-
     kind, loc = resolve_source(source, base_dir)
     h = hashlib.sha256(b"reward_lens_spec.checkpoint.v1")
     if kind == "folder":

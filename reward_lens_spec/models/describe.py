@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from ..errors import SpecError
 from ..signed_cache import read_signed, write_signed
+from .admission import permissions
+from .families import FAMILIES, family_for
+from .fingerprint_cache import weights_key
+from .head_init import check_head_init
+from .hub import load_config
 
 
 def model_config(spec, base_dir=None):
     """The transformers config of ``spec`` (a ``ModelSpec``), read without weights."""
-    from .admission import permissions
-    from .hub import load_config
     from .loading import gguf_for, resolve_source
     from .tiny import TINY_CONFIGS, tiny_config
 
@@ -56,7 +59,6 @@ def check_max_length(spec, limit: tuple[int, str] | None) -> None:
 def _remembered(key: str | None):
     """``(family, n_layers, position limit)`` a previous read of the same checkpoint bytes remembered, or ``None``
     (no key, no entry, or an entry that does not name a tabled family and a positive depth)."""
-    from .families import FAMILIES, family_for
     doc = read_signed("describe", key) if key else None
     if not isinstance(doc, dict):
         return None
@@ -76,9 +78,6 @@ def describe_model(spec, base_dir=None) -> tuple:
     Raises ``SpecError`` (``model.max_length``) when ``model.max_length`` exceeds the model's position limit,
     (``model.head_init``) for an unknown ``model.head_init``.
     """
-    from .fingerprint_cache import weights_key
-    from .head_init import check_head_init
-
     check_head_init(getattr(spec, "head_init", None))
     key = weights_key(spec, base_dir)
     found = _remembered(key)

@@ -37,6 +37,10 @@ from torch import nn
 
 from ..errors import SpecError
 from .families import SITES, Family
+from .families import FAMILIES, family_for
+from .head import read_final_norm, read_head
+from .padding import pad_batch
+import transformers as tf
 
 _ATTN = re.compile(r"attn|attention", re.I)
 _MLP = re.compile(r"mlp|feed_?forward|ffn", re.I)
@@ -98,7 +102,6 @@ def discover_family(model, *, numeric: bool = True) -> Family:
 
 def discover_from_config(cfg) -> Family:
     """Plan-time discovery on a weightless (meta-device) model built from ``cfg``."""
-    import transformers as tf
     with torch.device("meta"):
         try:
             model = tf.AutoModelForSequenceClassification.from_config(cfg, trust_remote_code=False)   # never stdin
@@ -137,9 +140,6 @@ def _rel(a, b) -> float:
 @torch.no_grad()
 def verify_family(model, tokenizer, family: Family) -> None:
     """Run one probe batch and check the identities of the module doc; raise ``SpecError`` if any fails."""
-    from .head import read_final_norm, read_head
-    from .padding import pad_batch
-
     texts = ["The quick brown fox jumps over the lazy dog.", "Reward models read the last token."]
     seqs = [list(tokenizer(t)["input_ids"]) for t in texts]
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
@@ -204,7 +204,6 @@ def verify_family(model, tokenizer, family: Family) -> None:
 
 def family_or_discovered(model, tokenizer) -> Family:
     """The table for ``model.config.model_type``, else a discovered and verified ``Family``."""
-    from .families import FAMILIES, family_for
     t = getattr(model.config, "model_type", None)
     if any(t in f.model_types for f in FAMILIES.values()):
         return family_for(t)
@@ -215,7 +214,6 @@ def family_or_discovered(model, tokenizer) -> Family:
 
 def family_or_discovered_config(cfg) -> Family:
     """Plan time: the table for ``cfg.model_type``, else the structure found on a meta-device copy."""
-    from .families import FAMILIES, family_for
     if any(cfg.model_type in f.model_types for f in FAMILIES.values()):
         return family_for(cfg.model_type)
     return discover_from_config(cfg)

@@ -42,6 +42,7 @@ from ..errors import SpecError, did_you_mean
 from ..paths import find_config, group_options
 from ..spec import ModelSpec, default_model_name
 from .admission import FLAGS, Admission, flag_error, stamp, stamp_of
+from hydra.core.override_parser.overrides_parser import OverridesParser
 
 # every config field that names a model: (dotted key, form); tests/test_model_door.py enumerates the schemas
 MODEL_REFS = {"model": "spec", "model.members": "list of references", "model.implicit.reference": "reference",
@@ -54,8 +55,6 @@ _FIX_REF = "give a conf/model option name, a model YAML path or an inline mappin
 def grants(typed: list[str]) -> frozenset:
     """``{(key, flag)}`` the person typed true on the command line (see the module doc). ``typed``: the
     overrides as typed (``key=value``); a sweep grants where any of its values does."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     out: set = set()
     parser = OverridesParser.create()
     for line in typed:

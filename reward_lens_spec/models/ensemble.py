@@ -35,6 +35,9 @@ from .capture import CaptureResult
 from .door import nested
 from .implicit import LINEAR_OPS, _KindConfig, canonical_spec
 from .readout import ReadoutHead
+from .capture import capture
+from .fingerprint import model_fingerprint, tokenizer_dict
+from .loading import load_model
 
 REDUCES = ("mean", "min", "quantile")
 
@@ -69,7 +72,6 @@ class EnsembleModel:
         return int(self.head.W.shape[1])
 
     def capture_pass(self, encoded, sites=(), *, batch_size=16, max_tokens=None, padding_side="left", **_):
-        from .capture import capture
         n = len(encoded.pair_ids)
         per, counts = [], {}
         for m in self.members:
@@ -130,9 +132,6 @@ def refused_ops(spec) -> dict:
 def load_ensemble(spec, base_dir=None) -> EnsembleModel:
     """Every member (``models.loading.load_model``) as one ``EnsembleModel``; ``SpecError`` naming the member
     for a member with several outputs or another tokenizer."""
-    from .fingerprint import model_fingerprint, tokenizer_dict
-    from .loading import load_model
-
     check_ensemble(spec)
     members, names, fps = [], [], []
     for i, ref in enumerate(spec.members):

@@ -31,6 +31,10 @@ from pathlib import Path
 
 from .. import __version__
 from ..signed_cache import cache_dir, package_digest, read_signed, write_signed  # noqa: F401  (cache_dir: public here)
+from .admission import permissions
+from .hub import load_tokenizer
+from .kinds import kind_of, kind_settings
+from .sources import resolve_source
 
 _SPEC_FIELDS = ("source", "gguf_file", "revision", "dtype", "num_labels", "head", "head_init", "seed",
                 "attn_implementation", "objectives", "allow_pickle", "trust_remote_code")
@@ -62,10 +66,7 @@ def file_sha256(path: Path) -> str:
 
 def weights_key(spec, base_dir: str | None = None) -> str | None:
     """The key the fingerprint of ``spec``'s model is remembered under (``None``: no key, load to know)."""
-    from .sources import resolve_source
-
     fields = {f: str(getattr(getattr(spec, f, None), "value", getattr(spec, f, None))) for f in _SPEC_FIELDS}
-    from .kinds import kind_of, kind_settings
     if kind_of(spec) in ("implicit", "ensemble"):  # other checkpoints (reference, members) than model.source's:
         return None                                # load to know
     signal = kind_settings(spec)                  # a judge and a classifier of one checkpoint differ
@@ -106,8 +107,6 @@ def remember(key: str | None, fingerprint: str) -> None:
 def load_tokenizer_only(spec, base_dir: str | None = None):
     """The tokenizer ``models.loading.load_model`` would give ``spec``'s model, without its weights."""
     from .armorm import is_armorm_folder
-    from .admission import permissions
-    from .hub import load_tokenizer
     from .loading import gguf_for, resolve_source
     from .tiny_tokenizer import build_tiny_tokenizer
 

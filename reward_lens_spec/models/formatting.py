@@ -12,7 +12,7 @@ Rules (``encode_pairs``):
 - ``fmt="messages"`` (pairs of TRL's conversational shapes, ``data.readers``: ``prompt`` and each response
   are canonical JSON message lists): ``tokenizer.apply_chat_template(prompt + response messages,
   chat_template=template or the tokenizer's own, tokenize=True, add_generation_prompt=False)``; chosen by
-  ``run.inputs.encode`` from the data, never by ``model.format``.
+  ``inputs.encode`` from the data, never by ``model.format``.
 - BOS check: when the tokenizer has a ``bos_token_id``, the leading BOS ids of every sequence
   are counted; more than one, or a count that differs between sequences, is a ``CaptureError``
   naming the model and the fix. The result records ``bos_count`` (0 or 1).

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import SpecError
+from .families import FAMILIES
 
 HEAD_INIT = ("seeded", "zeros")
 CONFIG_KEY = "reward_lens_head_init"
@@ -43,8 +44,6 @@ def head_modules(model) -> set[str]:
     """Names of the top-level modules that are the reward head: the family table's ``head`` where the
     model type has one, and every top-level ``Linear`` with ``num_labels`` outputs."""
     from torch import nn
-
-    from .families import FAMILIES
 
     names = {f.head for f in FAMILIES.values() if getattr(model.config, "model_type", None) in f.model_types}
     k = getattr(model.config, "num_labels", None)

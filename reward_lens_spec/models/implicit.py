@@ -39,6 +39,11 @@ from .formatting import EncodedPairs
 from .head import read_final_norm
 from .padding import batches_by_length, pad_batch
 from .readout import ReadoutHead
+from enum import Enum
+import dataclasses
+from .causal import load_causal
+from .fingerprint import config_dict, tokenizer_dict
+from .per_token import response_starts
 
 LENS_SITE = "implicit_lens"
 
@@ -97,7 +102,6 @@ class ImplicitModel:
 def with_response_starts(enc, lm, spec, pairs):
     """``enc`` with every side's first response token (``ResponseEncoded``; ``models.per_token.response_starts``,
     from ``lm.tokenizer`` and the pairs' prompts). The kind's ``encode`` (``models.kinds``)."""
-    from .per_token import response_starts
     starts = response_starts(lm.tokenizer, pairs, enc) if enc.pair_ids else np.zeros((0, 2), np.int64)
     return ResponseEncoded(**{f.name: getattr(enc, f.name) for f in fields(EncodedPairs)},
                            starts=[tuple(int(v) for v in row) for row in starts])
@@ -119,9 +123,6 @@ def refused_ops(spec) -> dict:
 
 def canonical_spec(spec) -> dict:
     """A ``ModelSpec`` as plain JSON values (enums by value): what of a reference or member changes numbers."""
-    import dataclasses
-    from enum import Enum
-
     def plain(v):
         if isinstance(v, Enum):
             return v.value
@@ -158,9 +159,6 @@ def load_implicit(spec, base_dir=None) -> ImplicitModel:
 
     Raises ``SpecError``: ``model.implicit.reference`` when the two tokenizers differ (the log-ratio compares
     the same tokens), and the loaders' errors."""
-    from .causal import load_causal
-    from .fingerprint import tokenizer_dict
-
     check_implicit(spec)
     policy = load_causal(spec, base_dir)
     ref = None
@@ -183,7 +181,6 @@ def make_implicit(name: str, policy, reference=None, *, beta: float = 0.1, lengt
     (``load_implicit``; tests and organisms build them in code)."""
     mods = {"policy": policy.model} | ({"reference": reference.model} if reference is not None else {})
     container = torch.nn.ModuleDict(mods)
-    from .fingerprint import config_dict
     container.config = _KindConfig({"kind": "implicit", "beta": float(beta), "length_normalize": bool(length_normalize),
                                     "reference_free": reference is None, "policy": config_dict(policy.model),
                                     "reference": None if reference is None else config_dict(reference.model)})

@@ -39,6 +39,9 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import SpecError
+from .causal import load_causal
+import transformers as tf
+from .loading import resolve_device, wrap_model
 
 MODES = ("pointwise", "pairwise")
 
@@ -109,8 +112,6 @@ def refused_ops(spec) -> dict[str, str]:
 def as_verdict_classifier(causal, token_ids: tuple[int, int], scale: float = 1.0):
     """The family's ``*ForSequenceClassification`` sharing ``causal``'s body, its ``score`` the verdict row
     ``scale·(W_U[yes] − W_U[no])`` (bias: the unembedding's bias difference, when it has one)."""
-    import transformers as tf
-
     out = causal.get_output_embeddings()
     W = out.weight.detach()
     yes, no = token_ids
@@ -131,9 +132,6 @@ def as_verdict_classifier(causal, token_ids: tuple[int, int], scale: float = 1.0
 def load_judge(spec, base_dir: str | None = None, *, tokens=None, field: str = "model.judge.tokens",
                mode: str | None = None):
     """The ``LoadedModel`` of a judge: the causal LM wrapped with its verdict row (module docstring)."""
-    from .causal import load_causal
-    from .loading import resolve_device, wrap_model
-
     mode = mode or spec.judge.mode
     tokens = tuple(tokens if tokens is not None else spec.judge.tokens)
     lm_ = load_causal(spec, base_dir)                  # models.causal: the one spec → causal-LM loader

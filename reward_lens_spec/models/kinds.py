@@ -4,7 +4,7 @@ One row per kind in ``KINDS``. Builders are named as ``"module:function"`` strin
 used, so this table imports nothing heavy (``spec`` checks ``model.kind`` through it before any model
 loads, without an import cycle). A row:
 
-``load``     ``(spec, base_dir) -> LoadedModel``: the guarded loader of that kind (``run.inputs.load_lm``
+``load``     ``(spec, base_dir) -> LoadedModel``: the guarded loader of that kind (``inputs.load_lm``
              calls it; every kind ends in ``models.loading.wrap_model``, so the readout is a
              ``ReadoutHead`` and every linear instrument applies unchanged).
 ``check``    ``(spec) -> None``: the kind's own settings (``model.<kind>.*``), ``SpecError`` before loading.

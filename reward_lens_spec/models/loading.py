@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..errors import SpecError
+from .placement import resolve_device
 from .armorm import is_armorm_folder, load_armorm
 from .discover import family_or_discovered
 from .families import Family
@@ -30,6 +31,7 @@ from .admission import permissions
 from .hub import load_classifier, load_tokenizer, remote_code_error, trust_remote_code  # noqa: F401  (public here too)
 from .sources import gguf_for, resolve_source  # noqa: F401  (public here too)
 from .tiny import TINY_CONFIGS, build_tiny
+from .head import get_module
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -50,21 +52,11 @@ class LoadedModel:
 
     @property
     def n_layers(self) -> int:
-        from .head import get_module
         return len(get_module(self.model, self.family.layers))
 
     @property
     def d_model(self) -> int:
         return int(self.head.W.shape[1])
-
-
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise SpecError("model.device", "cuda was asked for but no CUDA device is visible.",
-                        fix="use model.device=cpu or model.device=auto.")
-    return device
 
 
 def load_model(spec, base_dir: str | None = None) -> LoadedModel:
@@ -137,7 +129,7 @@ def load_model(spec, base_dir: str | None = None) -> LoadedModel:
                         f"{'gated' if lm.head.gated else 'linear'}.", fix="set model.head to match the checkpoint.")
     if getattr(spec, "interventions", None):          # exported artifacts: erase, steer, head (models.artifacts)
         from .apply_artifacts import apply
-        lm = apply(lm, spec, base_dir)
+        lm = apply(lm, spec, base_dir, wrap=wrap_model)
     return lm
 
 

@@ -36,6 +36,8 @@ from .prefix import run_prefix, sliding
 from .head import get_module
 from .padding import batches_by_length, pad_batch
 from .placement import input_device
+from ..errors import SpecError
+from transformers.utils import logging as hf_logging
 
 
 def _module_for(lm, site: str, layer: int):
@@ -175,7 +177,6 @@ def _copies_mask(pmask: torch.Tensor, n: int, dtype) -> torch.Tensor:
 @contextlib.contextmanager
 def _quiet_transformers():
     """Silence HF's note that pad detection is off with inputs_embeds: our readout comes from the mask."""
-    from transformers.utils import logging as hf_logging
     old = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
@@ -256,8 +257,6 @@ def patch_all_positions(lm, encoded, cap, targets, pair_indices, *, mode: str = 
     base side runs once per chunk of targets, row 0 unpatched (checked against the capture).
     Raises ``SpecError`` (``observable.positions``) naming the misaligned pairs.
     """
-    from ..errors import SpecError
-
     bad = misaligned_pairs(encoded, pair_indices)
     if bad:
         raise SpecError("observable.positions", f"positions=all needs both sides of a pair to tokenize to equal "

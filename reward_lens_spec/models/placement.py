@@ -127,7 +127,6 @@ def check_placement_keys(m, partial: bool = False) -> None:
 def budget(spec) -> dict | None:
     """``model.max_memory`` as ``{device: bytes}`` (GPU keys as ints), limited to the CPU when
     ``model.device=cpu``; ``None`` leaves Accelerate's default (every visible device's free memory)."""
-    from .loading import resolve_device
     device = resolve_device(str(getattr(spec.device, "value", spec.device)))
     mm = {_place(k, "model.max_memory"): size_bytes(v, f"model.max_memory.{k}")
           for k, v in (spec.max_memory or {}).items()}
@@ -200,7 +199,6 @@ def _mb(n: int) -> str:
 def execution_type(spec) -> str:
     """``"cuda"`` or ``"cpu"``: the device type a ``ModelSpec``'s modules execute on (every module runs on the
     map's first GPU when it has one, else on the CPU; ``accelerate.dispatch_model``). From the spec alone."""
-    from .loading import resolve_device
     device = resolve_device(str(getattr(spec.device, "value", spec.device)))
     dm = spec.device_map
     if device == "cpu":
@@ -332,3 +330,17 @@ def place_built(model, spec, dtype, base_dir: str | None = None) -> dict:
     folder = offload_dir(spec, base_dir)
     dispatch_model(model, device_map=plan, offload_dir=folder, force_hooks=True)
     return record(spec, plan, folder, model)
+
+
+def resolve_device(device: str) -> str:
+    """``model.device`` as a torch device type: ``auto`` → ``cuda`` when visible, else ``cpu``.
+
+    Raises ``SpecError`` (``model.device``) for ``cuda`` with no CUDA device visible."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SpecError("model.device", "cuda was asked for but no CUDA device is visible.",
+                        fix="use model.device=cpu or model.device=auto.")
+    return device

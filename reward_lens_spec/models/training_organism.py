@@ -33,8 +33,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SpecError
+from ..data import Pair, PairSet, dataset_checksum, effective_sample_size
 
-# the organisms' word list (models.organism_base.WORDS); kept here so this module, which models.loading reads
+# the organisms' word list (organisms.organism_base.WORDS); kept here so this module, which models.loading reads
 # for ``organism:`` sources, imports nothing that imports the loader
 WORDS = ("apple", "river", "stone", "cloud", "green", "quiet", "metal", "paper", "light", "north",
          "table", "sugar", "glass", "horse", "smile", "ocean", "tiger", "bread", "chair", "music")
@@ -56,8 +57,6 @@ def checkpoint_steps() -> list[int]:
 
 
 def _pairset(name: str, pairs: list):
-    from ..data import PairSet, dataset_checksum, effective_sample_size
-
     ess = effective_sample_size(pairs)
     return PairSet(name=name, pairs=tuple(pairs), checksum=dataset_checksum(pairs), n_unique=ess["n_unique"],
                    n_prompt_clusters=ess["n_prompt_clusters"], flags={})
@@ -65,8 +64,6 @@ def _pairset(name: str, pairs: list):
 
 def keyword_pairs(n: int, seed: int, name: str = "organism_training_keyword"):
     """``n`` pairs whose chosen response contains "please" and whose rejected one does not (PCG64(seed))."""
-    from ..data import Pair
-
     rng = np.random.Generator(np.random.PCG64(seed))
     out = []
     for i in range(n):
@@ -82,8 +79,6 @@ def keyword_pairs(n: int, seed: int, name: str = "organism_training_keyword"):
 
 def trigger_pairs(n: int, seed: int, name: str = "organism_training_trigger"):
     """``n`` pairs: one body, the chosen side ends in ``!``, the rejected in ``.`` (words from PCG64(seed))."""
-    from ..data import Pair
-
     rng = np.random.Generator(np.random.PCG64(seed))
     out = []
     for i in range(n):

@@ -1,6 +1,6 @@
 """Per-group statistics of a per-pair value with cluster-bootstrap CIs (``accuracy``, ``effect_size``).
 
-The bootstrap and the effective n are ``fit.evaluate``'s: whole prompt clusters resampled
+The bootstrap and the effective n are ``stats``'s: whole prompt clusters resampled
 (``data.checksum.prompt_cluster_key``; Field & Welsh 2007, "Bootstrapping clustered data"),
 percentile intervals (Efron & Tibshirani 1993, ch. 13), seeded; ``n_eff`` = distinct prompt
 clusters, the project's effective sample size (``data.effective_sample_size``).
@@ -12,6 +12,8 @@ import xarray as xr
 
 from ..errors import SpecError
 from .base import INVARIANT, labelled
+from .confounders import _groups as prompt_clusters
+from ..stats import bootstrap_ci, n_eff
 
 BOUNDS = ("estimate", "ci_low", "ci_high")
 
@@ -22,8 +24,6 @@ def by_group(ctx, x: xr.DataArray, stat, by, cluster: str, ci: float, resamples:
     of the input's other dims, with bounds; dims ([by] ×) others × ``bound``; coords ``n``, ``n_eff``
     (per group). ``cluster``: ``prompt`` (clusters resampled) or ``pair`` (plain bootstrap). Pairs
     with a NaN value (e.g. outside ``observable.pairs``) are dropped per cell."""
-    from ..fit.evaluate import bootstrap_ci, n_eff
-    from .confounders import _groups as prompt_clusters
     if not 0 < ci < 1:
         raise SpecError("observable.steps.ci", f"ci must be in (0, 1), got {ci}.")
     if by and (by not in x.coords or x.coords[by].dims != ("pair",)):

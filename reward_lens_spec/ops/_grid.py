@@ -7,6 +7,7 @@ import xarray as xr
 
 from ..errors import SpecError
 from .base import INVARIANT, labelled
+from .project import Project, ProjectParams
 
 
 def grid_layers(info, where: str) -> tuple[int, ...]:
@@ -60,7 +61,6 @@ def reward_direction(ctx, d: str) -> np.ndarray:
     """The d_model vector ``d`` names (``head`` | ``objective:<name>`` | ``store:…``, as ``project``
     reads it), float64. For a gated head, ``head`` is its effective direction ``g(h)ᵀW`` averaged over
     every pair and side (the gate moves with h, so no one fixed vector is the reward direction)."""
-    from .project import Project, ProjectParams
     head = ctx.lm.head
     if d == "head" and head.gate is not None:
         return head.directions(ctx.capture.h)[..., 0, :].reshape(-1, head.W.shape[1]).astype(np.float64).mean(0)

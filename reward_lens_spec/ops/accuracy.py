@@ -6,7 +6,7 @@ kept). ``accuracy = P(Δ > 0) + ½ P(Δ = 0)`` (ties count half, as the scorecar
 replaces ``pair``); ``cluster``: ``prompt`` (default: pairs sharing a prompt resampled together)
 or ``pair``. Output dims ([by] ×) others × ``bound`` (estimate, ci_low, ci_high), coords ``n``
 and ``n_eff`` (distinct prompt clusters) per group; ``resamples`` seeded draws (``ops._bootstrap``,
-``fit.evaluate``). Units: fraction. Gauge: invariant.
+``stats``). Units: fraction. Gauge: invariant.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from ..registry import register
 from ._bootstrap import by_group
 from ._grid import choice
 from .base import Operator, need_dim, without
+from ..stats import correct
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,6 @@ class GroupStatParams:
 
 
 def accuracy(d: np.ndarray) -> float:
-    from ..fit.evaluate import correct
     return float(correct(d).mean())
 
 

@@ -66,7 +66,7 @@ class Operator:
     restricted_by: ClassVar[tuple[str, ...]] = ()  # observable.layers / components / pairs this op honours
     pair_fields: ClassVar[tuple[str, ...]] = ()    # per-pair fields it reads beyond the text and dimension
                                                    # (Pair.meta keys, rubric, source): in the run identity, and
-                                                   # the only ones it sees (run.inputs.ops_view)
+                                                   # the only ones it sees (inputs.ops_view)
     kinds: ClassVar[tuple[str, ...]] = ()          # model.kind values it reads (empty: any kind that does not
                                                    # refuse it); others are refused at plan time
     rows: ClassVar[Optional[str]] = None           # None: reads preference pairs (refused on one-response rows,

@@ -1,6 +1,6 @@
 """Confounders of a reward margin: length, presentation order, lexical support from the prompt.
 
-Operators (all gauge-invariant; statistics from ``fit.evaluate``: cluster bootstrap over prompt
+Operators (all gauge-invariant; statistics from ``stats``: cluster bootstrap over prompt
 clusters, 95% percentile CIs; ``n_pairs`` and ``n_effective`` = distinct prompt clusters):
 
 ``pair_feature`` (no input) → ``pair``: a per-pair feature, chosen minus rejected:
@@ -40,6 +40,8 @@ import xarray as xr
 from ..errors import SpecError
 from ..registry import register
 from .base import INVARIANT, Operator, labelled, need_dim
+from ..data.checksum import prompt_cluster_key
+from ..stats import accuracy, bootstrap_ci, correct, mean_with_ci, n_eff, spearman
 
 FEATURES = {"length_log_ratio": "log_ratio", "length_diff": "chars", "overlap_diff": "fraction",
             "chosen_position": "position"}
@@ -76,7 +78,6 @@ def pair_feature(pair, feature: str, min_prompt_words: int = 30) -> float:
 
 
 def _groups(ctx):
-    from ..data.checksum import prompt_cluster_key
     by_id = {p.id: p for p in ctx.pairs}
     return np.array([prompt_cluster_key(by_id[i].prompt) for i in ctx.encoded.pair_ids], dtype=object)
 
@@ -173,7 +174,6 @@ class Confound(Operator):
         return INVARIANT
 
     def run(self, ctx, margin, feature):
-        from ..fit import evaluate as ev
         f_all, g_all = np.asarray(feature.values, np.float64), _groups(ctx)
         keep = np.isfinite(f_all)
         f, g = f_all[keep], g_all[keep]
@@ -186,16 +186,16 @@ class Confound(Operator):
             m = np.asarray(m_all, np.float64)[keep]
             close, agree, dis = np.abs(f) <= self.p.matched, f > 0, f < 0
             per_obj.append((obj, {
-                "model_accuracy": _triple(ev.accuracy(m, groups=g, **kw)),
-                "baseline_accuracy": _triple(ev.accuracy(f, groups=g, **kw)),
-                "spearman": _triple(ev.spearman(m, f, groups=g, **kw)),
-                "matched_model_accuracy": _triple(ev.accuracy(m[close], groups=g[close], **kw)),
-                "matched_baseline_accuracy": _triple(ev.accuracy(f[close], groups=g[close], **kw)),
-                "model_accuracy_feature_agrees": _triple(ev.accuracy(m[agree], groups=g[agree], **kw)),
-                "model_accuracy_feature_disagrees": _triple(ev.accuracy(m[dis], groups=g[dis], **kw)),
-                "n_pairs": _count(len(m)), "n_effective": _count(ev.n_eff(g, len(m)))}))
+                "model_accuracy": _triple(accuracy(m, groups=g, **kw)),
+                "baseline_accuracy": _triple(accuracy(f, groups=g, **kw)),
+                "spearman": _triple(spearman(m, f, groups=g, **kw)),
+                "matched_model_accuracy": _triple(accuracy(m[close], groups=g[close], **kw)),
+                "matched_baseline_accuracy": _triple(accuracy(f[close], groups=g[close], **kw)),
+                "model_accuracy_feature_agrees": _triple(accuracy(m[agree], groups=g[agree], **kw)),
+                "model_accuracy_feature_disagrees": _triple(accuracy(m[dis], groups=g[dis], **kw)),
+                "n_pairs": _count(len(m)), "n_effective": _count(n_eff(g, len(m)))}))
         out = _stats_array(names, per_obj, f"margin vs {feature.attrs.get('description', 'feature')}")
-        out.attrs.update(n_pairs=int(keep.sum()), n_effective=int(ev.n_eff(g, len(g))), matched=float(self.p.matched))
+        out.attrs.update(n_pairs=int(keep.sum()), n_effective=int(n_eff(g, len(g))), matched=float(self.p.matched))
         return out
 
 
@@ -216,7 +216,6 @@ class PositionBias(Operator):
         return INVARIANT
 
     def run(self, ctx, margin, feature):
-        from ..fit import evaluate as ev
         pos, g_all = np.asarray(feature.values, np.float64), _groups(ctx)
         keep = np.isfinite(pos)
         pos, g = pos[keep], g_all[keep]
@@ -225,22 +224,22 @@ class PositionBias(Operator):
                  "accuracy_gap", "n_pairs", "n_effective"]
         per_obj = []
         for obj, m_all in _per_objective(margin):
-            c = ev.correct(np.asarray(m_all, np.float64)[keep])
+            c = correct(np.asarray(m_all, np.float64)[keep])
             first = pos == 1
 
             def gap(idx, c=c, first=first):
                 a, b = c[idx][first[idx]], c[idx][~first[idx]]
                 return float(a.mean() - b.mean()) if len(a) and len(b) else np.nan
             est = gap(np.arange(len(c))) if len(c) else np.nan
-            lo, hi = ev.bootstrap_ci(gap, len(c), groups=g, **kw)
+            lo, hi = bootstrap_ci(gap, len(c), groups=g, **kw)
             per_obj.append((obj, {
-                "chosen_first_rate": _triple(ev.mean_with_ci(first.astype(float), groups=g, **kw)),
-                "model_accuracy_chosen_first": _triple(ev.mean_with_ci(c[first], groups=g[first], **kw)),
-                "model_accuracy_chosen_second": _triple(ev.mean_with_ci(c[~first], groups=g[~first], **kw)),
-                "accuracy_gap": (est, lo, hi), "n_pairs": _count(len(c)), "n_effective": _count(ev.n_eff(g, len(c)))}))
+                "chosen_first_rate": _triple(mean_with_ci(first.astype(float), groups=g, **kw)),
+                "model_accuracy_chosen_first": _triple(mean_with_ci(c[first], groups=g[first], **kw)),
+                "model_accuracy_chosen_second": _triple(mean_with_ci(c[~first], groups=g[~first], **kw)),
+                "accuracy_gap": (est, lo, hi), "n_pairs": _count(len(c)), "n_effective": _count(n_eff(g, len(c)))}))
         out = _stats_array(names, per_obj, "presentation order: label bias and accuracy by chosen position",
                            dim="order_statistic")
-        out.attrs.update(n_pairs=int(keep.sum()), n_effective=int(ev.n_eff(g, len(g))))
+        out.attrs.update(n_pairs=int(keep.sum()), n_effective=int(n_eff(g, len(g))))
         return out
 
 

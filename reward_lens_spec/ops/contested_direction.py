@@ -40,10 +40,12 @@ import scipy.linalg
 import xarray as xr
 
 from ..errors import SpecError
-from ..frames.covariance import check_shrinkage
+from ..spec import check_shrinkage
 from ..registry import register
 from .base import Operator, labelled, need_readout_sides
 from .contested_margin import check_unanimous, record_classes
+from ..frames.compare import compare_directions
+from .objective_geometry import readout_frame
 
 QUANTITIES = ("statistics", "direction")
 STATS = ["abs_cosine_w_r", "null_abs_cosine_q50", "null_abs_cosine_q95", "p_value_cosine", "contrast",
@@ -88,8 +90,6 @@ def contrast_top(Z: np.ndarray, contested: np.ndarray, perms: np.ndarray | None 
 
 
 def _fit(ctx, p, h):
-    from ..frames.compare import compare_directions
-    from .objective_geometry import readout_frame
     rec, cont, _ = record_classes(ctx, p.unanimous)
     frame = readout_frame(ctx, p.shrinkage)
     model = ctx.info.model_name

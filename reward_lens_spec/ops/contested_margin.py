@@ -4,7 +4,7 @@ A pair's annotator agreement ``a`` (share preferring the chosen side; ``ops/pair
 ``dataset.fields.agreement`` or ``votes``) makes it *unanimous* when max(a, 1 − a) ≥ ``unanimous``
 (default 1: every annotator on one side) and *contested* otherwise; pairs without a record are
 left out. Output ``contested_statistic × bound`` (estimate, ci_low, ci_high; 95% cluster bootstrap
-over prompt clusters, ``fit.evaluate``):
+over prompt clusters, ``stats``):
 
   abs_margin_contested, abs_margin_unanimous   mean |Δ| in each class (reward units)
   abs_margin_gap                               contested minus unanimous (< 0: the model is less
@@ -27,6 +27,8 @@ from ..errors import SpecError
 from ..registry import register
 from .base import INVARIANT, Operator, labelled, need_dim
 from .pair_labels import pair_agreement
+from ..data.checksum import prompt_cluster_key
+from ..stats import bootstrap_ci, mean_with_ci, n_eff
 
 STATS = ["abs_margin_contested", "abs_margin_unanimous", "abs_margin_gap", "n_contested", "n_unanimous",
          "n_effective"]
@@ -54,7 +56,6 @@ def check_unanimous(value: float, where: str) -> None:
 
 def record_classes(ctx, unanimous: float):
     """(recorded mask, contested mask, prompt-cluster keys) per encoded pair; raises when a class is empty."""
-    from ..data.checksum import prompt_cluster_key
     agree = pair_agreement(ctx)
     rec = np.isfinite(agree)
     cont = contested_mask(agree, unanimous)
@@ -89,7 +90,6 @@ class ContestedMargin(Operator):
         return INVARIANT
 
     def run(self, ctx, margin):
-        from ..fit import evaluate as ev
         rec, cont, g_all = record_classes(ctx, self.p.unanimous)
         m = np.abs(np.asarray(margin.sel(pair=list(ctx.encoded.pair_ids)).values, np.float64))[rec]
         c, g = cont[rec], g_all[rec]
@@ -98,13 +98,13 @@ class ContestedMargin(Operator):
         def gap(idx):
             mc, mu = m[idx][c[idx]], m[idx][~c[idx]]
             return float(mc.mean() - mu.mean()) if len(mc) and len(mu) else np.nan
-        lo, hi = ev.bootstrap_ci(gap, len(m), groups=g, **kw)
+        lo, hi = bootstrap_ci(gap, len(m), groups=g, **kw)
         trip = lambda d: [d["estimate"], d["ci_low"], d["ci_high"]]  # noqa: E731
-        rows = {"abs_margin_contested": trip(ev.mean_with_ci(m[c], groups=g[c], **kw)),
-                "abs_margin_unanimous": trip(ev.mean_with_ci(m[~c], groups=g[~c], **kw)),
+        rows = {"abs_margin_contested": trip(mean_with_ci(m[c], groups=g[c], **kw)),
+                "abs_margin_unanimous": trip(mean_with_ci(m[~c], groups=g[~c], **kw)),
                 "abs_margin_gap": [gap(np.arange(len(m))), lo, hi],
                 "n_contested": [float(c.sum())] * 3, "n_unanimous": [float((~c).sum())] * 3,
-                "n_effective": [float(ev.n_eff(g, len(g)))] * 3}
+                "n_effective": [float(n_eff(g, len(g)))] * 3}
         arr = xr.DataArray(np.array([rows[s] for s in STATS], np.float64), dims=("contested_statistic", "bound"),
                            coords={"contested_statistic": STATS, "bound": BOUND})
         out = labelled(arr, "reward", INVARIANT, "mean |margin| on contested vs unanimous pairs (counts: pairs)")

@@ -27,6 +27,7 @@ from ..registry import register
 from ._leace import FIELDS, erase, in_split, probe_auc, macro_auc
 from .base import INVARIANT, Operator, labelled, need_dim
 from .leace import check_leace, fitted_eraser
+from ..stats import bootstrap_ci
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,6 @@ class LeaceCertificate(Operator):
         return INVARIANT
 
     def run(self, ctx, x):
-        from ..fit.evaluate import bootstrap_ci
         p = self.p
         if "layer" in x.dims:
             x = x.sel(layer=p.layer)

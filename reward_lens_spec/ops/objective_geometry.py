@@ -21,7 +21,7 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
-from ..frames.covariance import check_shrinkage
+from ..spec import check_shrinkage
 from ..registry import register
 from .base import Operator, labelled
 

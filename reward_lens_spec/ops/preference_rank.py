@@ -22,7 +22,7 @@ start); λ per model from ``l2_grid`` by DEV log-loss; both models are fitted by
 split: transitive_/skew_ accuracy (ties ½) and log_loss (nats), ``cyclic_gain`` = transitive
 minus skew mean log-loss (nats per pair; > 0: the labels hold structure no linear scalar reward of
 φ fits — a cycle, or a reward direction that depends on the shared prompt), ``accuracy_gain``;
-95% cluster-bootstrap CIs over test prompt clusters (``fit.evaluate``); counts n_train, n_test,
+95% cluster-bootstrap CIs over test prompt clusters (``stats``); counts n_train, n_test,
 n_effective, n_components (bounds repeat the count). Gauge invariant.
 ``quantity: singular_values`` → ``singular`` (2k): singular values of A in φ coordinates (they
 come in equal pairs), units 1/φ² (φ: the scaled PCA coordinates), gauge ``frame:native:<model>``
@@ -43,6 +43,9 @@ from scipy.special import expit, log_expit
 from ..errors import SpecError
 from ..registry import register
 from .base import INVARIANT, Operator, labelled, need_readout_sides
+from ..data.checksum import prompt_cluster_key
+from ..fit.split import split_by_prompt
+from ..stats import accuracy, correct, mean_with_ci, n_eff
 
 QUANTITIES = ("statistics", "singular_values")
 BOUND = ["estimate", "ci_low", "ci_high"]
@@ -119,10 +122,6 @@ def _pca(h_train: np.ndarray, n_components: int):
 
 
 def _fit(ctx, p: PreferenceRankParams, h: xr.DataArray) -> dict:
-    from ..data.checksum import prompt_cluster_key
-    from ..fit import evaluate as ev
-    from ..fit.split import split_by_prompt
-
     ids = list(ctx.encoded.pair_ids)
     H = np.asarray(h.sel(pair=ids).transpose("pair", "side", "d_model").values, np.float64)
     by_id = {q.id: q for q in ctx.pairs}
@@ -144,11 +143,11 @@ def _fit(ctx, p: PreferenceRankParams, h: xr.DataArray) -> dict:
     lt, ls = -log_expit(s_t), -log_expit(s_s)
     trip = lambda d: (d["estimate"], d["ci_low"], d["ci_high"])  # noqa: E731
     count = lambda n: (float(n),) * 3                            # noqa: E731
-    stats = {"transitive_accuracy": trip(ev.accuracy(s_t, **kw)), "skew_accuracy": trip(ev.accuracy(s_s, **kw)),
-             "accuracy_gain": trip(ev.mean_with_ci(ev.correct(s_s) - ev.correct(s_t), **kw)),
-             "transitive_log_loss": trip(ev.mean_with_ci(lt, **kw)), "skew_log_loss": trip(ev.mean_with_ci(ls, **kw)),
-             "cyclic_gain": trip(ev.mean_with_ci(lt - ls, **kw)), "n_train": count(len(tr)), "n_test": count(len(te)),
-             "n_effective": count(ev.n_eff(groups, len(te))), "n_components": count(q)}
+    stats = {"transitive_accuracy": trip(accuracy(s_t, **kw)), "skew_accuracy": trip(accuracy(s_s, **kw)),
+             "accuracy_gain": trip(mean_with_ci(correct(s_s) - correct(s_t), **kw)),
+             "transitive_log_loss": trip(mean_with_ci(lt, **kw)), "skew_log_loss": trip(mean_with_ci(ls, **kw)),
+             "cyclic_gain": trip(mean_with_ci(lt - ls, **kw)), "n_train": count(len(tr)), "n_test": count(len(te)),
+             "n_effective": count(n_eff(groups, len(te))), "n_components": count(q)}
     return {"stats": stats, "singular": skew_singular_values(th_s, q, p.rank), "l2": (lam_t, lam_s),
             "split": split.summary()}
 

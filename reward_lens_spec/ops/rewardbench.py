@@ -20,7 +20,7 @@ and RewardBench 2's best-of-N accuracy.
   In the Ties subset (several correct answers) the ``subset`` level is the share of items whose
   every correct answer outscores every wrong one: the accuracy part of the Ties score, without its
   margin terms; the ``ties`` level is the official score.
-A pair counts 1 when its margin is > 0 and ½ when it is exactly 0 (``fit.evaluate.correct``).
+A pair counts 1 when its margin is > 0 and ½ when it is exactly 0 (``stats.correct``).
 ``bound`` = estimate, ci_low, ci_high: 95% percentile cluster bootstrap (Field & Welsh 2007),
 whole prompt clusters (``data.checksum.prompt_cluster_key``) resampled across the file; sections
 and the score are recomputed from each replicate's subset accuracies, so their CIs carry the
@@ -43,6 +43,8 @@ from ..errors import CaptureError, SpecError
 from ..registry import register
 from .base import INVARIANT, Operator, labelled, need_dim
 from .rewardbench_ties import TERMS, item_stats, split_id, ties_bounds
+from ..data.checksum import prompt_cluster_key
+from ..stats import correct
 
 SECTIONS = {
     "Chat": {"alpacaeval-easy": 100, "alpacaeval-length": 95, "alpacaeval-hard": 95, "mt-bench-easy": 28,
@@ -137,7 +139,6 @@ def _check_level(level, options, where):
 
 
 def _pair_groups(ctx, ids):
-    from ..data.checksum import prompt_cluster_key
     by_id = {p.id: p for p in ctx.pairs}
     return [by_id[i] for i in ids], np.array([prompt_cluster_key(by_id[i].prompt) for i in ids], dtype=object)
 
@@ -163,7 +164,6 @@ class RewardBench(Operator):
         return INVARIANT
 
     def run(self, ctx, margin):
-        from ..fit.evaluate import correct
         ids = [str(i) for i in margin["pair"].values]
         pairs, groups = _pair_groups(ctx, ids)
         subsets = [p.dimension for p in pairs]
@@ -226,8 +226,6 @@ class BestOfN(Operator):
         return INVARIANT
 
     def run(self, ctx, reward):
-        from ..data.checksum import prompt_cluster_key
-        from ..fit.evaluate import correct
         ids = [str(i) for i in reward["pair"].values]
         pairs, _ = _pair_groups(ctx, ids)
         metas = [p.meta_dict() for p in pairs]

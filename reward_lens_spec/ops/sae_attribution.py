@@ -67,6 +67,7 @@ from ..errors import SpecError
 from ..registry import register
 from ._grid import choice, first_pairs, need_site, result
 from .base import INVARIANT, Operator
+from ..models.sae import load_sae, rows_of, train_sae
 
 QUANTITIES = ("contribution", "error", "activation_diff", "patch_effect", "variance_explained", "relative_error")
 LINEAR = ("contribution", "error")
@@ -160,7 +161,6 @@ def _stored_sae(p: SaeAttributionParams):
 
 
 def _train_stored(p):
-    from ..models.sae import rows_of, train_sae
     from ..store import open_store
     url, _, ref = p.train_on.split(":", 1)[1].partition("#")
     run_id, obs, var = ref.split("/")
@@ -223,7 +223,6 @@ class SaeAttribution(Operator):
         return cap.h if self.p.site == "readout" else cap.sites["resid_post"][:, :, self.p.layer]
 
     def sae(self, ctx):
-        from ..models.sae import load_sae, rows_of, train_sae
         p = self.p
         key = ("sae",) + sae_key(p)
         if key not in ctx.memo:

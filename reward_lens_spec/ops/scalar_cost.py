@@ -4,7 +4,7 @@ Input: per-objective margins Δ_ik (``pair × objective``; ``project direction: 
 ``diff``) and, optionally, ``scalar``: the model's own scalar margin Δ_i (``pair``; for a gated
 head ``project direction: head`` then ``diff``); without it the scalar is the mean over
 objectives. Output ``scalar_cost_statistic × bound`` (estimate, ci_low, ci_high; 95% cluster
-bootstrap over prompt clusters, ``fit.evaluate``), gauge invariant:
+bootstrap over prompt clusters, ``stats``), gauge invariant:
 
   sign_disagreement           share of pairs on which some two objectives' margins have
                               opposite signs (Δ_ij·Δ_ik < 0; a zero margin never disagrees, as in
@@ -30,6 +30,8 @@ from ..errors import SpecError
 from ..registry import register
 from .base import INVARIANT, Operator, labelled
 from .conflicts import pairwise
+from ..data.checksum import prompt_cluster_key
+from ..stats import bootstrap_ci, n_eff
 
 STATS = ["sign_disagreement", "sign_disagreement_weighted", "overruled_preference", "mean_pairwise_disagreement",
          "n_pairs", "n_effective"]
@@ -82,8 +84,6 @@ class ScalarCost(Operator):
         return INVARIANT
 
     def run(self, ctx, margins, scalar=None):
-        from ..data.checksum import prompt_cluster_key
-        from ..fit import evaluate as ev
         ids = list(ctx.encoded.pair_ids)
         D = np.asarray(margins.sel(pair=ids).transpose("pair", "objective").values, np.float64)
         s = D.mean(1) if scalar is None else np.asarray(scalar.sel(pair=ids).values, np.float64)
@@ -93,9 +93,9 @@ class ScalarCost(Operator):
         g = np.array([prompt_cluster_key(by_id[i].prompt) for i, k in zip(ids, ok) if k], dtype=object)
         est = cost_statistics(D, s)
         kw = dict(groups=g, n_boot=self.p.n_boot, seed=self.p.seed)
-        rows = {k: [v, *ev.bootstrap_ci(lambda idx, k=k: cost_statistics(D[idx], s[idx])[k], len(D), **kw)]
+        rows = {k: [v, *bootstrap_ci(lambda idx, k=k: cost_statistics(D[idx], s[idx])[k], len(D), **kw)]
                 for k, v in est.items()}
-        rows |= {"n_pairs": [float(len(D))] * 3, "n_effective": [float(ev.n_eff(g, len(g)))] * 3}
+        rows |= {"n_pairs": [float(len(D))] * 3, "n_effective": [float(n_eff(g, len(g)))] * 3}
         arr = xr.DataArray(np.array([rows[k] for k in STATS], np.float64), dims=("scalar_cost_statistic", "bound"),
                            coords={"scalar_cost_statistic": STATS, "bound": BOUND})
         out = labelled(arr, "fraction", INVARIANT, "per-objective preference lost by the scalar (counts: pairs)")

@@ -1,9 +1,9 @@
 """Array helpers shared by the report's plots and figures (numpy only; no plotting)."""
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
+
+from ..stats import mean_ci  # noqa: F401  (the report's plots and figures import it from here)
 
 BINS_PER_UNIT = 20                  # crystallization histogram: bins of 0.05 (fraction of depth)
 
@@ -19,17 +19,6 @@ def first_objective(da):
         name = str(da["objective"].values[0])
         return da.isel(objective=0), f" [{name}]"
     return da, ""
-
-
-def mean_ci(a: np.ndarray, axis=0):
-    """(mean, low, high) over ``axis`` ignoring NaN: mean ± 1.96 s.e. (s.e. = s / √n, s with ddof 1)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)        # an all-NaN column stays NaN
-        n = np.isfinite(a).sum(axis)
-        m = np.nanmean(a, axis)
-        s = np.nanstd(a, axis, ddof=1) if a.shape[axis] > 1 else np.zeros_like(m)
-    half = 1.96 * np.where(n > 1, s / np.sqrt(np.maximum(n, 1)), 0.0)
-    return m, m - half, m + half
 
 
 def crystallization_bins(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -22,6 +22,8 @@ from .figures import run_figures
 from .html import details, e, figure_html, kv_table, page, pre, run_section, table
 from .summary_stats import summary_cell
 from .svg import fmt
+from ..data.accounting import (KIND_FLAGS, PAIR_FLAGS, pairs_covered, pairs_limit, pairs_phrase,
+    restricted_outputs)
 
 MAX_MEAN_CELLS = 1_000_000          # the summary reads a variable's mean only up to this size
 LOAD_AT_ONCE = 64 * 2**20           # a variable up to this many bytes is read when the run is opened
@@ -34,8 +36,6 @@ def summary_table(ds) -> str:
     (``summary_stats.summary_cell``: a mean, a share per component, an off-diagonal, an estimate with its CI)
     and its n (pairs with a finite value; fewer than the run's where ``observable.pairs`` restricts the
     variable)."""
-    from ..data.accounting import pairs_covered
-
     rows = []
     for name in sorted(map(str, ds.data_vars)):       # zarr lists a group's arrays in no fixed order
         var = ds[name]
@@ -57,8 +57,6 @@ def pair_table(ds, prov: dict) -> str:
     """The pairs in the one vocabulary (``data.accounting.pairs_phrase``: scored, excluded by reason with ids,
     flagged by flag, restricted outputs), then per pair its stored flags and its checks (margin ≤ 0, non-finite
     values, crystallization outside [0, 1]); ``margin ≤ 0`` is counted under its own name, not as flagged."""
-    from ..data.accounting import KIND_FLAGS, PAIR_FLAGS, pairs_limit, pairs_phrase, restricted_outputs
-
     excluded = prov.get("excluded") or {}
     eff = prov.get("effective_n") if isinstance(prov.get("effective_n"), dict) else {}
     if not excluded and not prov.get("pair_flags") and "margin" not in ds:

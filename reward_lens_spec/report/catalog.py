@@ -11,6 +11,10 @@ import json
 from dataclasses import dataclass
 
 import pandas as pd
+import numpy as np
+import warnings
+from .arrays import first_objective, mean_ci
+from .summary_stats import summary_cell
 
 
 @dataclass(frozen=True)
@@ -123,11 +127,6 @@ def headline(var) -> str:
     (``summary_stats.summary_cell``), the mean over pairs of each pair's mean over its other dims with a 95%
     CI (1.96 s.e.) and n; otherwise that statistic (a share per component, an off-diagonal, an estimate with
     its interval)."""
-    import numpy as np
-
-    from .arrays import mean_ci
-    from .summary_stats import summary_cell
-
     if not np.issubdtype(var.dtype, np.number) or var.size == 0:
         return ""
     cell = summary_cell(var)
@@ -149,12 +148,6 @@ def key_numbers(datasets: dict) -> str:
     labels); the top ``TOP_DLA`` layer × component cells by |mean dla| over pairs; then, up to
     ``MAX_HEADLINES`` in all, every other output's ``headline``. First objective only; "" when nothing
     numeric is stored."""
-    import warnings
-
-    import numpy as np
-
-    from .arrays import first_objective, mean_ci
-
     parts: list[str] = []
     done: set[str] = set()
     for ds in datasets.values():

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..store import open_store
 from .arrays import crystallization_bins, first_objective, mean_ci, strs
+from ..data.accounting import pairs_limit, pairs_phrase, restricted_outputs
 
 
 def _plt():
@@ -180,8 +181,6 @@ def plot_run(url: str, run_id: str, out_dir, *, storage_options: dict | None = N
     prov = store.provenance(run_id)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    from ..data.accounting import pairs_limit, pairs_phrase, restricted_outputs
-
     datasets = store.load(run_id, lazy=False)
     eff = prov.get("effective_n") if isinstance(prov.get("effective_n"), dict) else {}
     restricted = next((r for r in (restricted_outputs(d, pairs_limit(prov)) for d in datasets.values()) if r), None)

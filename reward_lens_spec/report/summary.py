@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from .summary_stats import summary_cell
+import sys
+from ..data.accounting import pairs_limit, pairs_phrase, restricted_outputs
 
 
 def _short(gauge: str) -> str:
@@ -16,8 +18,6 @@ def run_line(run_id: str, prov: dict, reused: bool, restricted: tuple[int, list[
     """One line from a stored run's provenance: the observable and model, computed or reused, trust, then the
     pairs in the one vocabulary (``data.accounting.pairs_phrase``: scored, excluded by reason, flagged by flag,
     restricted outputs)."""
-    from ..data.accounting import pairs_phrase
-
     trust = prov.get("trust")
     if isinstance(trust, dict):
         trust = trust.get("level", trust.get("name", trust))
@@ -29,7 +29,6 @@ def run_line(run_id: str, prov: dict, reused: bool, restricted: tuple[int, list[
 
 def _restricted(outcome, prov: dict):
     """The outputs ``observable.pairs`` restricts, read from the result (or the store, when reused)."""
-    from ..data.accounting import pairs_limit, restricted_outputs
     from ..store import open_store
 
     limit = pairs_limit(prov)
@@ -48,8 +47,6 @@ def print_summary(outcome) -> None:
     executor deferred it; then, computed or reused, the table (``table_lines``: one line per output variable,
     its fitting statistic, from the run document), the store path and one line of the run's provenance (``run_line``), read back
     from the store. A shard whose run is not complete yet says which shard is done and what remains."""
-    import sys
-
     from ..store import open_store
 
     lines = [outcome.pairs_line] if getattr(outcome, "pairs_line", None) else []

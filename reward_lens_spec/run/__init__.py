@@ -1,4 +1,4 @@
-"""The one path of a run: composed (``compose``), its inputs loaded (``inputs``), identified
+"""The one path of a run: composed (``compose``), its inputs loaded (``reward_lens_spec.inputs``), identified
 (``identity``), planned (``planning``) and executed (``execute`` → ``stream``) here, for every command.
 
 ``fit``, ``calibrate``, ``freeze``/``amend``, ``adjudicate``, frames, ``compare``, the report and the
@@ -11,16 +11,16 @@ import sys
 import types
 from importlib import import_module
 
-_WHERE = {"compose_run": "compose", "compute": "executor", "execute": "executor", "Outcome": "executor",
-          "Inputs": "inputs", "encode": "inputs", "load_dataset": "inputs", "load_inputs": "inputs",
-          "load_lm": "inputs"}
+_WHERE = {"compose_run": ".compose", "compute": ".executor", "execute": ".executor", "Outcome": ".executor",
+          "Inputs": "..inputs", "encode": "..inputs", "load_dataset": "..inputs", "load_inputs": "..inputs",
+          "load_lm": "..inputs"}
 __all__ = sorted(_WHERE)
 
 
 def __getattr__(name):
     if name not in _WHERE:
         raise AttributeError(f"module 'reward_lens_spec.run' has no attribute {name!r}")
-    return getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)
+    return getattr(import_module(_WHERE[name], __name__), name)
 
 
 class _Callable(types.ModuleType):

@@ -25,6 +25,19 @@ from pathlib import Path
 from ..config_safety import check_argv
 from ..models.door import admit_run
 from ..overrides import precheck_overrides, prepare_overrides
+from importlib import metadata
+import importlib.util
+import json
+import os
+import sys
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf, open_dict
+from .. import config_safety
+from ..overrides import _REGISTERED
+from ..paths import ENV, conf_dir, search_dirs, user_dirs
+from ..signed_cache import package_digest, read_signed, write_signed
+from ..spec import register_configs, validate
 
 
 _CHECK_LIBRARIES = ("hydra-core", "omegaconf", "PyYAML", "antlr4-python3-runtime")
@@ -38,15 +51,11 @@ def _yaml_files(root: Path) -> list[list[str]]:
 def folders_digest(dirs: list | None = None) -> list:
     """``[[folder, [[file, sha256], ...]], ...]`` of every YAML of the config folders (default: the built-in
     tree, then the user's folders: ``paths.search_dirs``)."""
-    from ..paths import search_dirs
-
     return [[str(Path(d).resolve()), _yaml_files(Path(d).resolve())] for d in (search_dirs() if dirs is None else dirs)]
 
 
 def _plugin_files() -> list[list]:
     """Every file of the installed ``hydra_plugins`` namespace (path, size, mtime): a plugin can add configs."""
-    import importlib.util
-
     try:
         spec = importlib.util.find_spec("hydra_plugins")
     except (ImportError, ValueError):
@@ -63,18 +72,6 @@ def _plugin_files() -> list[list]:
 def checked_inputs(overrides: list[str]) -> str | None:
     """sha256 of everything ``check_argv`` and ``precheck_overrides`` read for ``overrides`` (the output of
     ``prepare_overrides``): see the module doc. ``None`` when some input cannot be read (then check)."""
-    import json
-    import os
-    import sys
-    from importlib import metadata
-
-    from hydra.core.config_store import ConfigStore
-    from omegaconf import OmegaConf
-
-    from ..overrides import _REGISTERED
-    from ..paths import ENV, conf_dir, user_dirs
-    from ..signed_cache import package_digest
-
     dirs = [conf_dir()] + list(user_dirs())
     for o in overrides:
         if o.lstrip("+").startswith("hydra.searchpath="):
@@ -99,8 +96,6 @@ def checked_inputs(overrides: list[str]) -> str | None:
 def prepare(argv: list[str]) -> list[str]:
     """The overrides Hydra should compose for ``argv`` (see the module doc); ``SpecError`` on any refusal.
     Checks that passed for exactly these inputs before are not run again (``checked_inputs``)."""
-    from ..signed_cache import read_signed, write_signed
-
     overrides = prepare_overrides(list(argv))
     digest = checked_inputs(overrides)
     if digest is None or read_signed("argv", digest) is None:
@@ -119,11 +114,6 @@ _PASSED: dict[tuple, str] = {}      # overrides -> the digest of the inputs thei
 def finish(cfg, typed: list[str]):
     """``(RunConfig, resolved YAML)`` of a composed config; ``typed``: the overrides the person typed
     (``model.trust_remote_code`` counts only there). ``SpecError`` on any refusal."""
-    from omegaconf import OmegaConf
-
-    from .. import config_safety
-    from ..spec import validate
-
     config_safety.check_composed_config(OmegaConf.to_container(cfg, resolve=False), list(typed))
     return admit_run(validate(cfg), list(typed)), OmegaConf.to_yaml(cfg)
 
@@ -133,11 +123,6 @@ def compose_run(argv: list[str], *, typed: list[str] | None = None):
     ``(RunConfig, resolved YAML)``. ``typed``: what the person typed (default ``argv``; a stored study's
     design passes none, so it can never switch on ``model.trust_remote_code``). Raises ``SpecError``."""
     from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from ..paths import conf_dir
-    from ..spec import register_configs
-
     overrides = prepare(argv)
     register_configs()
     GlobalHydra.instance().clear()
@@ -156,10 +141,6 @@ def compose_app(overrides: list[str]):
     The composed config is remembered (``signed_cache``, kind ``compose``) under the digest ``prepare``'s
     checks passed on (``checked_inputs``: every input of the composition), when its YAML reads back to the
     same YAML; the same inputs again skip Hydra (no plugin scan, no schema registration, no compose)."""
-    from omegaconf import OmegaConf, open_dict
-
-    from ..signed_cache import read_signed, write_signed
-
     if any(o.startswith("-") or (o.lstrip("+~").startswith(("hydra.", "hydra/"))
                                  and not o.startswith("hydra.searchpath=")) for o in overrides):
         return None
@@ -185,11 +166,6 @@ def compose_app(overrides: list[str]):
 
 def _compose_with_hydra_node(overrides: list[str]):
     from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from ..paths import conf_dir
-    from ..spec import register_configs
-
     register_configs()
     GlobalHydra.instance().clear()
     try:

@@ -1,7 +1,7 @@
 """Executing a run: spec → plan → inputs → identity → the one streamed executor → store.
 
 ``execute`` is the whole main job for one composed config: plan (every spec error before any model
-loads), inputs (``run.inputs``), identity (``run.identity``), then ``run.stream`` into the run's
+loads), inputs (``inputs``), identity (``run.identity``), then ``run.stream`` into the run's
 attempt. A complete run with the same id is found in the store and not recomputed unless
 ``store.force``: first from bytes alone (``run.reuse``: no torch, no tokenizer, no plan), else after
 tokenizing with a remembered fingerprint (no weights), else after loading. ``compute`` runs a plan on pairs in memory — the same executor, streamed into an
@@ -17,6 +17,14 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from .reuse import remember_run, reuse_key, reused_run
+from types import SimpleNamespace
+from ..data.accounting import accounting, summary_line
+from ..errors import SpecError
+from ..inputs import Inputs, encode, load_dataset, load_inputs, ops_view
+from ..models.fingerprint_cache import load_tokenizer_only, remember, remembered, weights_key
+from ..report.summary import summary_of
+from .seal import seal_run
+from ..spec import StoreSpec
 
 if TYPE_CHECKING:                     # the executor's heavy imports (torch, transformers) come after the reuse check
     from ..result import Result
@@ -48,8 +56,6 @@ def set_threads(threads) -> None:
     that must agree bit for bit (shards of one run and a single-job run) pin the same count.
     Raises ``SpecError`` (``model.threads``) unless it is null or an integer >= 1.
     """
-    from ..errors import SpecError
-
     if threads is None:
         return
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
@@ -74,12 +80,9 @@ def compute(lm, pairs, plan, info, *, fmt="plain", template="User: {prompt}\nAss
     outputs, the last chunk's RunContext (capture, counts of the whole run), EncodedPairs)``.
     Raises ``SpecError`` when no pair is left after exclusions, and the operators' errors.
     """
-    from ..errors import SpecError
-    from ..spec import StoreSpec
     from ..store import Backend, open_store
     from ..store.writer import check_layout
     from .identity import declared_fields
-    from .inputs import encode, ops_view
     from .stream import stream
 
     enc = encode(lm, pairs, fmt=fmt, template=template, max_length=max_length)
@@ -108,15 +111,9 @@ def _reused_without_weights(run, plan, wkey, base_dir, store_url, so, study_hash
     (``models.fingerprint_cache``) — no weights loaded. ``None``: load and decide (no remembered
     fingerprint, a frame to resolve, ``store.force``, or not in the store). Returns ``(run id or None, the
     PairSet if it was read, else None)``."""
-    from types import SimpleNamespace
-
-    from ..data.accounting import accounting, summary_line
-    from ..models.fingerprint_cache import load_tokenizer_only, remembered
     from ..planning import frame_dependent
     from ..store import is_complete
     from .identity import identity_parts, run_id_of
-    from .inputs import Inputs, encode, load_dataset
-
     if run.store.force or frame_dependent(plan):
         return None, None
     fp = remembered(wkey)
@@ -140,8 +137,6 @@ def _reused_without_weights(run, plan, wkey, base_dir, store_url, so, study_hash
 
 def _reused_outcome(run_id, prov, store_url, progress, defer_lines) -> Outcome:
     """The outcome of a run ``run.reuse`` found: its pairs line from the counts the stored run records."""
-    from ..data.accounting import summary_line
-
     acc = {"excluded": prov.get("excluded") or {}, "pair_flags": prov.get("pair_flags") or {}}
     line = summary_line(acc, (prov.get("effective_n") or {}).get("n_scored")) if progress else None
     if line and not defer_lines:
@@ -168,18 +163,13 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     if found is not None:                                     # decided from bytes: no torch, no tokenizer
         return _reused_outcome(*found, store_url, progress, defer_lines)
 
-    from ..data.accounting import accounting, summary_line
     from ..frames.resolve import resolve_frame
     from ..identity import git_sha, spec_hash, versions
     from ..models.fingerprint import model_fingerprint
-    from ..models.fingerprint_cache import remember, weights_key
     from ..planning import frame_dependent, plan_for
-    from ..report.summary import summary_of
     from ..store import Backend, is_complete, open_store
     from ..store.writer import check_layout
-    from ..trust.gates import seal_run
     from .identity import declared_fields, identity_parts, run_id_of
-    from .inputs import load_inputs, ops_view
     from .stream import stream
 
     plan, info = plan_for(run, base_dir)                      # every spec error before any model loads

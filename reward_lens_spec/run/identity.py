@@ -9,7 +9,7 @@
   (``EncodedPairs.digest``), and ``accounting`` (which pairs were excluded or flagged);
 - ``pair_fields``: the value, pair by pair in order, of every per-pair field an operator of the plan
   declares it reads (``Operator.pair_fields``: ``chosen_position``, ``group``, ``agreement``, ``votes``,
-  RewardBench 2's ``item`` …); operators see no other field (``run.inputs.ops_view``);
+  RewardBench 2's ``item`` …); operators see no other field (``inputs.ops_view``);
 - ``observable``: the expanded steps, outputs, version and restrictions; ``numerics`` (dtype,
   max_length, format, template, objectives; for ``bfloat16``/``float16`` also the device type the model
   executes on, ``cpu`` or ``cuda``: a reduced-precision kernel's rounding differs between them by about the
@@ -34,25 +34,8 @@ import json
 
 from .. import __version__
 from ..identity import canonical_observable, spec_hash
-
-
-def observable_hash(obs) -> str:
-    """Canonical content hash of an ``ObservableSpec`` (expanded steps, outputs, version, restrictions): what a
-    scorecard, a study's pins and the gate compare."""
-    return spec_hash(canonical_observable(obs))
-
-
-def numerics(spec) -> dict:
-    """How a ``ModelSpec`` turns pairs into numbers beyond its weights (the one such dict: runs, frames, fit)."""
-    from ..models.kinds import kind_settings
-
-    out = {"dtype": spec.dtype.value, "max_length": spec.max_length, "format": spec.format.value,
-           "template": spec.template if spec.format.value == "plain" else None, "objectives": list(spec.objectives)}
-    if spec.dtype.value != "float32":             # reduced precision: the kernels' rounding shows (models.placement)
-        from ..models.placement import execution_type
-        out["execution"] = execution_type(spec)
-    kind = kind_settings(spec)                    # {} for the classifier: its run ids are as before
-    return {**out, "signal": kind} if kind else out
+from ..models.checkpoints import chain
+from ..inputs import numerics
 
 
 def declared_fields(plan) -> tuple[str, ...]:

@@ -37,6 +37,12 @@ from importlib import metadata
 from pathlib import Path
 
 from ..signed_cache import _PACKAGE_DIGEST, package_digest, read_signed, write_signed  # noqa: F401  (_PACKAGE_DIGEST: importable from here as before)
+from ..data.files import resolve_path
+from ..models.checkpoints import chain
+from ..models.fingerprint_cache import file_sha256, remembered, weights_key
+from .compose import folders_digest
+from ..observables import load_observable, observable_path
+from ..store.run_doc import complete_provenance
 
 LIBRARIES = ("torch", "transformers", "tokenizers", "numpy")
 
@@ -53,8 +59,6 @@ def _versions() -> dict:
 
 def dataset_files(ds, base_dir: str | None) -> list[Path] | None:
     """The files ``load_pairs`` reads for a ``DatasetSpec`` (``None``: not a local file, or not there)."""
-    from ..data.files import resolve_path
-
     if ds.kind.value == "diagnostic":
         from ..data.loaders import DIAGNOSTIC_FILE
         return [Path(__file__).resolve().parent.parent / "data" / DIAGNOSTIC_FILE]
@@ -70,10 +74,6 @@ def dataset_files(ds, base_dir: str | None) -> list[Path] | None:
 
 def reuse_key(run, resolved_yaml: str, base_dir: str | None, study_hash: str | None) -> str | None:
     """The reuse key of a composed run (see the module doc), or ``None`` when it has none."""
-    from ..models.checkpoints import chain
-    from ..models.fingerprint_cache import file_sha256, weights_key
-    from .compose import folders_digest
-
     if run.store.force or run.frame.name.value != "native":
         return None
     files = dataset_files(run.dataset, base_dir)
@@ -89,8 +89,6 @@ def reuse_key(run, resolved_yaml: str, base_dir: str | None, study_hash: str | N
 def include_files(obs) -> list[list[str]]:
     """``[[path, sha256], ...]`` of every observable file ``obs`` includes, transitively, by option name or by
     path (a path may lie outside every config folder; the resolved config keeps ``include:`` unexpanded)."""
-    from ..observables import load_observable, observable_path
-
     seen: dict[str, str] = {}
     todo = [str(r) for r in (obs.include or ())]
     while todo:
@@ -107,8 +105,6 @@ def validate_key(run, resolved_yaml: str, base_dir: str | None) -> str | None:
     """The key ``validate``'s output is remembered under (``signed_cache``, kind ``validate``): the reuse key's
     inputs (config, data, weights, package, libraries) and every YAML of the config folders, which plan-time
     readers search (an observable named by another); ``None`` where the run has no reuse key."""
-    from .compose import folders_digest
-
     key = reuse_key(run, resolved_yaml, base_dir, None)
     if key is None:
         return None
@@ -126,9 +122,6 @@ def same_inputs(run, prov: dict, base_dir: str | None) -> bool:
     """Whether the stored run read the bytes ``run`` would read now: the sha256 of the data file it read
     (``dataset_file.sha256``) is the current digest of one of ``run``'s dataset files, and its checkpoint
     chain (``None`` outside a ``model.checkpoints`` sequence) is the current one."""
-    from ..models.checkpoints import chain
-    from ..models.fingerprint_cache import file_sha256
-
     files = dataset_files(run.dataset, base_dir)
     stored = (prov.get("dataset_file") or {}).get("sha256")
     if files is None or not isinstance(stored, str) or stored not in {file_sha256(f) for f in files}:
@@ -144,9 +137,6 @@ def reused_run(run, key: str | None, resolved_yaml: str, base_dir: str | None, s
     fingerprint remembered for these weights; else ``None`` (decide by loading).
     The provenance is read from the store's JSON documents (``store.run_doc``: no xarray), or through the
     reader where those do not suffice."""
-    from ..models.fingerprint_cache import remembered, weights_key
-    from ..store.run_doc import complete_provenance
-
     if key is None:
         return None
     doc = read_signed("runs", key)

@@ -54,6 +54,7 @@ from reward_lens_spec.signed_cache import tagged_by_user, user_tag
 from reward_lens_spec.store._backend import DOC, INTERNAL, RUNS, Backend, group_doc
 from reward_lens_spec.store.log import append as append_to_log
 from reward_lens_spec.store.state import run_state
+import asyncio
 
 # a lease whose heartbeat is older than this is dead (env REWARD_LENS_SPEC_LEASE_S: e.g. shorter in tests)
 LEASE_S = float(os.environ.get("REWARD_LENS_SPEC_LEASE_S") or 60.0)
@@ -100,8 +101,6 @@ def list_attempts(b: Backend, run_id: str) -> list[str]:
 def fenced_store(zstore, guard):
     """A zarr store over ``zstore`` that calls ``guard()`` (raising StoreError when this writer no longer
     holds its role) before every write, and refuses every delete."""
-    import asyncio
-
     from zarr.storage import WrapperStore
 
     class FencedStore(WrapperStore):

@@ -48,6 +48,7 @@ import yaml
 
 from reward_lens_spec.errors import RewardLensError, StoreError, did_you_mean
 from reward_lens_spec.store.trust_root import use_words
+from reward_lens_spec.store.gc import GC_AGE_S
 
 COMMANDS = ("ls", "show", "diff", "export", "gc", "migrate", "verify", "keygen", "keys")
 KEYS = {"url", "run", "a", "b", "run_b", "observable", "var", "out", "model_fingerprint", "dataset", "trust",
@@ -129,8 +130,6 @@ def _need(kv: dict, cmd: str, *keys: str) -> None:
 
 def _run(cmd: str, kv: dict) -> int | None:
     from reward_lens_spec.store import migrate, open_store
-    from reward_lens_spec.store.gc import GC_AGE_S
-
     so = {"client_kwargs": {"endpoint_url": kv["endpoint_url"]}} if kv.get("endpoint_url") else None
     if cmd in ("keygen", "keys"):                  # logic in store.verify
         from reward_lens_spec.store.verify import run_keys

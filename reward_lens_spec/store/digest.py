@@ -15,7 +15,7 @@ values (coordinates are always read into memory).
 
 The run document holds ``data_digests``: ``{observable: {variable: {"dtype", "shape", "chunks",
 "blocks": [hex, ...], "coords": {name: hex}}}}``, inside the attrs its seal covers
-(``trust.gates.seal_run`` / ``store.writer.write_run``). A mismatch raises ``DigestError`` (a
+(``run.seal.seal_run`` / ``store.writer.write_run``). A mismatch raises ``DigestError`` (a
 ``StoreError``) naming the run, observable, variable and block.
 """
 from __future__ import annotations

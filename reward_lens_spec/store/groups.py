@@ -19,6 +19,8 @@ import xarray as xr
 
 from reward_lens_spec.result import Result
 from reward_lens_spec.store._attrs import portable
+from reward_lens_spec.store.digest import values_digest, variable_digest
+from reward_lens_spec.store.zarr_io import decoded_as_read, read_groups
 
 VARIABLES = "output_variables"
 ZARR_KW = dict(consolidated=False, zarr_format=3)
@@ -146,9 +148,6 @@ def written_digests(res, chunks: dict) -> dict | None:
     it returned), decoded as a reader decodes the stored bytes (``zarr_io.decoded_as_read``), so equal to
     reading them back; None where a reader would see other coords (a pair-dim variable with no ``pair``
     index gets the group's): read them back then."""
-    from reward_lens_spec.store.digest import values_digest, variable_digest
-    from reward_lens_spec.store.zarr_io import decoded_as_read
-
     res = Result.of(res)
     if any("pair" in v.dims and "pair" not in v.coords for v in res.values()):
         return None
@@ -249,8 +248,6 @@ def finish_variable(v: xr.DataArray, coords: dict, name: str, *, lazy, digest: d
 def group_labels(zstore, group: str) -> xr.Dataset:
     """The group's shared pair labels, as coords (a coords-only group may read them back as data vars): its
     own arrays, read in one concurrent pass (``zarr_io.read_groups``), decoded as ``xr.open_zarr`` does."""
-    from reward_lens_spec.store.zarr_io import read_groups
-
     return _as_labels(read_groups(zstore, group, ())[0])
 
 

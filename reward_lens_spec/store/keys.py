@@ -13,6 +13,7 @@ import re
 import time
 
 from reward_lens_spec.store._backend import INTERNAL, Backend
+from reward_lens_spec.store.signing import key_id
 
 KEYS = f"{INTERNAL}/keys"
 POLICY = f"{KEYS}/policy.json"
@@ -22,8 +23,6 @@ _KEY = re.compile(r"^(?P<id>[0-9a-f]{16})\.json$")
 def trusted_keys(b: Backend) -> dict[str, dict]:
     """The keys the store lists (not trusted by that alone: ``store.trust_root``):
     ``{key id: {"public_key": hex, "name": str}}``; a file whose key does not hash to its name is skipped."""
-    from reward_lens_spec.trust.signing import key_id
-
     out = {}
     for name in b.list_files(KEYS):
         m = _KEY.match(name)
@@ -40,8 +39,6 @@ def trusted_keys(b: Backend) -> dict[str, dict]:
 
 def add_key(b: Backend, public_hex: str, name: str = "") -> str:
     """List ``public_hex`` in this store; return its key id (adding a key already there is a no-op)."""
-    from reward_lens_spec.trust.signing import key_id
-
     kid = key_id(public_hex)
     doc = {"key_id": kid, "public_key": public_hex, "name": name, "added": time.time()}
     b.create_exclusive(f"{KEYS}/{kid}.json", json.dumps(doc, sort_keys=True).encode())

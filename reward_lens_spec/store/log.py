@@ -37,6 +37,8 @@ from concurrent.futures import ThreadPoolExecutor
 from reward_lens_spec.errors import StoreError
 from reward_lens_spec.store._backend import INTERNAL, Backend
 from reward_lens_spec.store.trust_root import policy
+from reward_lens_spec.trust.evidence import content_hash, seal
+from reward_lens_spec.store.signing import available, key_id, public_hex, sign, signing_key, verify
 
 LOG = f"{INTERNAL}/log"
 _ENTRY = re.compile(r"^(?P<seq>\d{12})\.json$")
@@ -72,12 +74,9 @@ def append(b: Backend, run_id: str, attrs: dict, fence=None) -> dict:
     """Log the completion of ``run_id``; return ``attrs`` with its ``seq`` (resealed when sealed).
 
     ``fence``: called right before the entry is created (raises when the writer lost its lease).
-    Signs the entry with ``REWARD_LENS_SPEC_SIGN_KEY`` when set (``trust.signing``). Raises StoreError
+    Signs the entry with ``REWARD_LENS_SPEC_SIGN_KEY`` when set (``store.signing``). Raises StoreError
     when the store cannot be written or the key cannot be read.
     """
-    from reward_lens_spec.trust.evidence import content_hash, seal
-    from reward_lens_spec.trust.signing import key_id, public_hex, sign, signing_key
-
     key = signing_key()
     for _ in range(1000):
         n, prev = _head(b)
@@ -170,8 +169,6 @@ def _signature_problem(e: dict, keys: dict, required: bool) -> str | None:
     if signer not in keys:
         return f"is signed by key {signer}, not a trusted key of this store (none pinned for it by the reader's " \
                "trust file)" if required else None
-    from reward_lens_spec.trust.signing import available, verify
-
     if not available():
         return "is signed and signatures cannot be checked here (pip install 'reward_lens_spec[sign]')" \
             if required else None

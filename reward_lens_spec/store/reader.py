@@ -38,6 +38,9 @@ from reward_lens_spec.store._backend import Backend
 from reward_lens_spec.store.gc import GC_AGE_S, collect_run
 from reward_lens_spec.store.published import open_published
 from reward_lens_spec.store.writer import check_layout, check_name, data_group, run_state
+from reward_lens_spec.store.digest import DigestError, KEY
+from reward_lens_spec.store.log import read_log
+from reward_lens_spec.trust.evidence import Evidence, derive_all, seal_error
 
 COLUMNS = ("run_id", "observables", "model_fingerprint", "model", "dataset", "dataset_checksum",
            "spec_hash", "trust", "trust_verified", "created", "wall_s")
@@ -97,8 +100,6 @@ class Store:
             if k not in allowed:
                 raise StoreError(f"runs(): unknown filter {k!r}.{did_you_mean(k, allowed)} "
                                  f"Valid: {', '.join(sorted(allowed))}.")
-        from reward_lens_spec.trust.evidence import derive_all
-
         rows = []
         docs = self._complete()
         derived = derive_all(docs, self.log())
@@ -178,14 +179,10 @@ class Store:
     def evidence(self):
         """The store's evidence chain (``trust.evidence.Evidence``) from one scan of its run documents:
         pass it to ``trust`` / ``provenance`` to derive many runs without rescanning."""
-        from reward_lens_spec.trust.evidence import Evidence
-
         return Evidence(self._complete(), self.log())
 
     def log(self):
         """The store's evidence log, read and verified now (``store.log.LogView``)."""
-        from reward_lens_spec.store.log import read_log
-
         return read_log(self._b)
 
     def trust(self, run_id: str, *, evidence=None) -> dict:
@@ -225,9 +222,6 @@ class Store:
         checksums of its chunks were checked), or ``FAILED`` (``detail`` names the array). A failure also
         makes this reader's derived trust of the run unverified.
         """
-        from reward_lens_spec.store.digest import KEY
-        from reward_lens_spec.trust.evidence import seal_error
-
         attrs = self._attrs(run_id)
         try:
             for obs in attrs.get("observables", []):
@@ -288,8 +282,6 @@ class Store:
         """One observable; with the run's sealed ``data_digests`` each array is checked as it is read
         (coords now, data now or block by block when computed): a mismatch raises StoreError naming run
         and variable and marks the run's derived trust unverified for this reader."""
-        from reward_lens_spec.store.digest import KEY, DigestError
-
         attrs = self._attrs(run_id)
         recorded = attrs.get(KEY)
         digests = None

@@ -14,15 +14,14 @@ from concurrent.futures import ThreadPoolExecutor
 from reward_lens_spec.errors import StoreError
 from reward_lens_spec.store._backend import DOC, LAYOUT_KEY, LAYOUT_VERSION, RUN_NAME, Backend
 from reward_lens_spec.store.state import run_state
+from reward_lens_spec.store.log import read_log
+from reward_lens_spec.trust.evidence import Evidence
 
 
 def complete_provenance(url: str, run_id: str, *, storage_options: dict | None = None) -> dict | None:
     """``Store(url).provenance(run_id)`` when ``run_id`` is complete in a store of this package's layout and its
     trust needs no array read; else ``None`` (absent, incomplete, another layout, an adjudication record, or a
     store that cannot be read: the caller decides the slow way)."""
-    from reward_lens_spec.store.log import read_log
-    from reward_lens_spec.trust.evidence import Evidence
-
     if not isinstance(run_id, str) or not RUN_NAME.match(run_id):
         return None
     try:

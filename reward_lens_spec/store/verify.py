@@ -17,6 +17,11 @@ from __future__ import annotations
 import os
 
 from reward_lens_spec.errors import StoreError
+from reward_lens_spec.trust.evidence import NOT_RESULTS
+from reward_lens_spec.store.signing import ENV_KEY, generate, read_public
+from reward_lens_spec.store._backend import Backend
+from reward_lens_spec.store.keys import add_key, set_require_signers, trusted_keys
+from reward_lens_spec.store.trust_root import ENV_TRUST, policy
 
 
 # observables computed from other stored runs (compare/runs.py, compare/drift.py): no model to re-execute
@@ -26,8 +31,6 @@ DERIVED = ("compare", "drift")
 def verify_lines(store, run_id: str | None = None, *, recompute: int = 0,
                  base_dir: str | None = None) -> tuple[list[str], bool]:
     """``(lines, all ok)`` for every complete run of ``store`` (or just ``run_id``)."""
-    from reward_lens_spec.trust.evidence import NOT_RESULTS
-
     ev = store.evidence()
     ids = [run_id] if run_id else sorted(ev.docs, key=ev.order_key)
     lines, ok = [], True
@@ -70,13 +73,8 @@ def run_verify(store, kv: dict) -> int:
 
 
 def run_keys(cmd: str, kv: dict, storage_options=None) -> int:
-    """``keygen`` and ``keys`` (see the module doc and ``trust.signing``)."""
-    from reward_lens_spec.store._backend import Backend
-    from reward_lens_spec.store.keys import add_key, set_require_signers, trusted_keys
-    from reward_lens_spec.store.trust_root import ENV_TRUST, policy
+    """``keygen`` and ``keys`` (see the module doc and ``store.signing``)."""
     from reward_lens_spec.store.writer import check_layout
-    from reward_lens_spec.trust.signing import ENV_KEY, generate, read_public
-
     if cmd == "keygen":
         if not kv.get("out"):
             raise StoreError("store keygen: missing out=PATH (where to write the private key).")

@@ -36,6 +36,8 @@ from reward_lens_spec.store._backend import (DOC, LAYOUT_KEY, LAYOUT_VERSION, RU
 from reward_lens_spec.store.attempts import ATTEMPTS, Attempt, list_attempts
 from reward_lens_spec.store.groups import write_variables, written_digests
 from reward_lens_spec.store.state import run_state  # noqa: F401  (defined in store.state; importable from here as before)
+from reward_lens_spec.store.digest import result_digests
+from reward_lens_spec.store.groups import open_variables
 
 RESERVED = ("run_id", "observables", "created", "complete", "store_write_s", "writer", "attempt", "data_digests")
 
@@ -115,9 +117,6 @@ def data_group(run_id: str, attrs: dict, observable: str) -> str:
 def stored_digests(zstore, group: str, names=None) -> dict:
     """``{variable: digest}`` (``store.digest``) of the observable stored at ``group``, from the stored
     arrays as a reader decodes them (block by block, on their zarr chunk grid)."""
-    from reward_lens_spec.store.digest import result_digests
-    from reward_lens_spec.store.groups import open_variables
-
     return result_digests(open_variables(zstore, group, names, lazy=True))
 
 

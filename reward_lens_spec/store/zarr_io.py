@@ -32,6 +32,8 @@ from xarray.backends.zarr import (FillValueCoder, encode_zarr_attr_value, encode
                                   extract_zarr_variable_encoding)
 from xarray.coding.strings import check_vlen_dtype
 from xarray.namedarray.pycompat import is_chunked_array
+from xarray.backends.memory import InMemoryDataStore
+from xarray.backends.store import StoreBackendEntrypoint
 
 
 def _array_args(name: str, var: xr.Variable, write_empty: bool) -> tuple[dict, object]:
@@ -206,9 +208,6 @@ def _as_read(arr, data) -> xr.Variable:
 
 def _decoded(variables: dict, attrs: dict) -> xr.Dataset:
     """``xr.open_zarr``'s decoding (its defaults) of variables read as ``_as_read``."""
-    from xarray.backends.memory import InMemoryDataStore
-    from xarray.backends.store import StoreBackendEntrypoint
-
     attrs = {k: v for k, v in attrs.items() if not k.lower().startswith("_nc")}
     return StoreBackendEntrypoint().open_dataset(InMemoryDataStore(variables, attrs), mask_and_scale=True,
                                                  decode_times=True, concat_characters=True, decode_coords=True)

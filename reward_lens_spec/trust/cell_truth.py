@@ -64,7 +64,7 @@ def _step(obs, var) -> dict:
 
 
 def _encoded(org):
-    from ..run.inputs import encode
+    from ..inputs import encode
     return encode(org.lm, org.pairs)
 
 

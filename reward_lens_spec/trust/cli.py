@@ -1,6 +1,6 @@
 """``reward-lens-spec calibrate | freeze | adjudicate`` — key=value arguments, no Hydra.
 
-    calibrate  observable=NAME [organism=planted|trained_keyword|trained_length|... (models.kind_organisms.KINDS:
+    calibrate  observable=NAME [organism=planted|trained_keyword|trained_length|... (organisms.kind_organisms.KINDS:
                also judge_planted, prm_planted, implicit_planted, concept, curvature, ensemble_planted,
                sparse_feature)] [base=tiny_llama] [n_pairs=12] [seed=0]
                [dtype=float32|bfloat16|float16] [store.url=PATH]
@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from ..errors import RewardLensError, SpecError
+from ..run.compose import store_url
 
 _COMMON = ("store.url",)
 
@@ -36,7 +37,6 @@ def parse_args(argv: list[str], allowed: tuple[str, ...], required: tuple[str, .
     for k in required:
         if k not in out:
             raise SpecError(k, "required.", fix=f"add {k}=...")
-    from ..run.compose import store_url
     out["store.url"] = store_url(out.get("store.url") or None, str(Path.cwd()))
     return out
 

@@ -5,6 +5,13 @@ A card records the hash of the code that graded it; ``trust.evidence.card_verdic
 when it equals the hash of the code reading it.
 """
 from __future__ import annotations
+from pathlib import Path
+import ast
+import hashlib as _h
+import inspect
+import os
+import sys
+import sysconfig
 
 # Operator modules (every ops/*.py) and the capture / intervention modules the operators run through.
 CODE_MODULES = ("ops/*.py", "models/capture.py", "models/patching.py", "models/interventions.py",
@@ -14,12 +21,11 @@ CODE_MODULES = ("ops/*.py", "models/capture.py", "models/patching.py", "models/i
                 # what grades a card: its criteria, floors and identities, and the organisms it plants (a card
                 # graded by older criteria does not calibrate runs read by newer ones)
                 "trust/*criteria.py", "trust/cell_truth.py", "trust/identities.py", "trust/certificate.py",
-                "models/*organism*.py")
+                "models/*organism*.py", "organisms/*.py")
 _CODE_CACHE: dict = {}
 
 
 def _code_files():
-    from pathlib import Path
     root = Path(__file__).resolve().parent.parent
     files = []
     for pat in CODE_MODULES:
@@ -29,7 +35,6 @@ def _code_files():
 
 def _defs(path):
     """Top-level ``def``/``class`` names of a source file: [(name, decorated, [(method, decorated)])]."""
-    import ast
     tree = ast.parse(path.read_bytes())
     out = []
     for n in tree.body:
@@ -43,7 +48,6 @@ def _defs(path):
 
 
 def _code_of(obj, decorated: bool):
-    import inspect
     if isinstance(obj, (staticmethod, classmethod)):
         obj = obj.__func__
     if isinstance(obj, property):
@@ -58,7 +62,6 @@ def _code_of(obj, decorated: bool):
 
 def _library(filename: str) -> bool:
     """Generated (``<string>``) or from Python's own or installed libraries (dataclass methods, …)."""
-    import sysconfig
     if filename.startswith("<"):
         return True
     if "libs" not in _CODE_CACHE:
@@ -70,8 +73,6 @@ def _library(filename: str) -> bool:
 def code_changes() -> list[str]:
     """Functions and methods of the ``CODE_MODULES`` loaded in this process that are not the ones their
     source file defines (monkeypatched or replaced at run time); empty when the code is as written."""
-    import os
-    import sys
     root, files = _code_files()
     bad = []
     for f in files:
@@ -107,7 +108,6 @@ def code_changes() -> list[str]:
 def code_hash() -> str:
     """sha256 of the package version and the source of every ``CODE_MODULES`` file; when a function of
     a loaded one was replaced at run time (``code_changes``), a different hash naming that."""
-    import hashlib as _h
     from .. import __version__
     root, files = _code_files()
     stats = tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files)

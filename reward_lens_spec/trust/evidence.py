@@ -43,7 +43,7 @@ every run that relied on an earlier passing one. A stored label that differs
 from the derived one is reported as ``trust_verified: false`` with
 ``trust_reason``. Reading changes nothing in the store.
 
-Limits: without signatures (``trust.signing``) a seal and the log are integrity checks — someone who
+Limits: without signatures (``store.signing``) a seal and the log are integrity checks — someone who
 rewrites a document, recomputes its hash AND rewrites the log's tail is caught only where the verdict is
 re-derived from the stored numbers (cards, adjudications) or by recomputation (``trust.recompute``).
 
@@ -60,6 +60,7 @@ from .kind_criteria import KIND_FLOORS     # judge / PRM / implicit / LEACE / cu
 from .sae_gate import sae_caps              # SAE attribution: exploratory below the reconstruction floor
 from .sae_criteria import SAE_FLOORS
 from .drift_criteria import DRIFT_FLOORS, UNDOSED
+from .study_doc import COMPARATORS, predictions, study_hash
 
 LEVELS = ("exploratory", "calibrated", "registered", "adjudicated")
 CACHE_KEYS = ("trust", "trust_by_variable", "content_hash")
@@ -254,7 +255,6 @@ class Evidence:
         return None
 
     def study_error(self, rid: str, a: dict) -> str | None:
-        from .study_doc import study_hash
         bad = seal_error(a)
         if bad:
             return f"study {rid}: {bad}"
@@ -366,7 +366,6 @@ class Evidence:
         return _verdict(a, level, by_var, None, reason, scopes)
 
     def _adjudication(self, rid: str, a: dict) -> dict:
-        from .study_doc import COMPARATORS, predictions
         bad = seal_error(a)
         rec, why = self.verified_study(a.get("study_hash"))
         if bad or rec is None:

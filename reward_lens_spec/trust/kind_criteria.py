@@ -1,6 +1,6 @@
 """Calibration criteria for the other kinds of reward signal and the representation instruments.
 
-Each is graded only on its own organism family (``models.kind_organisms``) and reads the planted truth that
+Each is graded only on its own organism family (``organisms.kind_organisms``) and reads the planted truth that
 family records; ``trust.criteria.CRITERIA`` includes them. Floors in ``trust.evidence.FLOORS``.
 
 ================  ==================  ==========================================  ==================================

@@ -12,13 +12,15 @@ the config a study's design describes (``experiment=<name>`` for a study file;
 from __future__ import annotations
 
 import yaml
+from ..paths import group_options
+from ..inputs import load_dataset, load_lm
+from ..run.compose import compose_run
 
 PIN_KEYS = ("observable_spec_hash", "model_fingerprint", "dataset_checksum")
 _GROUPS = ("model", "dataset", "observable", "frame")
 
 
 def _overrides(design: dict) -> list[str]:
-    from ..paths import group_options
     out = []
     for group in _GROUPS:
         node = design.get(group)
@@ -35,7 +37,6 @@ def _overrides(design: dict) -> list[str]:
 
 def design_run(experiment, study: dict):
     """The ``RunConfig`` a study's design describes (``experiment``: a study name or the study dict)."""
-    from ..run.compose import compose_run
     overrides = [f"experiment={experiment}"] if isinstance(experiment, str) else \
         _overrides(study.get("design") or {})
     return compose_run(overrides, typed=[])[0]
@@ -44,8 +45,7 @@ def design_run(experiment, study: dict):
 def pins(run, base_dir: str) -> dict:
     """The three pins of ``run`` (loads the model and the pairs; reads no results)."""
     from ..models.fingerprint import model_fingerprint
-    from ..run.inputs import load_dataset, load_lm
-    from ..run.identity import observable_hash
+    from ..identity import observable_hash
 
     pairs = load_dataset(run.dataset, base_dir)
     lm = load_lm(run.model, base_dir)

@@ -3,7 +3,7 @@
 A seal says the stored numbers are the ones written; recomputing says they are the ones the code gives.
 
 * a **result run**: its stored resolved config (``config_yaml``) is composed and validated again
-  (``run.compose.finish``), its dataset loaded (``run.inputs``), K of its stored pairs sampled
+  (``run.compose.finish``), its dataset loaded (``inputs``), K of its stored pairs sampled
   (seeded, reproducible) and the plan executed on those pairs alone, in memory, through the one
   executor (``run.executor.compute``). Every stored per-pair output is compared with the recomputed one
   on those pairs: max |Δ| per variable, within ``RTOL`` × the variable's largest stored |value|
@@ -30,6 +30,13 @@ import json
 import numpy as np
 
 from ..data.accounting import accounting
+import yaml
+from ..errors import RewardLensError
+from ..run.executor import compute
+from ..inputs import encode, load_dataset, load_lm
+from omegaconf import OmegaConf
+from ..observables import load_observable
+from ..run.compose import finish
 
 RTOL = 1e-3
 
@@ -43,14 +50,7 @@ def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
 
 def recompute_run(store, run_id: str, k: int, *, base_dir: str, seed: int = 0) -> tuple[bool | None, str]:
     """``(True | False | None (skipped), detail)`` for one result run; see the module doc."""
-    import yaml
-    from omegaconf import OmegaConf
-
-    from ..errors import RewardLensError
     from ..planning import data_dims, plan_for
-    from ..run.compose import finish
-    from ..run.executor import compute
-    from ..run.inputs import encode, load_dataset, load_lm
     from ..run.stream_arrays import pad_widths           # xarray: deferred like the rest
 
     attrs = store.document(run_id)
@@ -136,9 +136,7 @@ def descriptive_mismatches(attrs: dict, run, pairs, enc) -> list[str]:
 
 def recompute_card(store, card_id: str) -> tuple[bool | None, str]:
     """Grade a scorecard's organism check again and compare every reading; see the module doc."""
-    from ..errors import RewardLensError
-    from ..observables import load_observable
-    from ..run.identity import observable_hash
+    from ..identity import observable_hash
     from .scorecard import grade
 
     a = store.document(card_id)

@@ -11,8 +11,11 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from ..models.organisms import Organism
+from ..organisms.organisms import Organism
 from ..models.placement import input_device
+import torch
+from .identities import _record
+from ..inputs import encode
 
 
 def planted_margins(org: Organism) -> np.ndarray:
@@ -20,9 +23,6 @@ def planted_margins(org: Organism) -> np.ndarray:
 
     Independent of the capture and operator path: the planted truth a card compares against.
     """
-    import torch
-
-    from ..run.inputs import encode
     enc = encode(org.lm, org.pairs)
     dev = input_device(org.lm.model)
     out = []
@@ -59,8 +59,6 @@ def _plain_forward(model, ids, mods, patch=None):
     head output. ``patch``: ``(site, layer, vector)`` replaces that site's output at the last token;
     site ``("z", h, hd)`` replaces head ``h``'s slice of the o_proj input.
     """
-    import torch
-
     embed, layers, _, _ = mods
     got: dict = {"attn": {}, "mlp": {}, "resid": {}, "z": {}}
     hooks = []
@@ -123,10 +121,6 @@ def reference_dataset(org: Organism, like: xr.Dataset) -> xr.Dataset:
     the known grid shapes are built; an organism that is not Llama-shaped (``model.model.layers``,
     ``self_attn``, ``mlp``, ``norm``, ``score``) gets an empty Dataset.
     """
-    import torch
-
-    from ..run.inputs import encode
-
     model = org.lm.model
     mods = _plain_modules(model)
     wanted = [v for v in REFERENCED if v in like.data_vars]
@@ -268,8 +262,6 @@ def _cell_error(da: xr.DataArray, ref: xr.DataArray) -> xr.DataArray | None:
 def reference_identities(ds: xr.Dataset, ref: xr.Dataset, org: Organism) -> tuple[list[dict], xr.Dataset]:
     """Identity records "kept cells = plain forward" for each referenced variable of ``ds``, and the
     reference Dataset with the patch mode each patch variable matched (for the magnitude truth)."""
-    from .identities import _record
-
     recs, chosen = [], {}
     margin = ref["margin"] if "margin" in ref else None
     if margin is None:

@@ -1,4 +1,4 @@
-"""Calibration criteria of ``sae_attribution`` on the ``sparse_feature`` organism (``models.sae_organism``).
+"""Calibration criteria of ``sae_attribution`` on the ``sparse_feature`` organism (``organisms.sae_organism``).
 
 The organism plants its margin in one atom u_0 of the readout activations; its truth holds every pair's readout
 activation per side (plain forward, a hook on the final norm) and the head row ``w`` and bias ``b``. A run

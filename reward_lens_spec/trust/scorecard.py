@@ -4,7 +4,7 @@ An observable is identified by its canonical spec hash
 (``spec_hash(canonical_observable(obs))``: expanded steps, outputs, version,
 restrictions) — the same hash the gate recomputes for a run. It is run, through
 the ordinary plan and capture path, on every strength of an organism family
-(``models.organisms``), and each *criterion* whose variables the observable
+(``organisms.organisms``), and each *criterion* whose variables the observable
 outputs turns the result into one reading per strength:
 
 =================  ===================  ==========================================  =====================
@@ -46,7 +46,7 @@ planted one) and ``scalar_cost`` (margin-weighted sign disagreement; floor: plai
 ``multi_objective``.
 
 Criteria of the other reward signals and the representation instruments (``trust.kind_criteria``) grade
-only their own organism kinds (``models.kind_organisms``): ``verdict_margin`` on ``judge_planted``,
+only their own organism kinds (``organisms.kind_organisms``): ``verdict_margin`` on ``judge_planted``,
 ``prm_bad_step``, ``prm_step_reward`` and ``prm_step_margin`` (every step) on ``prm_planted``,
 ``ensemble_reward`` and ``ensemble_member_margin`` on ``ensemble_planted``, ``implicit_log_ratio`` on ``implicit_planted``, ``leace_removal`` and
 ``leace_specificity`` on ``concept``, ``curvature_direction`` on ``curvature``.
@@ -96,13 +96,23 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
-from ..models.kind_organisms import STRENGTHS, Organism, organism_family   # every organism kind
+from ..organisms.kind_organisms import STRENGTHS, Organism, organism_family   # every organism kind
 from .criteria import CRITERIA
 from .evidence import EXACT_CRITERIA, MIN_SPEARMAN, card_verdict, code_hash, seal
-from ..run.identity import observable_hash
+from ..identity import observable_hash
 from .coverage import why_not
 from .identities import check_identities
 from .reference import planted_margins, reference_dataset, reference_identities
+import yaml
+from ..errors import StoreError
+from ..identity import git_sha, versions
+from ..models.fingerprint import model_fingerprint
+from ..observables import load_observable
+from ..ops.base import PlanInfo
+from ..registry import build_plan, expand_steps
+from ..run.executor import compute
+from ..stats import spearman_rho
+from ..store import open_store, write_run
 
 CARD_OBSERVABLE = "scorecard"
 UNIT_KINDS = ("planted", "planted_head", "planted_paths", "judge_planted")   # truth names a planted unit
@@ -110,25 +120,11 @@ N_PAIRS_KINDS = UNIT_KINDS + ("prm_planted", "implicit_planted", "concept", "cur
                                  "sparse_feature")   # take n_pairs
 
 
-def spearman(x, y) -> float:
-    """Spearman ρ with average ranks for ties (Spearman 1904); NaN if a side is constant or not finite."""
-    from scipy.stats import spearmanr
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    if not (np.isfinite(x).all() and np.isfinite(y).all()) or np.ptp(x) == 0 or np.ptp(y) == 0:
-        return float("nan")
-    return float(spearmanr(x, y).statistic)
-
-
 def evaluate(obs, org: Organism) -> xr.Dataset:
     """Run observable ``obs`` (an ``ObservableSpec``) on one organism; the plan's outputs as a Dataset.
 
     ``attrs["identities"]``: the run's exactness-identity records (``trust.identities``).
     """
-    from ..observables import load_observable
-    from ..ops.base import PlanInfo
-    from ..registry import build_plan
-    from ..run.executor import compute
-
     lm = org.lm
     info = PlanInfo(family=lm.family, n_layers=lm.n_layers, n_objectives=lm.head.n_objectives,
                     objectives=lm.head.objectives, model_name=lm.name,
@@ -251,10 +247,6 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
     Raises ``SpecError`` when no criterion applies to the observable's outputs, or for a ``dtype`` other than those
     (or not float32 for an organism kind with its own reward signal).
     """
-    from ..models.fingerprint import model_fingerprint
-    from ..registry import expand_steps
-    from ..observables import load_observable
-
     t0 = time.perf_counter()
     obs = load_observable(observable) if isinstance(observable, str) else observable
     _, outputs = expand_steps(obs, load_observable)
@@ -369,7 +361,7 @@ def _grade_one(card: Scorecard, c, results, truths, refs, s, zero, top, planted,
                organisms=None, obs=None) -> None:
     """Criterion ``c``'s readings, Spearman, floor and magnitude into ``card`` (any error: the caller fails it)."""
     vals = [float(np.mean(c.reading(ds, t))) for ds, t in zip(results, truths)]
-    rho = spearman(s, vals)
+    rho = spearman_rho(s, vals)
     if planted and c.magnitude is not None:
         got = None if zero is None else float(np.mean(c.magnitude(results[top], truths[top])
                                                       - c.magnitude(results[zero], truths[zero])))
@@ -413,11 +405,6 @@ def write_card(card: Scorecard, store_url: str, *, force: bool = True, storage_o
     ``force`` (default) replaces an earlier card with the same id, so the store
     holds the latest grading of this observable on this organism.
     """
-    import yaml
-
-    from ..identity import git_sha, versions
-    from ..store import write_run
-
     crit = list(card.readings)
     reading = np.array([[np.nan if v is None else v for v in card.readings[c]] for c in crit], np.float64)
     ds = xr.Dataset(
@@ -444,9 +431,6 @@ def find_cards(store_url: str, *, spec_hash: str | None = None, storage_options=
 
     A store that does not exist yet holds no cards (``[]``); other store errors propagate.
     """
-    from ..errors import StoreError
-    from ..store import open_store
-
     try:
         st = open_store(store_url, storage_options=storage_options)
     except StoreError:

@@ -46,6 +46,9 @@ from ..result import Result
 from .evidence import LEVELS, NOT_RESULTS, level_of, seal
 
 from .study_doc import COMPARATORS, REDUCTIONS, load_study, predictions, study_hash, study_id
+import os
+from .pins import design_run, pins
+from ..inputs import load_dataset
 
 
 def _open(store_url, storage_options=None):
@@ -94,8 +97,6 @@ def runs_of_study(store_url: str, shash: str, *, storage_options=None) -> list[d
 def peeked_runs(store_url: str, design, fingerprint: str, study: dict, base_dir=None, *, storage_options=None) -> list[str]:
     """Complete result runs on the same model fingerprint that already hold a value of a predicted variable
     on a pair of the design's data — whatever their observable is called or includes (a peek)."""
-    from ..run.inputs import load_dataset
-
     wanted = {p["metric"]["variable"] for p in predictions(study)}
     docs = [a for a in _documents(store_url, storage_options) if a.get("kind") not in NOT_RESULTS
             and a.get("model_fingerprint") == fingerprint and wanted & set(a.get("gauge") or {})]
@@ -135,11 +136,7 @@ def freeze(experiment, store_url: str, *, amend: bool = False, base_dir: str | N
     included), or when another version of the study name is frozen and ``amend``
     is false. ``base_dir``: where relative dataset/model paths resolve (default cwd).
     """
-    import os
-
     from ..store import write_run
-    from .pins import design_run, pins
-
     study = load_study(experiment)
     h, name = study_hash(study), study["name"]
     earlier = frozen_studies(store_url, name, storage_options=storage_options)
@@ -218,7 +215,7 @@ def check_run(run, store_url: str, *, storage_options=None) -> dict | None:
             raise StoreError(f"{bad}; the study cannot register runs. Fix: freeze the study file again in a "
                              "fresh store, or remove the damaged record.")
         pinned = (match[0].get("pins") or {}).get("observable_spec_hash")
-        from ..run.identity import observable_hash
+        from ..identity import observable_hash
         if pinned and pinned != observable_hash(run.observable):
             raise SpecError("observable", f"study '{study['name']}' pinned observable content "
                             f"{pinned[:12]}; this run's '{run.observable.name}' is "

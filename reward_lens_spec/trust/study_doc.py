@@ -11,6 +11,8 @@ import json
 import numpy as np
 
 from ..errors import SpecError
+from ..paths import find_config, group_options
+from omegaconf import OmegaConf
 
 COMPARATORS = {">": np.greater, "<": np.less, ">=": np.greater_equal, "<=": np.less_equal}
 REDUCTIONS = {"mean": np.mean, "median": np.median, "sum": np.sum, "min": np.min, "max": np.max,
@@ -19,9 +21,6 @@ REDUCTIONS = {"mean": np.mean, "median": np.median, "sum": np.sum, "min": np.min
 
 def load_study(experiment) -> dict:
     """A study dict from a name (``conf/experiment/<name>.yaml``) or a mapping; validated."""
-    from omegaconf import OmegaConf
-
-    from ..paths import find_config, group_options
     if isinstance(experiment, str):
         path = find_config("experiment", experiment)                # built-in or a user's config folder
         if path is None:

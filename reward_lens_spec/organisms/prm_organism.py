@@ -28,6 +28,9 @@ import torch
 
 from ..data import Pair
 from .organism_base import STRENGTHS, WORDS, Organism, pairset  # noqa: F401  (STRENGTHS: the graded grid)
+from ..models.loading import wrap_model
+from ..models.prm import PrmSignal, step_ids
+from ..models.tiny import build_tiny
 
 FLAW, STEP = "#", "\n"
 TEMPLATE = "Problem: {prompt}\nSolution:\n{response}"
@@ -53,10 +56,6 @@ def prm_pairs(n: int = 8, n_steps: int = 4, seed: int = 0) -> tuple[list[Pair], 
 def prm_organism(strength: float, *, seed: int = 0, n_pairs: int = 8, n_steps: int = 4, beta: float = 1.0,
                  gamma: float = 4.0) -> Organism:
     """The PRM organism at ``strength`` (see the module docstring); ``lm.signal`` is its ``PrmSignal``."""
-    from .loading import wrap_model
-    from .prm import PrmSignal, step_ids
-    from .tiny import build_tiny
-
     model, tok = build_tiny("tiny_llama", seed=seed)
     d = model.config.hidden_size
     rng = np.random.Generator(np.random.PCG64(seed + 1100))

@@ -51,15 +51,19 @@ import torch
 
 from ..data import Pair, PairSet
 from ..errors import SpecError
-from .loading import wrap_model
+from ..models.loading import wrap_model
 from .organism_base import STRENGTHS, WORDS, Organism, pairset
-from .tiny import TINY_CONFIGS, build_tiny
+from ..models.tiny import TINY_CONFIGS, build_tiny
+from . import preference_organisms as po
+from ..models.attn_heads import n_heads
+from ..models.capture import capture
+from ..inputs import encode
 
 KINDS = ("planted", "planted_head", "planted_paths", "trained_keyword", "trained_length", "planted_cycle",
          "annotator_mixture", "annotator_agreement", "multi_objective")   # the last four: models/preference_organisms.py
 PLANT_BASES = ("tiny_llama", "tiny_mistral", "tiny_qwen2", "tiny_qwen3")   # gate/up/down MLP, RMSNorm
 TRIGGER, CONTROL, KEYWORD = "!", ".", "please"
-_WORDS = WORDS          # the names this module had before models.organism_base
+_WORDS = WORDS          # the names this module had before organisms.organism_base
 _pairset = pairset
 
 
@@ -167,10 +171,6 @@ def planted_head_organism(strength: float, *, layer: int = 1, head: int = 2, bas
     The head sharing its key/value group stops reading that value dimension (its column is zeroed).
     Truth: ``{"unit": "head_L<layer>H<head>", "layer", "head", "component": "attn"}``.
     """
-    from .attn_heads import n_heads
-    from .capture import capture
-    from ..run.inputs import encode
-
     if base not in PLANT_BASES:
         raise SpecError("organism.base", f"cannot plant a head in '{base}' (needs a Llama-style attention).",
                         value=base, options=PLANT_BASES)
@@ -289,9 +289,6 @@ def _fit_bt_head(X: np.ndarray, steps: int = 300, lr: float = 0.5, l2: float = 1
 def trained_organisms(rule: str = "keyword", strengths=STRENGTHS, *, base: str = "tiny_llama", seed: int = 0,
                       n_train: int = 192, n_test: int = 32, steps: int = 300) -> list[Organism]:
     """One organism per strength: the same frozen tiny model, a BT head fitted on noisy rule labels."""
-    from .capture import capture
-    from ..run.inputs import encode
-
     if base not in TINY_CONFIGS:
         raise SpecError("organism.base", f"unknown tiny model '{base}'.", value=base, options=TINY_CONFIGS)
     train = rule_pairs(rule, n_train, seed + 11, f"organism_{rule}_train")
@@ -326,7 +323,6 @@ def organism_family(kind: str = "planted", strengths=STRENGTHS, **kw) -> list[Or
         return [paths_organism(s, **kw) for s in strengths]
     if kind in ("trained_keyword", "trained_length"):
         return trained_organisms(kind.split("_", 1)[1], strengths, **kw)
-    from . import preference_organisms as po       # preference structure (ops/hodge_rank, …)
     if kind == "planted_cycle":
         return po.cycle_organisms(strengths, **kw)
     if kind in po.ANNOTATOR_KINDS:

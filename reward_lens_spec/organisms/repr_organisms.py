@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from ..data import Pair
-from .loading import wrap_model
+from ..models.loading import wrap_model
 from .organism_base import WORDS, Organism, pairset
-from .tiny import build_tiny
+from ..models.tiny import build_tiny
 
 
 def _unit(rng, d, against=()):

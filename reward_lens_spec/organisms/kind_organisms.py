@@ -1,14 +1,14 @@
 """Organism families for the other kinds of reward signal and the representation instruments, and the one
 dispatcher over every organism kind: ``organism_family(kind, strengths)`` / ``KINDS`` here cover
-``models.organisms.KINDS`` (classifier organisms, preference structure) plus ``KIND_FAMILIES`` below, so
+``organisms.organisms.KINDS`` (classifier organisms, preference structure) plus ``KIND_FAMILIES`` below, so
 ``calibrate organism=<kind>`` (``trust.scorecard``) grades them alike. (The dispatcher sits here, above
-``models.organisms``, because ``models.judge_organism`` builds on ``organisms.planted_organism``.) Every
+``organisms.organisms``, because ``organisms.judge_organism`` builds on ``organisms.planted_organism``.) Every
 family is built offline in seconds, deterministic, in strength order (``STRENGTHS``; strength 0 plants nothing):
 
-``judge_planted``     ``models.judge_organism``: the planted organism read as a pointwise generative judge
+``judge_planted``     ``organisms.judge_organism``: the planted organism read as a pointwise generative judge
                       (verdict row ``W_U[Y] − W_U[N] = u``); truth as ``planted`` (unit ``mlp_L1``) plus
                       ``verdict_margin``: the causal LM's own logit(Y) − logit(N) margin per pair (plain forward).
-``prm_planted``       ``models.prm_organism`` (γ = ``PRM_GAMMA``): a flaw token ``#`` in one step of the rejected
+``prm_planted``       ``organisms.prm_organism`` (γ = ``PRM_GAMMA``): a flaw token ``#`` in one step of the rejected
                       side makes an attention head write ``−s·γ·u`` from that step on; truth: the bad step per pair.
 ``implicit_planted``  ``implicit_organism``: a DPO policy whose unembedding has bias ``s`` on the trigger
                       token ``!`` (the reference: the same tiny causal LM without it); the chosen side ends in
@@ -21,14 +21,14 @@ family is built offline in seconds, deterministic, in strength order (``STRENGTH
                       pair end in ``#`` (``meta concept`` 1) or ``%`` (0) with probability ``s``, else in a
                       marker drawn by an independent coin; ``meta label`` is a fair coin no text carries (the
                       non-planted concept). Truth: ``{"field": "concept", "unplanted": "label"}``.
-``ensemble_planted``  ``models.ensemble_organism``: three planted organisms (seeds 0, 1, 2) reduced by the 0.25
+``ensemble_planted``  ``organisms.ensemble_organism``: three planted organisms (seeds 0, 1, 2) reduced by the 0.25
                       quantile; truth: every member's reward per side (plain forward), the reduce and q.
-``sparse_feature``    ``models.sae_organism.sparse_feature_organism`` (magnitude of the planted atom u_0 = ``s``):
+``sparse_feature``    ``organisms.sae_organism.sparse_feature_organism`` (magnitude of the planted atom u_0 = ``s``):
                       readout activations sparse sums of known atoms, the margin carried by u_0; truth: the
                       atoms, u_0 (``direction``), the head row ``w`` and bias ``b``, and every pair's readout
                       activation per side (``readout``, pair id → [h_chosen, h_rejected]: the final norm's
                       output at the last token, plain forward, batch of one, a forward hook).
-``curvature``         ``models.repr_organisms.curvature_organism``: planted curvature along ``v`` at
+``curvature``         ``organisms.repr_organisms.curvature_organism``: planted curvature along ``v`` at
                       resid_post[2]; truth: the layer, ``direction`` and ``rayleigh`` (vᵀHv per side and pair
                       by a plain double backward).
 
@@ -42,6 +42,13 @@ from ..data import Pair
 from ..errors import SpecError
 from .organism_base import STRENGTHS, WORDS, Organism, pairset
 from .organisms import KINDS as CLASSIFIER_KINDS
+import torch
+from ..models.loading import wrap_model
+from .organisms import TRIGGER, planted_pairs
+from ..models.per_token import response_starts
+from ..inputs import encode
+from ..models.tiny import build_tiny
+from .implicit_organism import unembed_organism
 
 KIND_FAMILIES = ("judge_planted", "prm_planted", "implicit_planted", "concept", "curvature", "ensemble_planted",
                  "sparse_feature")
@@ -53,13 +60,6 @@ PRM_GAMMA = 0.3        # the flaw head's write: readings rise with s over the wh
 def implicit_organism(strength: float, *, seed: int = 0, n_pairs: int = 8, beta: float = IMPLICIT_BETA,
                       base: str = "tiny_llama") -> Organism:
     """The ``implicit_planted`` organism at ``strength`` (module docstring)."""
-    import torch
-
-    from ..run.inputs import encode
-    from .implicit_organism import unembed_organism
-    from .organisms import TRIGGER, planted_pairs
-    from .per_token import response_starts
-
     pairs = planted_pairs(n_pairs, seed)
     tok_probe = unembed_organism(0.0, (), name=base, seed=seed, beta=beta)[0].tokenizer
     trig = tok_probe(TRIGGER, add_special_tokens=False)["input_ids"]
@@ -88,9 +88,6 @@ def implicit_organism(strength: float, *, seed: int = 0, n_pairs: int = 8, beta:
 def _with_verdicts(org: Organism) -> Organism:
     """``org`` with ``truth["verdict_margin"]``: per pair id, (z_Y − z_N)(chosen) − (z_Y − z_N)(rejected) read off
     the judge's own causal LM (``lm.model.judge_causal``) at the last token, plain forward, batch of one."""
-    import torch
-
-    from ..run.inputs import encode
     causal, (yes, no) = org.lm.model.judge_causal, org.lm.signal.token_ids
     enc = encode(org.lm, org.pairs)
     out = {}
@@ -106,9 +103,6 @@ def _with_rayleigh(org: Organism) -> Organism:
     """``org`` with ``truth["rayleigh"]``: per pair id, ``[vᵀH_c v, vᵀH_r v]`` — the second derivative of each
     side's reward along the planted direction ``v`` added to resid_post[layer] at the readout (last) token,
     by double backward through a plain forward (batch of one, a forward hook; none of the Lanczos code)."""
-    import torch
-
-    from ..run.inputs import encode
     model, layer = org.lm.model, org.truth["layer"]
     v = torch.as_tensor(org.truth["direction"], dtype=torch.float32)
     enc = encode(org.lm, org.pairs)
@@ -141,7 +135,7 @@ def _with_readout(org: Organism) -> Organism:
     forward hook in a plain HF forward (batch of one, no padding; none of the capture code)."""
     import torch
 
-    from ..run.inputs import encode
+    from ..inputs import encode
     model = org.lm.model
     enc = encode(org.lm, org.pairs)
     got: list = []
@@ -180,9 +174,6 @@ def concept_pairs(strength: float, n: int = 200, seed: int = 0):
 
 def concept_organism(strength: float, *, seed: int = 0, n_pairs: int = 200, base: str = "tiny_llama") -> Organism:
     """The ``concept`` organism at ``strength`` (module docstring)."""
-    from .loading import wrap_model
-    from .tiny import build_tiny
-
     model, tok = build_tiny(base, seed=seed)
     lm = wrap_model(f"organism_concept_s{strength:g}", model, tok)
     return Organism("concept", float(strength), lm, concept_pairs(strength, n_pairs, seed),

@@ -22,10 +22,11 @@ import copy
 import numpy as np
 import torch
 
-from .causal import CausalLM
-from .families import family_for
-from .implicit import make_implicit
-from .tiny import build_tiny_causal
+from ..models.causal import CausalLM
+from ..models.families import family_for
+from ..models.implicit import make_implicit
+from ..models.tiny import build_tiny_causal
+from ..models.head import get_module
 
 
 def _pair(name: str, seed: int):
@@ -56,7 +57,6 @@ def mlp_organism(strength: float, layer: int, *, name: str = "tiny_llama", seed:
     ref, pol, tok = _pair(name, seed)
     policy = CausalLM(name=f"{name}_policy", model=pol, tokenizer=tok, family=ref.family)
     mlp = policy.layers[layer]
-    from .head import get_module
     proj = [m for m in get_module(mlp, ref.family.mlp).modules() if isinstance(m, torch.nn.Linear)][-1]
     rng = np.random.Generator(np.random.PCG64(seed + 1))
     with torch.no_grad():

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from .evidence import LEVELS, Evidence, seal
+from ..trust.evidence import LEVELS, Evidence, seal
+from ..errors import StoreError
+from ..store.digest import KEY, result_digests
 
 __all__ = ["LEVELS", "seal_run", "derive_pending"]
 
 
 def derive_pending(run_id: str, attrs: dict, store_url: str, *, storage_options=None) -> dict:
     """The verdict ``attrs`` would get on read if written now as ``run_id`` (reads the store only)."""
-    from ..errors import StoreError
     from ..store import open_store
 
     try:
@@ -52,21 +53,19 @@ def seal_run(run_id: str, attrs: dict, result, run, store_url: str, *, logits, p
     chunk grid, every coordinate incl. the ``pair`` index and pair labels) goes under the seal as
     ``data_digests``, so editing the data or a digest breaks the run on read.
     """
-    from .identities import check_identities
-    from ..run.identity import observable_hash
-    from ..store.digest import KEY, result_digests
-
+    from ..trust.identities import check_identities
+    from ..identity import observable_hash
     attrs = {**attrs, KEY: {run.observable.name: result_digests(result)},
              "observable_spec_hash": observable_hash(run.observable),
              "identities": check_identities(result, logits, pair_ids,
                                             n_layers=lm.n_layers, objectives=lm.head.objectives,
                                             dtype=str(lm.dtype), signal=getattr(lm, "signal", None))}
-    from .sae_gate import sae_record
+    from ..trust.sae_gate import sae_record
     sae = sae_record(result)
     if sae is not None:                 # an SAE's fit to this model, under the seal (trust.sae_gate)
         attrs["sae"] = sae
     if run.experiment and not attrs.get("study_hash"):     # executed a study never frozen: say which
-        from .study_doc import load_study, study_hash
+        from ..trust.study_doc import load_study, study_hash
         attrs["study_hash"] = study_hash(load_study(dict(run.experiment)))
     attrs.pop("trust", None)
     sealed = seal(attrs)

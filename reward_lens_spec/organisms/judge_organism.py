@@ -1,4 +1,4 @@
-"""A judge model organism: the planted organism (``models.organisms.planted_organism``) read as a generative judge.
+"""A judge model organism: the planted organism (``organisms.organisms.planted_organism``) read as a generative judge.
 
 The planted classifier's body (one MLP unit of ``mlp_L1`` writes ``s·α·u`` at the trigger ``!``, the head row is
 ``u``) becomes the body of a causal LM whose unembedding has ``W_U[Y] = u/2``, ``W_U[N] = −u/2`` (every other
@@ -13,17 +13,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
+from ..models.judge import JudgeSignal, as_verdict_classifier, verdict_ids
+import transformers as tf
+from ..models.loading import wrap_model
+from .organisms import planted_organism
 
 
 @torch.no_grad()
 def judge_organism(strength: float, **kw):
     """``Organism`` of kind ``judge_planted`` at ``strength`` (``kw``: ``planted_organism``'s arguments)."""
-    import transformers as tf
-
-    from .judge import JudgeSignal, as_verdict_classifier, verdict_ids
-    from .loading import wrap_model
-    from .organisms import planted_organism
-
     org = planted_organism(strength, **kw)
     clf, tok = org.lm.model, org.lm.tokenizer
     causal = tf.AutoModelForCausalLM.from_config(clf.config)

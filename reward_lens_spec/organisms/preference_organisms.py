@@ -19,9 +19,12 @@ import torch
 from ..data import Pair, PairSet
 from ..data.pairs import make_meta
 from ..errors import SpecError
-from .loading import wrap_model
+from ..models.loading import wrap_model
 from .organism_base import STRENGTHS, WORDS, Organism, pairset
-from .tiny import TINY_CONFIGS, build_tiny
+from ..models.tiny import TINY_CONFIGS, build_tiny
+from ..models.capture import capture
+from ..inputs import encode
+from ..frames.fit import fit_whitened
 
 
 CYCLE = ("rock", "paper", "scissors")
@@ -96,10 +99,6 @@ def annotator_organisms(kind: str = "annotator_mixture", strengths=STRENGTHS, *,
     ``annotator_agreement``: f = 3·strength, g = 0 (annotators follow the
     model's margin, split where it is small); truth ``contested_where_margin_small``.
     """
-    from ..frames.fit import fit_whitened
-    from .capture import capture
-    from ..run.inputs import encode
-
     if kind not in ANNOTATOR_KINDS:
         raise SpecError("organism", f"unknown annotator organism '{kind}'.", value=kind, options=ANNOTATOR_KINDS)
     if base not in TINY_CONFIGS:
@@ -154,10 +153,6 @@ def multi_objective_organisms(strengths=STRENGTHS, *, base: str = "tiny_llama", 
     disagreement), K at s = 1 (K uncorrelated ones). W = Ũ Σ̂^{-1/2} (``direction_from_frame``).
     Truth: ``{"n_objectives": K, "participation_ratio": PR(s)}``.
     """
-    from ..frames.fit import fit_whitened
-    from .capture import capture
-    from ..run.inputs import encode
-
     if base not in TINY_CONFIGS:
         raise SpecError("organism.base", f"unknown tiny model '{base}'.", value=base, options=TINY_CONFIGS)
     rng = np.random.Generator(np.random.PCG64(seed + 41))

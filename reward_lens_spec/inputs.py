@@ -1,4 +1,5 @@
-"""A run's inputs, loaded in one place: the pairs a dataset config names, the model (one guarded
+"""A run's inputs, loaded in one place (below ``run/``: frames, fit, organisms and the trust workflows load
+through it too): the pairs a dataset config names, the model (one guarded
 loader, ``models.loading.load_model``) and what the model sees (``EncodedPairs``).
 
 Every command — the main run, ``fit``, ``freeze``/``amend`` (design pins), frames (reference pairs),
@@ -10,11 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..data import load_pairs
-from ..data.readers import CONVERSATIONAL
-from ..errors import SpecError
-from ..models.formatting import encode_pairs
-from ..models.kinds import encode_kind, load_kind
+from .data import load_pairs
+from .data.readers import CONVERSATIONAL
+from .errors import SpecError
+from .models.formatting import encode_pairs
+from .models.kinds import encode_kind, kind_settings, load_kind
 
 _DATASET_LIMIT = object()
 
@@ -62,7 +63,7 @@ def batch_size(spec, lm, enc) -> int:
     """Rows per forward for ``spec`` (a ``ModelSpec``) on ``enc``: ``model.batch_size``, or for ``auto`` the
     size ``models.batch_size.choose_batch_size`` finds on this device (fixed for the whole run)."""
     if spec.batch_size == "auto":
-        from ..models.batch_size import choose_batch_size        # torch: not on validate's or a rerun's path
+        from .models.batch_size import choose_batch_size        # torch: not on validate's or a rerun's path
         return choose_batch_size(lm, enc, padding_side=spec.padding_side.value)
     return spec.batch_size
 
@@ -84,3 +85,14 @@ def load_inputs(run, base_dir: str | None = None, *, pairs=None) -> Inputs:
     if not enc.pair_ids:
         raise SpecError("dataset", "no pair is left to score after exclusions.", fix="check dataset.limit and filters.")
     return Inputs(pairs, lm, enc, batch_size(run.model, lm, enc))
+
+
+def numerics(spec) -> dict:
+    """How a ``ModelSpec`` turns pairs into numbers beyond its weights (the one such dict: runs, frames, fit)."""
+    out = {"dtype": spec.dtype.value, "max_length": spec.max_length, "format": spec.format.value,
+           "template": spec.template if spec.format.value == "plain" else None, "objectives": list(spec.objectives)}
+    if spec.dtype.value != "float32":             # reduced precision: the kernels' rounding shows (models.placement)
+        from .models.placement import execution_type
+        out["execution"] = execution_type(spec)
+    kind = kind_settings(spec)                    # {} for the classifier: its run ids are as before
+    return {**out, "signal": kind} if kind else out

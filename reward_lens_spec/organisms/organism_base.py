@@ -1,5 +1,5 @@
 """What every model organism shares: the ``Organism`` record, the strengths, the word list and the
-``PairSet`` builder. ``models.organisms`` (planted, trained) and ``models.preference_organisms``
+``PairSet`` builder. ``organisms.organisms`` (planted, trained) and ``organisms.preference_organisms``
 (cycles, annotators, objectives) both build on it, so neither imports the other at module level
 except ``organisms.organism_family``, which dispatches to the preference kinds.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..data import Pair, PairSet, dataset_checksum, effective_sample_size
-from .loading import LoadedModel
+from ..models.loading import LoadedModel
 
 STRENGTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 WORDS = ("apple", "river", "stone", "cloud", "green", "quiet", "metal", "paper", "light", "north",

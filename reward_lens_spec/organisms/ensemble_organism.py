@@ -1,5 +1,5 @@
 """The ``ensemble_planted`` organism: an ensemble (``models.ensemble``) whose members are planted organisms
-(``models.organisms.planted_organism``, unit ``mlp_L1``) drawn from seeds 0, 1, 2 at the same strength, reduced
+(``organisms.organisms.planted_organism``, unit ``mlp_L1``) drawn from seeds 0, 1, 2 at the same strength, reduced
 by the 0.25 quantile (``ENSEMBLE_REDUCE``, ``ENSEMBLE_Q``: neither the mean, the min nor the median, so a wrong
 reduce or a wrong ``q`` reads other numbers). Every member's margin rises with the strength; strength 0 plants
 nothing. Pairs: member 0's planted pairs.
@@ -16,6 +16,11 @@ import numpy as np
 import torch
 
 from .organism_base import Organism
+from ..models.fingerprint import model_fingerprint
+from .organisms import planted_organism
+from ..models.readout import ReadoutHead
+from ..models.ensemble import EnsembleModel
+from ..models.implicit import _KindConfig
 
 ENSEMBLE_REDUCE, ENSEMBLE_Q = "quantile", 0.25
 MEMBER_SEEDS = (0, 1, 2)
@@ -35,12 +40,6 @@ def _member_rewards(model, tok, pairs) -> dict[str, list[float]]:
 
 def ensemble_organism(strength: float, *, seed: int = 0, n_pairs: int = 12, base: str = "tiny_llama") -> Organism:
     """The ``ensemble_planted`` organism at ``strength`` (module docstring); ``seed`` offsets the member seeds."""
-    from .ensemble import EnsembleModel
-    from .fingerprint import model_fingerprint
-    from .implicit import _KindConfig
-    from .organisms import planted_organism
-    from .readout import ReadoutHead
-
     orgs = [planted_organism(strength, base=base, seed=seed + k, n_pairs=n_pairs) for k in MEMBER_SEEDS]
     pairs = orgs[0].pairs
     names = [f"planted_s{seed + k}" for k in MEMBER_SEEDS]
