@@ -53,8 +53,8 @@ COMMANDS = {   # name: (arguments, one line)
     "freeze": ("experiment=NAME", "hash and store a study before any data is read"),
     "adjudicate": ("experiment=NAME", "score a frozen study's predictions against its runs"),
     "fit": ("model=... dataset=... out=DIR", "fit a Bradley–Terry head on frozen features"),
-    "export": ("url=STORE run=RUN what=steer|erase|head out=FILE.safetensors", "a steering vector, LEACE eraser "
-               "or fitted head from a run, as an artifact model.interventions applies"),
+    "export": ("url=STORE run=RUN what=steer|erase|head out=FILE.safetensors", "steering vector, LEACE eraser or "
+               "head as safetensors"),
     "drift": ("url=STORE observable=NAME [model=NAME]", "a checkpoint sequence's runs over training: "
               "margins, CKA, directions"),
     "monitor": ("url=STORE observable=NAME [statistic=margin|accuracy] [alpha=]", "anytime-valid alarm when a "

@@ -365,8 +365,8 @@ _FAMILIES: dict = {}
 def _family(name):
     """Organism families the cell criteria grade on, built once per module."""
     if name not in _FAMILIES:
-        from reward_lens_spec.models import organisms as cls
-        from reward_lens_spec.models import preference_organisms as pref
+        from reward_lens_spec.organisms import organisms as cls
+        from reward_lens_spec.organisms import preference_organisms as pref
         _FAMILIES[name] = {
             "planted": lambda: cls.organism_family("planted", n_pairs=6),
             "planted_paths": lambda: cls.organism_family("planted_paths", n_pairs=6),
@@ -528,3 +528,16 @@ def test_naive_leace_and_hodge_agree_with_hand_values_and_the_closed_form():
     assert (rank, n, e) == (1, 3, 3) and grad == pytest.approx(0.0, abs=1e-12) and ng == pytest.approx(3.0)
     grad, ng, *_ = _hodge_naive([("a", "b", 1.0), ("b", "c", 1.0), ("a", "c", 1.0)])
     assert ng / (grad + ng) == pytest.approx(1 / 9)
+
+
+def test_one_adjacent_swap_of_five_strengths_meets_the_spearman_floor_and_two_do_not():
+    """ρ = 0.9 exactly for one adjacent swap of 5 (Spearman 1904: 1 − 6·2/(5·24)); scipy gives 0.8999999999999998,
+    which must not fail a card (it failed the honest LEACE card at the default strengths). Two swaps (ρ = 0.8) fail."""
+    from reward_lens_spec.stats import spearman_rho
+    from reward_lens_spec.trust.evidence import MIN_SPEARMAN, RHO_ROUNDING
+
+    s = [0, 0.25, 0.5, 0.75, 1]
+    one, two = spearman_rho(s, [0, 2, 1, 3, 4]), spearman_rho(s, [1, 0, 3, 2, 4])
+    naive = lambda d: 1 - 6 * sum(x * x for x in d) / (5 * 24)     # noqa: E731  no ties: the textbook formula
+    assert naive([0, 1, -1, 0, 0]) == 0.9 and abs(one - 0.9) < 1e-12 and naive([1, -1, 1, -1, 0]) == 0.8
+    assert one >= MIN_SPEARMAN - RHO_ROUNDING and not two >= MIN_SPEARMAN - RHO_ROUNDING

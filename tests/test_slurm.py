@@ -61,7 +61,7 @@ def _job_env(pid: int) -> dict:
 
 def _writer_mid_run(url: str, conf: str):
     """(pid, Slurm job id, attempt folder) of an array task whose run has written 2 to N-3 of its chunks."""
-    for attempt in glob.glob(os.path.join(url, "runs", "*", "attempt-*")):
+    for attempt in glob.glob(os.path.join(url, "_internal", "attempts", "*", "attempt-*")):
         if not 2 <= _markers(attempt) <= N_PAIRS - 3:
             continue
         for lease in glob.glob(os.path.join(attempt, "_ctl", "lease.*.json")):
