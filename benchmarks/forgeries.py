@@ -27,15 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-LEACE_YAML = """name: leace_concept
-version: 1
-steps:
-  - {name: resid, op: capture, site: resid_post}
-  - {name: certificate, op: leace_certificate, input: resid, layer: 2, concept: "field:concept", resamples: 200}
-  - {name: displacement, op: leace, layer: 2, concept: "field:concept", quantity: displacement}
-  - {name: unplanted_displacement, op: leace, layer: 2, concept: "field:label", quantity: displacement}
-outputs: [certificate, displacement, unplanted_displacement]
-"""
+LEACE_YAML = Path(__file__).resolve().parents[1] / "tests" / "data" / "leace_concept.yaml"
 
 
 # -- forged outputs: each takes the outputs dict (name -> DataArray) and edits copies ----------------------
@@ -227,28 +219,37 @@ FORGERIES = (
 
 @contextlib.contextmanager
 def forged(f: Forgery):
-    """``run.executor.compute`` returning ``f.edit``'s outputs, or the ensemble organism built off by one member."""
+    """The scorecard's ``compute`` returning ``f.edit``'s outputs, or the ensemble organism built off by one member.
+
+    Patched where calibration looks the names up (``trust.scorecard.compute``, ``organisms.ensemble_organism``);
+    ``RuntimeError`` when the forgery was never applied (a patch of a name nobody calls would report the honest
+    card as the forged one's)."""
     from reward_lens_spec.organisms import ensemble_organism as eo
-    from reward_lens_spec.run import executor
-    real_compute, real_org = executor.compute, eo.ensemble_organism
+    from reward_lens_spec.trust import scorecard
+    real_compute, real_org = scorecard.compute, eo.ensemble_organism
+    applied = []
 
     def compute(*a, **kw):
         res, ctx, enc = real_compute(*a, **kw)
         if f.edit is not None:
             res = dict(res)
             f.edit(res)
+            applied.append(f.name)
         return res, ctx, enc
 
     def organism(*a, **kw):
         org = real_org(*a, **kw)
+        applied.append(f.name)
         return replace(org, lm=replace(org.lm, q=org.lm.q + 1.0 / (len(org.lm.members) - 1)))
-    executor.compute = compute
+    scorecard.compute = compute
     if f.quantile_shift:
         eo.ensemble_organism = organism
     try:
         yield
     finally:
-        executor.compute, eo.ensemble_organism = real_compute, real_org
+        scorecard.compute, eo.ensemble_organism = real_compute, real_org
+    if not applied:
+        raise RuntimeError(f"forgery {f.name} was never applied: calibration no longer calls the patched names")
 
 
 def run_one(f: Forgery, store: str, leace_path: str) -> dict:
@@ -286,8 +287,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     chosen = [f for f in FORGERIES if a.only is None or f.name in a.only]
     tmp = Path(tempfile.mkdtemp(prefix="forgeries-"))
-    leace = tmp / "leace_concept.yaml"
-    leace.write_text(LEACE_YAML)
+    leace = LEACE_YAML
     rows = []
     for f in chosen:
         r = run_one(f, str(tmp / f"{f.name}.zarr"), str(leace))     # a store each: a card id repeats
