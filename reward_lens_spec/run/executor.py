@@ -228,8 +228,8 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
             "run_id": run_id, "created": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
             **({"data_shape": parts["data_shape"]} if parts.get("data_shape") else {}),   # a TRL shape (data.readers)
         }
-        return seal_run(run_id, attrs, result, run, store, logits=logits, pair_ids=enc.pair_ids,
-                        lm=lm)                                # identities, seal, derived trust cache
+        return seal_run(run_id, attrs, result, run.observable, run.experiment, store, logits=logits,
+                        pair_ids=enc.pair_ids, lm=lm)         # identities, seal, derived trust cache
 
     done = stream(store, run_id, lm, ops_view(pairs, declared_fields(plan)), enc, plan, info, frame=frame,
                   store_spec=run.store, run_attrs=run_attrs, progress=progress and not defer_lines,
