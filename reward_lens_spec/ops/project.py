@@ -76,9 +76,10 @@ class Project(Operator):
         head, d = ctx.lm.head, self.p.direction
         if not d.startswith("store:"):
             return head_rows(head, d)
+        from ..frames.express import native_direction
         where = "observable.steps.direction"
         stored = ctx.stored(d, lazy=False, where=where)
-        url = d.removeprefix("store:").partition("#")[0]
+        url, var = d.removeprefix("store:").partition("#")[0], d.rpartition("/")[2]
         stored = native_direction(stored, ctx.stores.handle(url), ctx.info.model_name, where)
         vec = np.asarray(stored.values, np.float64).reshape(1, -1)
         if vec.shape[1] != head.W.shape[1]:
