@@ -178,9 +178,9 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     need_h = any(s.op.reads_capture for s in plan.steps if st[s.name] == "reduce")
     full_coords = RunContext(lm=lm, pairs=pairs, encoded=enc, capture=None, info=info).pair_coords()
     labels = labels_once(att)
-    shared = dict(labels=labels, b=b, stores=StoredInputs(b), lm=lm, pairs=pairs, enc=enc, plan=plan, info=info, st=st, ps=ps,
-                  slices=slices, keep=keep, capture_kw=capture_kw, frame=frame, need_h=need_h, full_coords=full_coords,
-                  groups=(out_g, scr_g), size=store_spec.chunk_pairs, keep_context=keep_context,
+    shared = dict(labels=labels, b=b, stores=StoredInputs(b), lm=lm, pairs=pairs, enc=enc, plan=plan, info=info,
+                  st=st, ps=ps, slices=slices, keep=keep, capture_kw=capture_kw, frame=frame, need_h=need_h,
+                  full_coords=full_coords, groups=(out_g, scr_g), size=store_spec.chunk_pairs, keep_context=keep_context,
                   pads={name: {d: widths[d] for d in dims} for name, dims in data_dims(plan).items()})
     done = att.chunks_done()
     ours = [k for k in range(len(slices)) if k % store_spec.shards == store_spec.shard]
@@ -276,8 +276,7 @@ def _chunk_loop(att, role, p, ks, reduced, sh, progress) -> list:
                     given[i] = open_variable(att.zarr_store(), group, i, labels=sh["labels"](group)).isel(pair=sl).load()
         ds_out, ds_scr, counts, ctx = _pair_chunk(sh["lm"], sh["pairs"], subset(sh["enc"], sl), plan, steps,
                                                   replace(info, pairs=lim), sh["keep"], sh["capture_kw"], sh["frame"],
-                                                  sh["need_h"] and p == 0, given, sh["pads"], first=p == 0,
-                                                  stores=sh["stores"])
+                                                  sh["need_h"] and p == 0, given, sh["pads"], p == 0, sh["stores"])
         check_storable(Result({**ds_out, **ds_scr}), plan.observable, {s.name: s.op.name for s in plan.steps},
                        att.run_id)
         marker = "skeleton" if p == 0 else f"pass{p}.skeleton"
@@ -324,13 +323,11 @@ def _unverified(att, sh, p, marks: dict) -> set:
     return bad
 
 
-def _pair_chunk(lm, pairs, enc_k, plan, steps, info_k, keep, capture_kw, frame, need_h, given, pads, *, first,
-                stores=None):
+def _pair_chunk(lm, pairs, enc_k, plan, steps, info_k, keep, capture_kw, frame, need_h, given, pads, first, stores):
     """Capture pass + one pass's pair-stage ``steps`` on one chunk; returns (outputs, scratch, counts,
     context): two ``Result``s. ``given``: inputs computed before this pass. ``pads``: step -> {dim: the run's
-    size} for the steps with a data-dependent dim (kept rows padded to it); ``stores``: the run's stored inputs
-    (``RunContext.stores``). The first pass also keeps the
-    model's own head logits (and the readout ``h`` when a reduction reads it) as scratch."""
+    size} for the steps with a data-dependent dim (kept rows padded to it); ``stores``: ``RunContext.stores``.
+    The first pass also keeps the model's own head logits (and the readout ``h`` a reduction reads) as scratch."""
     from ..frames.express import express
     from ..models.capture import capture
 
@@ -369,7 +366,7 @@ def _pair_chunk(lm, pairs, enc_k, plan, steps, info_k, keep, capture_kw, frame, 
 
 
 def _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, frame, need_h, pair_coords,
-            reduced, labels, stores=None) -> dict:
+            reduced, labels, stores) -> dict:
     """One pass's reductions on the stored per-pair arrays (opened lazily) and the earlier passes'
     reductions (``reduced``, updated in place); write the outputs among them into the run's group."""
     from ..frames import Frame, save_frame
