@@ -19,7 +19,7 @@ through ``reward_lens.measure.base.run``. Forward passes are counted by a pre-ho
 
 Output JSON keys: ``versions``, ``threads``, ``tokenizer`` (class, fallback flag, pad id/side),
 ``tokens`` (per pair: chosen and rejected ids), ``collate_pad_side``, ``loadavg`` (1-min, start and
-end), ``timings`` (name -> list of seconds), ``forwards`` (name -> forwards per run), ``scores`` (pair × 2), ``lens``
+end), ``timings`` (name -> list of wall seconds), ``cpu`` (name -> list of process CPU seconds), ``forwards`` (name -> forwards per run), ``scores`` (pair × 2), ``lens``
 (pair × (L+1), raw, layer −1 first), ``crystal_layer``, ``dla`` (pair × (1+2L): embed, attn_L0,
 mlp_L0, ...; raw, no final norm), ``dla_names``, ``patch_effect`` (pair × 2L), ``patch_names``.
 Exit status 2 when reward-lens silently fell back to its byte tokenizer (every number would differ).
@@ -54,14 +54,15 @@ def _load(args):
 def _timed(fn, counter, repeats, warmup=True):
     if warmup:
         fn()
-    times, fwd, out = [], [], None
+    times, cpu, fwd, out = [], [], [], None
     for _ in range(repeats):
         counter[0] = 0
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         out = fn()
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
         fwd.append(counter[0])
-    return out, times, fwd
+    return out, times, cpu, fwd
 
 
 def main(argv=None) -> int:
@@ -107,7 +108,7 @@ def main(argv=None) -> int:
                       "pad_token_id": getattr(tok, "pad_token_id", None), "runtime_pad_id": sig.runtime.pad_id},
         "tokens": [[sig.tokenize(c).input_ids, sig.tokenize(r).input_ids] for c, r in zip(chosen, rejected)],
         "collate_pad_side": sig.runtime.collate([sig.tokenize(chosen[0]), sig.tokenize(rejected[0])]).meta["pad_side"],
-        "timings": {}, "forwards": {}, "loadavg": [round(os.getloadavg()[0], 1)],
+        "timings": {}, "cpu": {}, "forwards": {}, "loadavg": [round(os.getloadavg()[0], 1)],
     }
     if fallback:
         json.dump(out, open(args.out, "w"))
@@ -134,8 +135,9 @@ def main(argv=None) -> int:
     for name, fn, slow in jobs:
         if name in skip:
             continue
-        res, times, fwd = _timed(fn, counter, args.slow_repeats if slow else args.repeats, warmup=not slow)
+        res, times, cpu, fwd = _timed(fn, counter, args.slow_repeats if slow else args.repeats, warmup=not slow)
         out["timings"][name], out["forwards"][name] = times, fwd
+        out["cpu"][name] = cpu
         if name == "score":
             out["scores"] = res.tolist()
         elif name == "dla":

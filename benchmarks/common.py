@@ -112,12 +112,21 @@ def _sync(lm):
 
 
 def _time(fn, repeats, lm):
+    out, times, _ = timed_cpu(fn, repeats, lm)
+    return out, times
+
+
+def timed_cpu(fn, repeats, lm):
+    """``(last output, wall seconds per run, process CPU seconds per run)`` of ``repeats`` runs after one
+    warm-up (CPU: ``time.process_time``, every thread of the process; the machine's load does not inflate it
+    as it inflates wall time)."""
     fn()                                   # warm-up
-    times, out = [], None
+    times, cpu, out = [], [], None
     for _ in range(repeats):
         _sync(lm)
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         out = fn()
         _sync(lm)
         times.append(time.perf_counter() - t0)
-    return out, times
+        cpu.append(time.process_time() - c0)
+    return out, times, cpu

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import peer_venv
-from common import _time, encode, forwards, make_obs, med, run_obs
+from common import _time, encode, forwards, make_obs, med, run_obs, timed_cpu
 
 HERE = Path(__file__).resolve().parent
 
@@ -21,10 +21,12 @@ PEER_JOBS = [("score both sides", "score", ["score"], None),
 
 def peer_rows(lm, pairs, fmt, repeats, batch_size, peer):
     """Time our observables on the same model and pairs; rows ``(name, ours s, fwd, peer s, fwd, note)``,
-    plus the Dataset and context of the combined run (score + crystallization + DLA + patch)."""
-    rows = []
+    plus the Dataset and context of the combined run (score + crystallization + DLA + patch), and the CPU
+    rows ``(name, our CPU s, its CPU s)`` (process time per run)."""
+    rows, cpu = [], []
     for label, key, inc, comps in PEER_JOBS:
-        (ds, ctx), t = _time(lambda: run_obs(lm, pairs, make_obs(inc, comps), batch_size, fmt), repeats, lm)
+        (ds, ctx), t, c = timed_cpu(lambda: run_obs(lm, pairs, make_obs(inc, comps), batch_size, fmt), repeats, lm)
+        cpu.append((label, c, (peer.get("cpu") or {}).get(key, [])))
         pt = peer["timings"].get(key, [])
         rows.append((label, t, forwards(ctx), pt, (peer["forwards"].get(key) or ["–"])[0],
                      f"peer: {len(pt)} run(s)" if len(pt) < repeats else ""))
@@ -34,7 +36,7 @@ def peer_rows(lm, pairs, fmt, repeats, batch_size, peer):
     pf = sum((peer["forwards"].get(j[1]) or [0])[0] for j in PEER_JOBS)
     rows.append(("**all four** (ours: one plan, one capture pass; its: sum of the four medians)", t, forwards(ctx4),
                  pt, pf, "target ≥ 3×"))
-    return rows, ds4, ctx4
+    return rows, ds4, ctx4, cpu
 
 
 def cross_check(lm, ds, ctx, peer) -> list:
@@ -111,10 +113,10 @@ def compare(args, lm, pairs, peer: dict, label: str, fmt: str) -> dict:
            "n pairs": len(enc.pair_ids), "tokens per side (min–max)":
            f"{min(len(s) for s in enc.chosen + enc.rejected)}–{max(len(s) for s in enc.chosen + enc.rejected)}"}
     load0 = os.getloadavg()[0]
-    rows, ds4, ctx4 = peer_rows(lm, pairs, fmt, args.repeats, args.batch_size, peer)
+    rows, ds4, ctx4, cpu = peer_rows(lm, pairs, fmt, args.repeats, args.batch_size, peer)
     tok["1-min load average (ours: start/end; reward-lens: start/end)"] = (
         f"{load0:.1f}/{os.getloadavg()[0]:.1f}; " + "/".join(str(x) for x in peer.get("loadavg", ["?", "?"])))
     if label.startswith("SmolLM2"):
         rows[3] = rows[3][:5] + ("; ".join(filter(None, [rows[3][5], "target ≥ 20×"])),)
-    return {"label": label, "tokens": tok, "rows": rows, "peer": peer,
+    return {"label": label, "tokens": tok, "rows": rows, "cpu": cpu, "peer": peer,
             "check": cross_check(lm, ds4, ctx4, peer)}

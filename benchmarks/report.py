@@ -55,6 +55,19 @@ def fmt_row(name, o_t, o_f, p_t, p_f, note=""):
     return f"| {name} | {_span(o_t)} | {o_f} | {_span(p_t)} | {p_f} | **{ratio:.1f}×** | {note} |"
 
 
+def cpu_table(rows) -> list[str]:
+    """Process CPU seconds per run (``time.process_time``: all threads; what a loaded machine does not inflate)
+    of each single instrument, ours and the peer's, from the same runs as the wall-time table."""
+    rows = [r for r in rows if r[1] and r[2]]
+    if not rows:
+        return []
+    L = ["", "CPU time per run (process time, all threads; median of the same timed runs):", "",
+         "| observable | ours (CPU s) | reward-lens (CPU s) | ours / its |", "|---|---|---|---|"]
+    for name, o, p in rows:
+        L.append(f"| {name} | {_span(o)} | {_span(p)} | **{med(o) / med(p):.2f}×** |")
+    return L
+
+
 def store_section(store_rows) -> list[str]:
     """§4: ``write_run`` / ``load`` (a group per variable) against one Dataset in one group, same run."""
     L = ["", "## 4. Store throughput (`write_run` / `open_store(...).load(..., lazy=False)`)", "",
@@ -99,6 +112,7 @@ def render(args, facts, cap_rows, comps, scaling, store_rows, frames, notes, wal
               "|---|---|---|---|---|---|---|"]
         for r in c["rows"]:
             L.append(fmt_row(*r))
+        L += cpu_table(c.get("cpu") or [])
         L += ["", "Numeric cross-check (same run):", "", "| check | value | expected |", "|---|---|---|"]
         for k, v, e in c["check"]:
             L.append(f"| {k} | {v} | {e} |")

@@ -79,11 +79,12 @@ class RunHandle:
     observable: str
     reused: bool
     _results: object = field(default=None, repr=False)
+    _handle: object = field(default=None, repr=False)     # the run's store handle (store.store_handle)
 
     @property
     def store(self):
         from .store import open_store
-        return open_store(self.store_url)
+        return open_store(self._handle if self._handle is not None else self.store_url)
 
     @property
     def results(self):
@@ -127,4 +128,4 @@ def run(overrides=None, *, config_dir: str | os.PathLike | None = None, progress
     if getattr(out, "status", "complete") != "complete":
         raise SpecError("store.shards", f"this call stored shard {cfg.store.shard} of {cfg.store.shards}; the run "
                         "is listed when every shard is done.", fix="run the other shards, or drop store.shards.")
-    return RunHandle(out.run_id, out.store_url, cfg.observable.name, bool(out.reused))
+    return RunHandle(out.run_id, out.store_url, cfg.observable.name, bool(out.reused), _handle=out.store)

@@ -17,6 +17,18 @@ class RunContext:
     info: object           # PlanInfo
     memo: dict = field(default_factory=dict)
     counts: dict = field(default_factory=dict)
+    stores: object = None  # store.stored_inputs.StoredInputs: stored inputs (``store:<url>#…``) read through it
+
+    def stored(self, ref: str, *, lazy: bool, where: str):
+        """The stored variable ``ref`` (``store:<url>#<run_id>/<observable>/<variable>``) as a DataArray, read
+        through the stores the executor opened for this run (operators never open a store). Raises
+        ``SpecError`` naming ``where`` when no executor gave this context its stores or ``ref`` is malformed,
+        ``StoreError`` / ``KeyError`` for what is not stored."""
+        if self.stores is None:
+            from .errors import SpecError
+            raise SpecError(where, f"reads the stored variable '{ref}', but this context has no stores.",
+                            fix="run the observable through the executor (reward-lens-spec or reward_lens_spec.run).")
+        return self.stores.variable(ref, lazy=lazy, where=where)
 
     def pair_coords(self, idx=None) -> dict:
         """``pair`` (ids) plus non-index coords ``dimension``, ``prompt_id`` (sha256[:12] of the prompt) and

@@ -52,10 +52,11 @@ def express(ds, frame: Frame | None, model: str):
     return Result(out, ds.attrs) if isinstance(ds, Result) else xr.Dataset(out, attrs=ds.attrs)
 
 
-def native_direction(arr: xr.DataArray, store_url: str, model: str, where: str) -> xr.DataArray:
+def native_direction(arr: xr.DataArray, store, model: str, where: str) -> xr.DataArray:
     """A stored direction (``d_model`` last) brought into ``model``'s native basis for projection.
 
-    Its gauge must be ``model``'s native frame, or a whitened/shared frame stored in ``store_url``
+    Its gauge must be ``model``'s native frame, or a whitened/shared frame stored in ``store`` (a store URL or
+    handle, ``store.store_handle``)
     and fitted for ``model`` (mapped back by ``Frame.direction_from_frame``). Raises
     ``GaugeError`` naming the variable otherwise (another model's basis, or no gauge label).
     """
@@ -63,7 +64,7 @@ def native_direction(arr: xr.DataArray, store_url: str, model: str, where: str) 
     if g == native:
         return arr
     if g.startswith(("frame:whitened:", "frame:shared:")) and arr.attrs.get("units") == "direction":
-        frame = load_frame(store_url, g.rsplit(":", 1)[1])
+        frame = load_frame(store, g.rsplit(":", 1)[1])
         if model in frame.models:
             return frame.direction_from_frame(arr.transpose(..., "d_model"), model)
     raise GaugeError(f"{where}: stored variable '{name}' is in {g}, not in model '{model}''s basis ({native}) nor in a "

@@ -72,26 +72,28 @@ def frame_from_dataset(ds: xr.Dataset, provenance: dict | None = None) -> Frame:
     return frame
 
 
-def save_frame(frame: Frame, url: str, *, storage_options: dict | None = None) -> bool:
-    """Store ``frame`` with its provenance; True if written, False if that id was already stored."""
+def save_frame(frame: Frame, store, *, storage_options: dict | None = None) -> bool:
+    """Store ``frame`` with its provenance in ``store`` (a store URL or handle, ``store.store_handle``); True if
+    written, False if that id was already stored."""
     from ..store import write_run
 
     attrs = {**frame.provenance, "frame_id": frame.id, "kind": frame.kind, "model": "+".join(frame.models),
              "observable": OBSERVABLE, "gauge": {v: frame.gauge for v in ("mean", "basis", "eigval", "iso")}}
-    return write_run(url, frame_run_id(frame.id), {OBSERVABLE: frame_to_dataset(frame)}, attrs,
+    return write_run(store, frame_run_id(frame.id), {OBSERVABLE: frame_to_dataset(frame)}, attrs,
                      storage_options=storage_options)
 
 
-def load_frame(url: str, frame_id: str, *, storage_options: dict | None = None) -> Frame:
-    """Load the frame ``frame_id`` (full sha256, or a unique prefix of ≥ 8 hex digits) from ``url``."""
+def load_frame(store, frame_id: str, *, storage_options: dict | None = None) -> Frame:
+    """Load the frame ``frame_id`` (full sha256, or a unique prefix of ≥ 8 hex digits) from ``store`` (a store URL
+    or handle, ``store.store_handle``)."""
     from ..store import open_store
 
-    st = open_store(url, storage_options=storage_options)
+    st = open_store(store, storage_options=storage_options)
     run_id = frame_run_id(frame_id)
     if len(frame_id) < 64:
         hits = [r for r in st.runs()["run_id"] if str(r).startswith(run_id)] if len(frame_id) >= 8 else []
         if len(hits) != 1:
-            raise StoreError(f"frame id prefix {frame_id!r} matches {len(hits)} stored frames in {url}. "
+            raise StoreError(f"frame id prefix {frame_id!r} matches {len(hits)} stored frames in {st.url}. "
                              "Fix: give the full id (Frame.id) or at least 8 unique hex digits.")
         run_id = hits[0]
     ds = st.load(run_id, OBSERVABLE, lazy=False)     # StoreError naming the run if absent

@@ -75,26 +75,26 @@ def fit_key(kind: str, models: list[tuple[str, str, dict]], reference_checksum: 
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _find(store_url: str, key: str, so: dict) -> Frame | None:
+def _find(store, key: str) -> Frame | None:
     from ..store import open_store
     try:
-        st = open_store(store_url, storage_options=so)
+        st = open_store(store)
         runs = st.runs(observable="frame")
     except StoreError:
         return None                                  # no store yet: nothing to reuse
     for run_id in runs["run_id"]:
         if st.provenance(run_id).get("fit_key") == key:
-            return load_frame(store_url, str(run_id)[len("frame-"):], storage_options=so)
+            return load_frame(store, str(run_id)[len("frame-"):])
     return None
 
 
-def _load_by_id(store_url: str, fid: str, so: dict) -> Frame:
+def _load_by_id(store, fid: str) -> Frame:
     fid = fid[len("frame-"):] if fid.startswith("frame-") else fid
     if len(fid) < 8 or any(c not in "0123456789abcdef" for c in fid):
         raise SpecError("frame.id", f"'{fid}' is not a frame id: give at least 8 hex digits of one.",
                         fix="list stored frames with `reward-lens-spec store ls url=...` (runs named frame-<id>).")
     try:
-        return load_frame(store_url, fid, storage_options=so)
+        return load_frame(store, fid)
     except StoreError as exc:
         raise SpecError("frame.id", str(exc), fix="name a frame stored in this run's store.url.") from None
 
@@ -112,15 +112,15 @@ def _check_covers(frame: Frame, model: str, fingerprint: str, kind: str) -> Fram
     return frame
 
 
-def resolve_frame(run, lm, store_url: str, base_dir: str | None = None) -> Frame | None:
-    """The run's frame (``None`` for native); fits, stores and reuses as the module doc says."""
+def resolve_frame(run, lm, store, base_dir: str | None = None) -> Frame | None:
+    """The run's frame (``None`` for native); fits, stores and reuses as the module doc says, in ``store`` (the
+    run's store handle, ``store.store_handle``)."""
     f, kind = run.frame, run.frame.name.value
     if kind == "native":
         return None
-    so = dict(run.store.storage_options)
     name, fingerprint = run.model.name, body_fingerprint(lm)
     if f.id:
-        return _check_covers(_load_by_id(store_url, f.id, so), name, fingerprint, kind)
+        return _check_covers(_load_by_id(store, f.id), name, fingerprint, kind)
     ref_name, ref_pairs = _reference_pairs(run, base_dir)
     models = [(name, fingerprint, numerics(run.model))]
     partner = None
@@ -129,7 +129,7 @@ def resolve_frame(run, lm, store_url: str, base_dir: str | None = None) -> Frame
         partner = load_lm(pspec, base_dir)
         models.append((pspec.name, body_fingerprint(partner), numerics(pspec)))
     key = fit_key(kind, models, ref_pairs.checksum, f.reference_limit, f.shrinkage)
-    found = _find(store_url, key, so)
+    found = _find(store, key)
     if found is not None:
         return _check_covers(found, name, fingerprint, kind)
     prov = {"fit_key": key, "fingerprints": {m[0]: m[1] for m in models},
@@ -153,5 +153,5 @@ def resolve_frame(run, lm, store_url: str, base_dir: str | None = None) -> Frame
             warnings.warn(f"shared frame {frame.id[:12]}: {2 * len(ids)} reference activations for d_model "
                           f"{frame.d}: the alignment is fixed only on the data's span, and `compare` will refuse "
                           f"its directions. Raise frame.reference_limit above {frame.d // 2}.", stacklevel=2)
-    save_frame(frame, store_url, storage_options=so)
+    save_frame(frame, store)
     return frame

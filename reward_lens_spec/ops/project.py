@@ -76,12 +76,11 @@ class Project(Operator):
         head, d = ctx.lm.head, self.p.direction
         if not d.startswith("store:"):
             return head_rows(head, d)
-        url, _, ref = d.split(":", 1)[1].partition("#")
-        run_id, obs, var = ref.split("/")
         from ..frames.express import native_direction
-        from ..store import open_store
-        stored = open_store(url).load(run_id, obs, lazy=False)[var]
-        stored = native_direction(stored, url, ctx.info.model_name, "observable.steps.direction")
+        where = "observable.steps.direction"
+        stored = ctx.stored(d, lazy=False, where=where)
+        url, var = d.removeprefix("store:").partition("#")[0], d.rpartition("/")[2]
+        stored = native_direction(stored, ctx.stores.handle(url), ctx.info.model_name, where)
         vec = np.asarray(stored.values, np.float64).reshape(1, -1)
         if vec.shape[1] != head.W.shape[1]:
             raise SpecError("observable.steps.direction", f"stored vector has {vec.shape[1]} entries, model d_model "

@@ -149,22 +149,20 @@ def sae_key(p) -> tuple:
     return tuple(getattr(p, f) for f in SAE_FIELDS)
 
 
-def _stored_sae(p: SaeAttributionParams):
-    """Train on a stored capture variable, streamed ``p.chunk`` pairs at a time, once per process and
-    params: ``(sae, stats, the variable's gauge)``."""
+def _stored_sae(p: SaeAttributionParams, ctx):
+    """Train on a stored capture variable (read through the run's stores, ``RunContext.stored``), streamed
+    ``p.chunk`` pairs at a time, once per process and params: ``(sae, stats, the variable's gauge)``."""
     key = sae_key(p)
     if key not in _STORED:
         while len(_STORED) >= 4:
             _STORED.pop(next(iter(_STORED)))
-        _STORED[key] = _train_stored(p)
+        _STORED[key] = _train_stored(p, ctx)
     return _STORED[key]
 
 
-def _train_stored(p):
-    from ..store import open_store
-    url, _, ref = p.train_on.split(":", 1)[1].partition("#")
-    run_id, obs, var = ref.split("/")
-    da = open_store(url).load(run_id, obs, lazy=True)[var]
+def _train_stored(p, ctx):
+    da = ctx.stored(p.train_on, lazy=True, where="observable.steps.train_on")
+    var = da.name
     if "layer" in da.dims:
         if p.layer not in list(da["layer"].values):
             raise SpecError("observable.steps.layer", f"stored '{var}' has layers {list(da['layer'].values)}, "
@@ -237,7 +235,7 @@ class SaeAttribution(Operator):
                 ctx.memo[key] = train_sae(rows_of(X, p.chunk), X.shape[-1], p.d_sae, p.k, epochs=p.epochs,
                                           lr=p.lr, batch=p.batch, seed=p.seed)
             else:
-                sae, stats, gauge = _stored_sae(p)
+                sae, stats, gauge = _stored_sae(p, ctx)
                 if gauge not in (None, ctx.info.native_frame):
                     raise SpecError("observable.steps.train_on", f"the stored activations are in '{gauge}', this "
                                     f"run's model reads '{ctx.info.native_frame}'.",

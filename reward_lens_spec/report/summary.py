@@ -36,10 +36,15 @@ def _restricted(outcome, prov: dict):
         return None
     ds = outcome.result
     if ds is None:
-        ds = open_store(outcome.store_url).load(outcome.run_id, prov.get("observable"))
+        ds = open_store(_store(outcome)).load(outcome.run_id, prov.get("observable"))
     if hasattr(ds, "to_dataset"):
         ds = ds.to_dataset()
     return restricted_outputs(ds, limit)
+
+
+def _store(outcome):
+    """The run's store handle (``Outcome.store``), else its URL."""
+    return getattr(outcome, "store", None) or outcome.store_url
 
 
 def print_summary(outcome) -> None:
@@ -53,7 +58,7 @@ def print_summary(outcome) -> None:
     if getattr(outcome, "status", "complete") != "complete":
         lines.append(shard_line(outcome))
     else:
-        prov = open_store(outcome.store_url).provenance(outcome.run_id)
+        prov = open_store(_store(outcome)).provenance(outcome.run_id)
         lines += table_lines(prov.get("summary"))
         lines += [f"store: {outcome.store_url}", run_line(outcome.run_id, prov, outcome.reused,
                                                           _restricted(outcome, prov)),

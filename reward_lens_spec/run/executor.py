@@ -25,6 +25,7 @@ from ..models.fingerprint_cache import load_tokenizer_only, remember, remembered
 from ..report.summary import summary_of
 from .seal import seal_run
 from ..spec import StoreSpec
+from ..store._backend import store_handle
 
 if TYPE_CHECKING:                     # the executor's heavy imports (torch, transformers) come after the reuse check
     from ..result import Result
@@ -44,6 +45,7 @@ class Outcome:
     chunks: int = 0                  # "shard_done": chunks in the run
     pairs_line: str | None = None    # the pairs line, when ``execute(defer_lines=True)`` left it to the summary
     provenance: dict | None = None   # a run reused from bytes: its stored provenance, trust derived (run.reuse)
+    store: object = None             # the run's store handle (``store.store_handle``): readers after the run reuse it
 
 
 RESULT_IN_MEMORY = 256 * 2**20   # bytes: a larger stored result is handed back lazily, never loaded whole
@@ -80,7 +82,7 @@ def compute(lm, pairs, plan, info, *, fmt="plain", template="User: {prompt}\nAss
     outputs, the last chunk's RunContext (capture, counts of the whole run), EncodedPairs)``.
     Raises ``SpecError`` when no pair is left after exclusions, and the operators' errors.
     """
-    from ..store import Backend, open_store
+    from ..store import open_store
     from ..store.writer import check_layout
     from .identity import declared_fields
     from .stream import stream
@@ -89,7 +91,7 @@ def compute(lm, pairs, plan, info, *, fmt="plain", template="User: {prompt}\nAss
     if not enc.pair_ids:
         raise SpecError("dataset", "no pair is left to score after exclusions.", fix="check dataset.limit and filters.")
     url = f"memory://reward-lens-spec-compute-{uuid.uuid4().hex}"
-    b = Backend(url)
+    b = store_handle(url)
     check_layout(b, create=True)
     try:
         done = stream(b, "compute", lm, ops_view(pairs, declared_fields(plan)), enc, plan, info, frame=frame,
@@ -99,17 +101,17 @@ def compute(lm, pairs, plan, info, *, fmt="plain", template="User: {prompt}\nAss
                       run_attrs=lambda counts, chunks, stored, logits: {"observables": [plan.observable],
                                                                         "counts": counts, "chunks": chunks},
                       keep_context=True)
-        result = open_store(url).load("compute", plan.observable, lazy=False)
+        result = open_store(b).load("compute", plan.observable, lazy=False)
     finally:
         b.fs.rm(b.root, recursive=True)
     return result, done.context, enc
 
 
-def _reused_without_weights(run, plan, wkey, base_dir, store_url, so, study_hash, progress):
+def _reused_without_weights(run, plan, wkey, base_dir, store, study_hash, progress):
     """The run id when the store already holds this run complete, decided from the config, the pairs, the
     tokenizer and the fingerprint a previous load of the same checkpoint bytes remembered under ``wkey``
     (``models.fingerprint_cache``) — no weights loaded. ``None``: load and decide (no remembered
-    fingerprint, a frame to resolve, ``store.force``, or not in the store). Returns ``(run id or None, the
+    fingerprint, a frame to resolve, ``store.force``, or not in ``store``, the run's store handle). Returns ``(run id or None, the
     PairSet if it was read, else None)``."""
     from ..planning import frame_dependent
     from ..store import is_complete
@@ -128,20 +130,21 @@ def _reused_without_weights(run, plan, wkey, base_dir, store_url, so, study_hash
     parts = identity_parts(run, Inputs(pairs, None, enc), plan, fp, acc, study_hash=study_hash,
                            base_dir=base_dir)
     run_id = run_id_of(run.observable.name, parts)
-    if not is_complete(store_url, run_id, storage_options=so):
+    if not is_complete(store, run_id):
         return None, pairs
     if progress:
         print(summary_line(acc, len(enc.pair_ids)))
     return run_id, pairs
 
 
-def _reused_outcome(run_id, prov, store_url, progress, defer_lines) -> Outcome:
+def _reused_outcome(run_id, prov, store, progress, defer_lines) -> Outcome:
     """The outcome of a run ``run.reuse`` found: its pairs line from the counts the stored run records."""
     acc = {"excluded": prov.get("excluded") or {}, "pair_flags": prov.get("pair_flags") or {}}
     line = summary_line(acc, (prov.get("effective_n") or {}).get("n_scored")) if progress else None
     if line and not defer_lines:
         print(line)
-    return Outcome(run_id, store_url, True, None, None, pairs_line=line if defer_lines else None, provenance=prov)
+    return Outcome(run_id, store.url, True, None, None, pairs_line=line if defer_lines else None, provenance=prov,
+                   store=store)
 
 
 def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress: bool = True,
@@ -152,22 +155,22 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     ``Outcome.pairs_line`` instead, for ``report.summary.print_summary`` to print in one block with the rest
     (a multirun's jobs share one console)."""
     t0 = time.perf_counter()
-    so = dict(run.store.storage_options)
+    store = store_handle(store_url, dict(run.store.storage_options))   # the run's one store handle, handed down
     study = None
     if run.experiment:                                        # (trust.studies imports xarray: only for a study)
         from ..trust.studies import check_run
-        study = check_run(run, store_url, storage_options=so)     # edited study: refused
+        study = check_run(run, store)                         # edited study: refused
     shash = study["study_hash"] if study else None
     key = reuse_key(run, resolved_yaml, base_dir, shash)
-    found = reused_run(run, key, resolved_yaml, base_dir, store_url, so)
+    found = reused_run(run, key, resolved_yaml, base_dir, store)
     if found is not None:                                     # decided from bytes: no torch, no tokenizer
-        return _reused_outcome(*found, store_url, progress, defer_lines)
+        return _reused_outcome(*found, store, progress, defer_lines)
 
     from ..frames.resolve import resolve_frame
     from ..identity import git_sha, spec_hash, versions
     from ..models.fingerprint import model_fingerprint
     from ..planning import frame_dependent, plan_for
-    from ..store import Backend, is_complete, open_store
+    from ..store import is_complete, open_store
     from ..store.writer import check_layout
     from .identity import declared_fields, identity_parts, run_id_of
     from .stream import stream
@@ -175,11 +178,11 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     plan, info = plan_for(run, base_dir)                      # every spec error before any model loads
     set_threads(run.model.threads)
     wkey = weights_key(run.model, base_dir)
-    found, pairs = _reused_without_weights(run, plan, wkey, base_dir, store_url, so, shash,
+    found, pairs = _reused_without_weights(run, plan, wkey, base_dir, store, shash,
                                            progress and not defer_lines)
     if found is not None:
         remember_run(key, found)
-        return Outcome(found, store_url, True, None, plan)
+        return Outcome(found, store_url, True, None, plan, store=store)
     inp = load_inputs(run, base_dir, pairs=pairs)               # the pairs already read are not read again
     lm, enc, m = inp.lm, inp.enc, run.model
     fp = model_fingerprint(lm.model, lm.tokenizer)
@@ -191,15 +194,14 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
         print(line)
     deferred = line if progress and defer_lines else None
     # fitted once, stored, reused; skipped when no output is a vector the frame would re-express
-    frame = resolve_frame(run, lm, store_url, base_dir) if frame_dependent(plan) else None
+    frame = resolve_frame(run, lm, store, base_dir) if frame_dependent(plan) else None
     parts = identity_parts(run, inp, plan, fp, acc, study_hash=shash,
                            frame_id=frame.id if frame is not None else None, base_dir=base_dir)
     run_id = run_id_of(run.observable.name, parts)
-    if not run.store.force and is_complete(store_url, run_id, storage_options=so):
+    if not run.store.force and is_complete(store, run_id):
         remember_run(key, run_id)
-        return Outcome(run_id, store_url, True, None, plan, pairs_line=deferred)
-    b = Backend(store_url, so)
-    check_layout(b, create=True)
+        return Outcome(run_id, store_url, True, None, plan, pairs_line=deferred, store=store)
+    check_layout(store, create=True)
     pairs = inp.pairs
 
     def run_attrs(counts, chunks, result, logits):     # result: the stored outputs, opened lazily
@@ -226,19 +228,19 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
             "run_id": run_id, "created": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
             **({"data_shape": parts["data_shape"]} if parts.get("data_shape") else {}),   # a TRL shape (data.readers)
         }
-        return seal_run(run_id, attrs, result, run, store_url, logits=logits, pair_ids=enc.pair_ids, lm=lm,
-                        storage_options=so)                   # identities, seal, derived trust cache
+        return seal_run(run_id, attrs, result, run.observable, run.experiment, store, logits=logits,
+                        pair_ids=enc.pair_ids, lm=lm)         # identities, seal, derived trust cache
 
-    done = stream(b, run_id, lm, ops_view(pairs, declared_fields(plan)), enc, plan, info, frame=frame,
+    done = stream(store, run_id, lm, ops_view(pairs, declared_fields(plan)), enc, plan, info, frame=frame,
                   store_spec=run.store, run_attrs=run_attrs, progress=progress and not defer_lines,
                   capture_kw=dict(batch_size=inp.batch_size, max_tokens=m.max_tokens, padding_side=m.padding_side.value,
                                   progress=False))
     sh = (run.store.shard, run.store.shards)
     if done.status != "complete":
         return Outcome(run_id, store_url, False, None, plan, status=done.status, shard=sh, missing=done.missing,
-                       chunks=done.chunks, pairs_line=deferred)
+                       chunks=done.chunks, pairs_line=deferred, store=store)
     remember_run(key, run_id)
-    result = open_store(store_url, storage_options=so).load(run_id, run.observable.name)
+    result = open_store(store).load(run_id, run.observable.name)
     if result.nbytes <= RESULT_IN_MEMORY:
         result = result.load()
-    return Outcome(run_id, store_url, False, result, plan, shard=sh, pairs_line=deferred)
+    return Outcome(run_id, store_url, False, result, plan, shard=sh, pairs_line=deferred, store=store)

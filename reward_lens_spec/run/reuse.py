@@ -130,10 +130,9 @@ def same_inputs(run, prov: dict, base_dir: str | None) -> bool:
     return json.dumps(prov.get("checkpoint"), sort_keys=True) == json.dumps(now, sort_keys=True)
 
 
-def reused_run(run, key: str | None, resolved_yaml: str, base_dir: str | None, store_url: str,
-               storage_options: dict) -> tuple[str, dict] | None:
+def reused_run(run, key: str | None, resolved_yaml: str, base_dir: str | None, store) -> tuple[str, dict] | None:
     """``(run id, its stored provenance)`` remembered under ``key`` when the store holds it complete with this
-    resolved config, the data and checkpoint digests of the files there now (``same_inputs``) and the
+    resolved config (``store``: the run's store handle, ``store.store_handle``), the data and checkpoint digests of the files there now (``same_inputs``) and the
     fingerprint remembered for these weights; else ``None`` (decide by loading).
     The provenance is read from the store's JSON documents (``store.run_doc``: no xarray), or through the
     reader where those do not suffice."""
@@ -143,13 +142,13 @@ def reused_run(run, key: str | None, resolved_yaml: str, base_dir: str | None, s
     run_id = doc.get("run_id") if doc is not None else None
     if not isinstance(run_id, str):
         return None
-    prov = complete_provenance(store_url, run_id, storage_options=storage_options)
+    prov = complete_provenance(store, run_id)
     if prov is None:
         from ..store import is_complete, open_store
         try:
-            if not is_complete(store_url, run_id, storage_options=storage_options):
+            if not is_complete(store, run_id):
                 return None
-            prov = open_store(store_url, storage_options=storage_options).provenance(run_id)
+            prov = open_store(store).provenance(run_id)
         except Exception:                               # unreadable: decide by loading
             return None
     fp = remembered(weights_key(run.model, base_dir))

@@ -25,12 +25,13 @@ from ..store.digest import KEY, result_digests
 __all__ = ["LEVELS", "seal_run", "derive_pending"]
 
 
-def derive_pending(run_id: str, attrs: dict, store_url: str, *, storage_options=None) -> dict:
-    """The verdict ``attrs`` would get on read if written now as ``run_id`` (reads the store only)."""
+def derive_pending(run_id: str, attrs: dict, store) -> dict:
+    """The verdict ``attrs`` would get on read if written now as ``run_id`` (reads the store only; ``store``:
+    the run's store handle, ``store.store_handle``)."""
     from ..store import open_store
 
     try:
-        st = open_store(store_url, storage_options=storage_options)
+        st = open_store(store)
         docs, log = st.documents(), st.log()
     except StoreError:          # no store yet: no cards, no studies, an empty log
         docs, log = {}, None
@@ -39,14 +40,15 @@ def derive_pending(run_id: str, attrs: dict, store_url: str, *, storage_options=
     return Evidence(docs, log, pending=run_id).derive(run_id)
 
 
-def seal_run(run_id: str, attrs: dict, result, run, store_url: str, *, logits, pair_ids, lm,
-             storage_options=None) -> dict:
+def seal_run(run_id: str, attrs: dict, result, observable, experiment, store, *, logits, pair_ids, lm) -> dict:
     """``attrs`` of a computed result, completed for the evidence chain, sealed, with the trust cache.
 
     Adds ``observable_spec_hash``, the hash of the study it executed (frozen or not) and the
     run's ``identities`` (checked against the model's own head output ``logits``, pair × side ×
     output in reward units, for ``pair_ids`` in order), seals, then caches the derived level as
     ``trust`` and ``trust_by_variable`` — also as each output variable's ``trust`` attr in ``result``.
+    ``observable``: the run's ``ObservableSpec``; ``experiment``: its study (``run.experiment``; empty for none);
+    ``store``: the run's store handle (``store.store_handle``), read for the evidence the verdict derives from.
 
     ``result`` is the run's stored outputs (opened from the store): the identities are checked on the
     stored arrays, and the digest of every stored array (``store.digest``: data block by block on its
@@ -55,8 +57,8 @@ def seal_run(run_id: str, attrs: dict, result, run, store_url: str, *, logits, p
     """
     from ..trust.identities import check_identities
     from ..identity import observable_hash
-    attrs = {**attrs, KEY: {run.observable.name: result_digests(result)},
-             "observable_spec_hash": observable_hash(run.observable),
+    attrs = {**attrs, KEY: {observable.name: result_digests(result)},
+             "observable_spec_hash": observable_hash(observable),
              "identities": check_identities(result, logits, pair_ids,
                                             n_layers=lm.n_layers, objectives=lm.head.objectives,
                                             dtype=str(lm.dtype), signal=getattr(lm, "signal", None))}
@@ -64,12 +66,12 @@ def seal_run(run_id: str, attrs: dict, result, run, store_url: str, *, logits, p
     sae = sae_record(result)
     if sae is not None:                 # an SAE's fit to this model, under the seal (trust.sae_gate)
         attrs["sae"] = sae
-    if run.experiment and not attrs.get("study_hash"):     # executed a study never frozen: say which
+    if experiment and not attrs.get("study_hash"):         # executed a study never frozen: say which
         from ..trust.study_doc import load_study, study_hash
-        attrs["study_hash"] = study_hash(load_study(dict(run.experiment)))
+        attrs["study_hash"] = study_hash(load_study(dict(experiment)))
     attrs.pop("trust", None)
     sealed = seal(attrs)
-    verdict = derive_pending(run_id, sealed, store_url, storage_options=storage_options)
+    verdict = derive_pending(run_id, sealed, store)
     for v in result.data_vars:
         result[v].attrs["trust"] = verdict["trust_by_variable"].get(v, verdict["trust"])
     return {**sealed, "trust": verdict["trust"], "trust_by_variable": verdict["trust_by_variable"]}

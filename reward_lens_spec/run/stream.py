@@ -48,6 +48,7 @@ from ..result import Result
 from ..store.attempts import PREFIX, Attempt, list_attempts
 from ..store.digest import KEY as DIGESTS, result_digests, values_digest
 from ..store.groups import open_variable, open_variables, write_variables
+from ..store.stored_inputs import StoredInputs
 from ..store.writer import check_storable, discard_unstarted, observable_attrs, with_digests
 from .stream_arrays import ensure_skeleton, label_group, labels_once, pad_widths, write_region
 
@@ -177,9 +178,9 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     need_h = any(s.op.reads_capture for s in plan.steps if st[s.name] == "reduce")
     full_coords = RunContext(lm=lm, pairs=pairs, encoded=enc, capture=None, info=info).pair_coords()
     labels = labels_once(att)
-    shared = dict(labels=labels, b=b, lm=lm, pairs=pairs, enc=enc, plan=plan, info=info, st=st, ps=ps,
-                  slices=slices, keep=keep, capture_kw=capture_kw, frame=frame, need_h=need_h, full_coords=full_coords,
-                  groups=(out_g, scr_g), size=store_spec.chunk_pairs, keep_context=keep_context,
+    shared = dict(labels=labels, b=b, stores=StoredInputs(b), lm=lm, pairs=pairs, enc=enc, plan=plan, info=info,
+                  st=st, ps=ps, slices=slices, keep=keep, capture_kw=capture_kw, frame=frame, need_h=need_h,
+                  full_coords=full_coords, groups=(out_g, scr_g), size=store_spec.chunk_pairs, keep_context=keep_context,
                   pads={name: {d: widths[d] for d in dims} for name, dims in data_dims(plan).items()})
     done = att.chunks_done()
     ours = [k for k in range(len(slices)) if k % store_spec.shards == store_spec.shard]
@@ -220,7 +221,7 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
                 _add(counts, (att.marker(f"pass{p}.chunk.{k}") or {}).get("counts") or {})
         _add(counts, _reduce(att, b, lm, pairs, enc, plan, info, st,
                              [s for s in plan.steps if st[s.name] == "reduce" and ps[s.name] == p],
-                             out_g, scr_g, frame, need_h, full_coords, reduced, labels))
+                             out_g, scr_g, frame, need_h, full_coords, reduced, labels, shared["stores"]))
     chunk_info = {"n": len(slices), "chunk_pairs": store_spec.chunk_pairs, "shards": store_spec.shards,
                   "by_writer": by_writer, **({"widths": widths} if widths else {})}
     zs = att.zarr_store()     # the outputs as stored: small ones read in one pass, bigger ones block by block
@@ -275,7 +276,7 @@ def _chunk_loop(att, role, p, ks, reduced, sh, progress) -> list:
                     given[i] = open_variable(att.zarr_store(), group, i, labels=sh["labels"](group)).isel(pair=sl).load()
         ds_out, ds_scr, counts, ctx = _pair_chunk(sh["lm"], sh["pairs"], subset(sh["enc"], sl), plan, steps,
                                                   replace(info, pairs=lim), sh["keep"], sh["capture_kw"], sh["frame"],
-                                                  sh["need_h"] and p == 0, given, sh["pads"], first=p == 0)
+                                                  sh["need_h"] and p == 0, given, sh["pads"], p == 0, sh["stores"])
         check_storable(Result({**ds_out, **ds_scr}), plan.observable, {s.name: s.op.name for s in plan.steps},
                        att.run_id)
         marker = "skeleton" if p == 0 else f"pass{p}.skeleton"
@@ -322,11 +323,11 @@ def _unverified(att, sh, p, marks: dict) -> set:
     return bad
 
 
-def _pair_chunk(lm, pairs, enc_k, plan, steps, info_k, keep, capture_kw, frame, need_h, given, pads, *, first):
+def _pair_chunk(lm, pairs, enc_k, plan, steps, info_k, keep, capture_kw, frame, need_h, given, pads, first, stores):
     """Capture pass + one pass's pair-stage ``steps`` on one chunk; returns (outputs, scratch, counts,
     context): two ``Result``s. ``given``: inputs computed before this pass. ``pads``: step -> {dim: the run's
-    size} for the steps with a data-dependent dim (kept rows padded to it). The first pass also keeps the
-    model's own head logits (and the readout ``h`` when a reduction reads it) as scratch."""
+    size} for the steps with a data-dependent dim (kept rows padded to it); ``stores``: ``RunContext.stores``.
+    The first pass also keeps the model's own head logits (and the readout ``h`` a reduction reads) as scratch."""
     from ..frames.express import express
     from ..models.capture import capture
 
@@ -335,7 +336,7 @@ def _pair_chunk(lm, pairs, enc_k, plan, steps, info_k, keep, capture_kw, frame, 
     sites = set().union(*(s.op.sites(info_k) for s in steps)) if steps else set()
     cap = capture(lm, enc_k, sites if not first else plan.sites,
                   keep_prefix=sorted(rows) if len(rows) <= KEEP_PREFIX_MAX else [], **capture_kw)
-    ctx = RunContext(lm=lm, pairs=pairs, encoded=enc_k, capture=cap, info=info_k)
+    ctx = RunContext(lm=lm, pairs=pairs, encoded=enc_k, capture=cap, info=info_k, stores=stores)
     ctx.add_counts("capture" if first else "recapture", cap.counts)
     coords = ctx.pair_coords()
     last = {}
@@ -365,7 +366,7 @@ def _pair_chunk(lm, pairs, enc_k, plan, steps, info_k, keep, capture_kw, frame, 
 
 
 def _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, frame, need_h, pair_coords,
-            reduced, labels) -> dict:
+            reduced, labels, stores) -> dict:
     """One pass's reductions on the stored per-pair arrays (opened lazily) and the earlier passes'
     reductions (``reduced``, updated in place); write the outputs among them into the run's group."""
     from ..frames import Frame, save_frame
@@ -380,7 +381,7 @@ def _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, 
               **dict(open_variables(zs, out_g, in_out, labels=labels(out_g)))}   # lazy (dask); coords in memory
     if need_h:
         stored[READOUT_H] = open_variable(zs, scr_g, READOUT_H, labels=labels(scr_g))
-    ctx = RunContext(lm=lm, pairs=pairs, encoded=enc, info=info,
+    ctx = RunContext(lm=lm, pairs=pairs, encoded=enc, info=info, stores=stores,
                      capture=_Readout(stored.get(READOUT_H) if need_h else None))
     values = {name: stored[name].assign_coords(pair_coords)       # pair labels as the chunks had them
               for name in pair_inputs}
@@ -396,5 +397,5 @@ def _reduce(att, b, lm, pairs, enc, plan, info, st, reduce_steps, out_g, scr_g, 
         att.fence("reduce")
         write_variables(att.zstore("reduce"), res, out_g, labels=False, mode="a")
     for made in [v for v in ctx.memo.values() if isinstance(v, Frame)]:   # operators' own frames: stored too
-        save_frame(made, b.url, storage_options=b.storage_options)
+        save_frame(made, b)
     return ctx.counts

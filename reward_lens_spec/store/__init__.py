@@ -18,10 +18,10 @@ first use, so reading the JSON documents alone (``state``, ``log``, ``run_doc``)
 from importlib import import_module
 
 _WHERE = {"decode_json_attrs": "_attrs", "LAYOUT_KEY": "_backend", "LAYOUT_VERSION": "_backend",
-          "Backend": "_backend", "COLUMNS": "reader", "Store": "reader", "open_store": "reader",
+          "Backend": "_backend", "store_handle": "_backend", "COLUMNS": "reader", "Store": "reader", "open_store": "reader",
           "is_complete": "writer", "migrate": "migration", "write_run": "writer"}
 __all__ = ["write_run", "is_complete", "open_store", "Store", "migrate", "decode_json_attrs",
-           "COLUMNS", "LAYOUT_KEY", "LAYOUT_VERSION", "Backend"]
+           "COLUMNS", "LAYOUT_KEY", "LAYOUT_VERSION", "Backend", "store_handle"]
 
 
 def __getattr__(name):

@@ -43,8 +43,28 @@ def group_doc(attributes: dict) -> bytes:
     return json.dumps(doc, indent=2, sort_keys=True).encode()
 
 
+def store_handle(store, storage_options: dict | None = None) -> "Backend":
+    """The one handle on a result store: ``store`` itself when it is one (a ``Backend``), else the store URL
+    ``store`` (a local path or an fsspec URL) opened with ``storage_options``.
+
+    Every store opening of the package goes through here (``tests/test_store_handle.py`` enumerates the call
+    sites): a run opens its store once, in ``run.executor``, and hands this object to every reader and writer
+    it calls (xarray's one store object handed down), so the URL's filesystem, credentials and zarr store are
+    built once and ``storage_options`` is never threaded by hand. Raises ``StoreError`` for an empty URL, a URL
+    whose filesystem cannot be built, or a handle given together with ``storage_options`` (the handle holds
+    its own: pass one or the other).
+    """
+    if isinstance(store, Backend):
+        if storage_options and dict(storage_options) != store.storage_options:
+            raise StoreError(f"store {store.url}: storage options given beside an open store handle, which has "
+                             "its own. Fix: pass the handle alone.")
+        return store
+    return Backend(store, storage_options)
+
+
 class Backend:
-    """One store URL resolved to a filesystem, a root path and a Zarr store.
+    """One store URL resolved to a filesystem, a root path and a Zarr store: the store handle
+    (``store_handle`` makes one; it is handed down, never re-made from its URL).
 
     Raises ``StoreError`` when the URL's filesystem cannot be built (unknown
     protocol, missing driver such as ``s3fs``).

@@ -19,7 +19,7 @@ import json
 import os
 
 from reward_lens_spec.errors import StoreError
-from reward_lens_spec.store._backend import DOC, INTERNAL, LAYOUT_KEY, LAYOUT_VERSION, RUNS, Backend
+from reward_lens_spec.store._backend import DOC, INTERNAL, LAYOUT_KEY, LAYOUT_VERSION, RUNS, Backend, store_handle
 from reward_lens_spec.store.attempts import ATTEMPTS, PREFIX
 from reward_lens_spec.store.keys import KEYS
 from reward_lens_spec.store.log import LOG
@@ -110,7 +110,7 @@ def migrate(url: str, *, storage_options: dict | None = None) -> int:
     """
     from reward_lens_spec.store.writer import check_layout
 
-    b = Backend(url, storage_options)
+    b = store_handle(url, storage_options)
     b.check_not_file()
     try:
         doc = b.read_json(DOC)

@@ -21,14 +21,11 @@ HIDDEN = (VARIABLES, STORED_AS, ATTEMPT, COORDS)     # the group's own bookkeepi
 def _dataset(zstore, group: str, lazy) -> xr.Dataset:
     """The group as ``xr.open_zarr(..., chunks=None)`` decodes it: every array read in one concurrent pass
     (``zarr_io.read_groups``) when ``lazy`` is False and the group is small, else lazily indexed."""
-    if lazy is False:
-        import zarr
+    if lazy is False:                 # one pass: the group's metadata, then its arrays when small enough
+        from reward_lens_spec.store.zarr_io import read_groups
 
-        g = zarr.open_group(store=zstore, path=group, mode="r", zarr_format=3, use_consolidated=False)
-        if sum(a.nbytes for _, a in g.arrays()) <= ONE_PASS_BYTES:
-            from reward_lens_spec.store.zarr_io import read_groups
-
-            ds = read_groups(zstore, group, ())[0]
+        ds = read_groups(zstore, group, (), root_max_bytes=ONE_PASS_BYTES)[0]
+        if ds is not None:
             return ds.set_coords([n for n in ds.data_vars if n in str(ds.attrs.get(COORDS, "")).split()])
     return xr.open_zarr(zstore, group=group, chunks=None, **ZARR_KW)
 

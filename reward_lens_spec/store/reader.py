@@ -34,7 +34,7 @@ import yaml
 from reward_lens_spec.errors import StoreError, did_you_mean
 from reward_lens_spec.result import Result
 from reward_lens_spec.store._attrs import encode_json_attrs
-from reward_lens_spec.store._backend import Backend
+from reward_lens_spec.store._backend import Backend, store_handle
 from reward_lens_spec.store.gc import GC_AGE_S, collect_run
 from reward_lens_spec.store.published import open_published
 from reward_lens_spec.store.writer import check_layout, check_name, data_group, run_state
@@ -60,9 +60,10 @@ def _pick(attrs: dict, keys: tuple[str, ...]):
     return None
 
 
-def open_store(url: str, *, storage_options: dict | None = None) -> "Store":
-    """Open an existing store read-side; raises StoreError (see ``check_layout``)."""
-    b = Backend(url, storage_options)
+def open_store(url, *, storage_options: dict | None = None) -> "Store":
+    """Open an existing store read-side: ``url`` a store URL (local path or fsspec URL, opened with
+    ``storage_options``) or an open store handle (``store_handle``); raises StoreError (see ``check_layout``)."""
+    b = store_handle(url, storage_options)
     check_layout(b)
     return Store(b)
 

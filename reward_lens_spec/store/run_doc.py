@@ -12,20 +12,20 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 from reward_lens_spec.errors import StoreError
-from reward_lens_spec.store._backend import DOC, LAYOUT_KEY, LAYOUT_VERSION, RUN_NAME, Backend
+from reward_lens_spec.store._backend import DOC, LAYOUT_KEY, LAYOUT_VERSION, RUN_NAME, store_handle
 from reward_lens_spec.store.state import run_state
 from reward_lens_spec.store.log import read_log
 from reward_lens_spec.trust.evidence import Evidence
 
 
-def complete_provenance(url: str, run_id: str, *, storage_options: dict | None = None) -> dict | None:
-    """``Store(url).provenance(run_id)`` when ``run_id`` is complete in a store of this package's layout and its
+def complete_provenance(url, run_id: str, *, storage_options: dict | None = None) -> dict | None:
+    """``Store(url).provenance(run_id)`` (``url``: a store URL or handle, ``store.store_handle``) when ``run_id`` is complete in a store of this package's layout and its
     trust needs no array read; else ``None`` (absent, incomplete, another layout, an adjudication record, or a
     store that cannot be read: the caller decides the slow way)."""
     if not isinstance(run_id, str) or not RUN_NAME.match(run_id):
         return None
     try:
-        b = Backend(url, storage_options)
+        b = store_handle(url, storage_options)
         root = b.read_json(DOC)
         if not isinstance(root, dict) or (root.get("attributes") or {}).get(LAYOUT_KEY) != LAYOUT_VERSION:
             return None

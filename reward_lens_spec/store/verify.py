@@ -19,7 +19,7 @@ import os
 from reward_lens_spec.errors import StoreError
 from reward_lens_spec.trust.evidence import NOT_RESULTS
 from reward_lens_spec.store.signing import ENV_KEY, generate, read_public
-from reward_lens_spec.store._backend import Backend
+from reward_lens_spec.store._backend import store_handle
 from reward_lens_spec.store.keys import add_key, set_require_signers, trusted_keys
 from reward_lens_spec.store.trust_root import ENV_TRUST, policy
 
@@ -83,7 +83,7 @@ def run_keys(cmd: str, kv: dict, storage_options=None) -> int:
               f"trust it: add the line `NAME STORE-PATTERN ed25519:{pub}` to the readers' lab trust file "
               f"({ENV_TRUST}); sign with it: export {ENV_KEY}={kv['out']}")
         return 0
-    b = Backend(kv["url"], storage_options)
+    b = store_handle(kv["url"], storage_options)
     check_layout(b)
     if kv.get("add"):
         pub = read_public(kv["add"])

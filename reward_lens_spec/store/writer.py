@@ -32,7 +32,7 @@ from reward_lens_spec.errors import StoreError
 from reward_lens_spec.result import Result
 from reward_lens_spec.store._attrs import attrs_problem, check_json_safe
 from reward_lens_spec.store._backend import (DOC, LAYOUT_KEY, LAYOUT_VERSION, RUN_NAME, RUNS, Backend,
-                                             group_doc)
+                                             group_doc, store_handle)
 from reward_lens_spec.store.attempts import ATTEMPTS, Attempt, list_attempts
 from reward_lens_spec.store.groups import write_variables, written_digests
 from reward_lens_spec.store.state import run_state  # noqa: F401  (defined in store.state; importable from here as before)
@@ -173,9 +173,10 @@ def observable_attrs(run_attrs: dict, ds) -> dict:
     return {**ds.attrs, **out}
 
 
-def write_run(url: str, run_id: str, results: dict, attrs: dict, *,
+def write_run(url, run_id: str, results: dict, attrs: dict, *,
               storage_options: dict | None = None, force: bool = False) -> bool:
-    """Write one run's observables and provenance; True if written, False if reused.
+    """Write one run's observables and provenance into the store ``url`` (a URL or an open handle,
+    ``store_handle``); True if written, False if reused.
 
     ``results`` maps observable name -> ``xarray.Dataset``; ``attrs`` is the
     run's JSON-safe provenance (config YAML, spec hash, fingerprints, ...).
@@ -202,7 +203,7 @@ def write_run(url: str, run_id: str, results: dict, attrs: dict, *,
         raise StoreError(f"run {run_id}: attrs key(s) {clash} are reserved by the store "
                          f"({', '.join(RESERVED)}). Fix: rename them.")
 
-    b = Backend(url, storage_options)
+    b = store_handle(url, storage_options)
     check_layout(b, create=True)
     for obs, ds in results.items():                # before the run folder exists: nothing left behind
         check_storable(Result.of(ds), obs, run_id=run_id)
@@ -227,7 +228,7 @@ def write_run(url: str, run_id: str, results: dict, attrs: dict, *,
                 digests[obs] = ((written_digests(res, chunks) if chunks is not None else None)
                                 or stored_digests(att.zarr_store(), obs))
             except Exception as e:
-                raise StoreError(f"store {url}: writing run {run_id} observable {obs} failed "
+                raise StoreError(f"store {b.url}: writing run {run_id} observable {obs} failed "
                                  f"({type(e).__name__}: {e}).") from e
         run_attrs = with_digests(run_attrs, digests)
         run_attrs["store_write_s"] = round(time.perf_counter() - t0, 3)
@@ -283,12 +284,13 @@ def _rmdir_empty(b: Backend, key: str) -> None:
         pass
 
 
-def is_complete(url: str, run_id: str, *, storage_options: dict | None = None) -> bool:
-    """True when ``runs/<run_id>`` exists and its run document says ``complete: true``.
+def is_complete(url, run_id: str, *, storage_options: dict | None = None) -> bool:
+    """True when ``runs/<run_id>`` exists in the store ``url`` (a URL or an open handle, ``store_handle``) and
+    its run document says ``complete: true``.
 
     A missing store or run gives False; an unreachable store raises StoreError.
     """
     check_name("run_id", run_id)
-    b = Backend(url, storage_options)
+    b = store_handle(url, storage_options)
     b.check_not_file()
     return run_state(b, run_id)[0] == "complete"

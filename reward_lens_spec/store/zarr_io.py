@@ -213,8 +213,8 @@ def _decoded(variables: dict, attrs: dict) -> xr.Dataset:
                                                  decode_times=True, concat_characters=True, decode_coords=True)
 
 
-def read_groups(zstore, group: str, children, *, shared=(), max_bytes: int | None = None
-                ) -> tuple[xr.Dataset, dict]:
+def read_groups(zstore, group: str, children, *, shared=(), max_bytes: int | None = None,
+                root_max_bytes: int | None = None) -> tuple[xr.Dataset | None, dict]:
     """``group`` and its child groups ``children``, each as ``xr.open_zarr(..., chunks=None)`` decodes it
     (the same variables, attrs and encoding; no default indexes built: a caller building DataArrays makes
     its own) with its data read now: every metadata document and array in one concurrent pass.
@@ -222,8 +222,9 @@ def read_groups(zstore, group: str, children, *, shared=(), max_bytes: int | Non
     ``shared``: names of arrays not read from a child when ``group`` holds one itself (the ``pair`` index
     of store layout 3: ``open_zarr(..., drop_variables=["pair"])``). ``max_bytes``: a
     child whose variable (the array named as the child) holds more is not read (None in the returned dict:
-    open it lazily instead). Returns ``(group's Dataset, {child: Dataset or None})``; ``KeyError`` for a child
-    that is not a group of arrays.
+    open it lazily instead). ``root_max_bytes``: when ``group``'s own arrays hold more together, nothing is read
+    and ``(None, {})`` comes back (open it lazily instead). Returns ``(group's Dataset, {child: Dataset or
+    None})``; ``KeyError`` for a child that is not a group of arrays.
     """
     import zarr.api.asynchronous as za
     from zarr.core.sync import sync
@@ -232,6 +233,8 @@ def read_groups(zstore, group: str, children, *, shared=(), max_bytes: int | Non
         root = await za.open_group(store=zstore, path=group, mode="r", zarr_format=3)
         nodes = {p: n async for p, n in root.members(max_depth=1 if children else 0)}
         picked = {"": {k: n for k, n in nodes.items() if "/" not in k and hasattr(n, "shape")}}
+        if root_max_bytes is not None and sum(n.nbytes for n in picked[""].values()) > root_max_bytes:
+            return None, None
         skip = set(shared) & set(picked[""])
         for c in children:
             if not hasattr(nodes.get(c), "members"):
@@ -252,5 +255,7 @@ def read_groups(zstore, group: str, children, *, shared=(), max_bytes: int | Non
         return got, attrs
 
     got, attrs = sync(go())
+    if got is None:
+        return None, {}
     out = {c: None if v is None else _decoded(v, attrs[c]) for c, v in got.items()}
     return out.pop(""), out

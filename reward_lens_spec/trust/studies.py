@@ -194,8 +194,9 @@ def check_design(run, study: dict) -> None:
     walk(study.get("design") or {}, run, "")
 
 
-def check_run(run, store_url: str, *, storage_options=None) -> dict | None:
-    """The frozen record this run executes, or None (no study, or a study never frozen).
+def check_run(run, store_url, *, storage_options=None) -> dict | None:
+    """The frozen record this run executes, or None (no study, or a study never frozen). ``store_url``: a store
+    URL or the run's store handle (``store.store_handle``).
 
     Raises ``SpecError`` when the run's study was frozen but its content has
     changed since (hash mismatch, no matching amendment), or when the run's
