@@ -51,8 +51,8 @@ def _parse_observable(path: str, mtime_ns: int, size: int) -> ObservableSpec:
         merged = OmegaConf.merge(OmegaConf.structured(ObservableSpec), raw)
     except Exception as exc:                   # unknown key / wrong type: name the file and the key
         key = str(getattr(exc, "key", "") or "")
-        from .spec import _keys_of
+        from .spec import keys_of
         raise SpecError(f"observable.{key}" if key else "observable",
                         f"{path}: {str(exc).splitlines()[0]}", value=key or None,
-                        options=_keys_of(ObservableSpec) if key else None) from None
+                        options=keys_of(ObservableSpec) if key else None) from None
     return OmegaConf.to_object(merged)

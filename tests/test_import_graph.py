@@ -9,6 +9,7 @@ a package re-exports). Cycles are the strongly connected components of more than
 from __future__ import annotations
 
 import ast
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "reward_lens_spec"
@@ -115,18 +116,21 @@ def test_the_package_has_no_import_cycle():
 
 # The layer contract (docs/internals.md, "Layers"). Bottom to top; a module may import modules of its own
 # layer and of the layers below it. An entry names a top-level module or folder (``"models"``) or one module
-# (``"trust.scorecard"``); the longest entry that names a module places it. An import from a lower layer to a
+# (``"trust.scorecard"``), ``*`` standing for one name (``"kinds.*.organism"``); the longest entry that names a module
+# places it. An import from a lower layer to a
 # higher one is an upward import: at most ``MAX_UPWARD`` of them, each listed in ``UPWARD`` with its reason.
 LAYERS = (
     ("floor", ("errors", "paths", "spec_kinds", "signed_cache", "result", "stats", "data", "context")),
     ("config", ("spec", "config_safety", "observables")),
-    ("models", ("models",)),
+    ("models", ("models", "kinds", "kinds.*.settings")),     # the kinds table: light, spec checks model.kind through it
+    ("engine", ("engine",)),
+    ("kinds", ("kinds.*.*",)),                                  # a kind's loader, model, encode (torch)
     ("inputs", ("inputs", "overrides")),
     ("gates", ("trust",)),
     ("store", ("store",)),
     ("analysis", ("frames", "fit")),
     ("operators", ("ops", "registry", "identity", "planning")),
-    ("organisms", ("organisms",)),
+    ("organisms", ("organisms", "kinds.*.organism")),
     ("run", ("run", "trust.studies", "trust.pins", "report.summary", "report.summary_stats")),
     ("workflows", ("trust.scorecard", "trust.reference", "trust.recompute", "trust.cell_truth", "trust.drift_card",
                    "trust.cli", "fit.cli", "store.verify", "store.catalog_cli", "report", "compare", "api")),
@@ -143,9 +147,11 @@ def layer_of(module: str) -> int:
     """Index in ``LAYERS`` of a module of the package (``reward_lens_spec.x.y``)."""
     rel = module.removeprefix("reward_lens_spec").lstrip(".")
     best, best_len = None, -1
+    parts = rel.split(".") if rel else []
     for i, (_, entries) in enumerate(LAYERS):
         for e in entries:
-            if (rel == e or rel.startswith(e + ".") or e == "") and len(e) > best_len:
+            pat = e.split(".") if e else []
+            if len(parts) >= len(pat) and all(map(fnmatchcase, parts, pat)) and len(e) > best_len:
                 best, best_len = i, len(e)
     return best
 
@@ -178,6 +184,11 @@ def test_the_layer_finder_places_the_longest_entry():
     assert LAYERS[layer_of("reward_lens_spec.trust.evidence")][0] == "gates"
     assert LAYERS[layer_of("reward_lens_spec.trust.scorecard")][0] == "workflows"
     assert LAYERS[layer_of("reward_lens_spec")][0] == "face"
+    assert LAYERS[layer_of("reward_lens_spec.kinds.judge")][0] == "models"
+    assert LAYERS[layer_of("reward_lens_spec.kinds.judge.settings")][0] == "models"
+    assert LAYERS[layer_of("reward_lens_spec.kinds.judge.loader")][0] == "kinds"
+    assert LAYERS[layer_of("reward_lens_spec.kinds.judge.organism")][0] == "organisms"
+    assert LAYERS[layer_of("reward_lens_spec.kindsx")][0] == "face"
     assert upward_imports({"reward_lens_spec.errors": {"reward_lens_spec.run.executor"},
                            "reward_lens_spec.run.executor": {"reward_lens_spec.errors"}}) == [
         ("reward_lens_spec.errors", "reward_lens_spec.run.executor")]

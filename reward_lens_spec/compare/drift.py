@@ -47,7 +47,7 @@ from .cli import parse_args
 from ..errors import RewardLensError
 from ..models.checkpoints import link
 from ..ops.margin_agreement import compare_margins
-from .runs import _variables
+from .runs import run_variables
 from ..trust.evidence import LEVELS
 
 OBSERVABLE = "drift"
@@ -220,7 +220,7 @@ def drift(url: str, observable: str, model: str | None = None, params: DriftPara
         res = st.load(rid, OBSERVABLE, lazy=False)
         return rid, (res.to_dataset() if hasattr(res, "to_dataset") else res), False
     names = [str(p["model"]) for _, p in runs]
-    vs = [_variables(st, r) for r in rids]
+    vs = [run_variables(st, r) for r in rids]
     K = len(runs)
     single = [_single(v) for v in vs]
     pair = {ref: [None] * K for ref in REFERENCES}

@@ -88,11 +88,11 @@ def monitor_series(margins: list[np.ndarray], *, statistic: str = "margin", alph
 
 
 def _margins(st, runs, dimensions) -> tuple[list[np.ndarray], int]:
-    from .runs import _variables
+    from .runs import run_variables
 
     vecs, ids = [], None
     for rid, _ in runs:
-        m = _variables(st, rid).get("margin")
+        m = run_variables(st, rid).get("margin")
         if m is None:
             raise SpecError("observable", f"run {rid} stores no margin to monitor.",
                             fix="monitor runs of an observable that stores the margin (e.g. score).")

@@ -53,7 +53,7 @@ class CompareParams:
     ci: float = 0.95
 
 
-def _variables(st, run_id: str) -> dict[str, xr.DataArray]:
+def run_variables(st, run_id: str) -> dict[str, xr.DataArray]:
     out = {}
     for obs in st.observables(run_id):
         ds = st.load(run_id, obs, lazy=False)
@@ -196,7 +196,7 @@ def compare_runs(url: str, run_a: str, run_b: str, variables=None, params: Compa
             raise SpecError(key, f"run {rid} is a stored {prov.get('observable')}, not a model's run.",
                             fix="name runs of observables (e.g. observable=reward_direction).")
     same_data = prov_a.get("dataset_checksum") == prov_b.get("dataset_checksum")
-    va, vb = _variables(st, run_a), _variables(st, run_b)
+    va, vb = run_variables(st, run_a), run_variables(st, run_b)
     shared = sorted(set(va) & set(vb))
     names = list(dict.fromkeys(variables)) if variables else shared
     for n in names:

@@ -136,7 +136,7 @@ def run_fit(opts: FitOptions, out: str, run, resolved_yaml: str, base_dir: str) 
     """Do the whole job (see module doc); return the report dict."""
     from .. import __version__
     from ..identity import spec_hash, versions
-    from ..models.capture import capture
+    from ..engine.capture import capture
     from ..models.fingerprint import model_fingerprint
     from ..store import write_run
 
@@ -215,7 +215,7 @@ def _verify(run, folder: Path, base_dir: str, pairs, expected) -> dict:
     """Reload ``folder`` as ``model.source`` and compare margins on ``pairs`` (max abs difference)."""
     if not pairs:
         return {"n": 0}
-    from ..models.capture import capture
+    from ..engine.capture import capture
     spec = derive(run.model, source=str(folder), gguf_file=None)
     lm = load_lm(spec, base_dir)
     enc = encode(lm, pairs, spec)

@@ -33,7 +33,7 @@ from .. import __version__
 from ..signed_cache import cache_dir, package_digest, read_signed, write_signed  # noqa: F401  (cache_dir: public here)
 from .admission import permissions
 from .hub import load_tokenizer
-from .kinds import kind_of, kind_settings
+from ..kinds import kind_of, kind_settings
 from .sources import resolve_source
 
 _SPEC_FIELDS = ("source", "gguf_file", "revision", "dtype", "num_labels", "head", "head_init", "seed",

@@ -117,3 +117,18 @@ def _final_norm(model, family: Family, mod) -> FinalNorm:
 def get_module(model, path: str):
     """Resolve a dotted module path on ``model``."""
     return _get(model, path)
+
+
+def first_output(x):
+    """A module's output tensor: the first element when the module returns a tuple (a decoder layer), else ``x``."""
+    return x[0] if isinstance(x, tuple) else x
+
+
+def module_for(lm, site: str, layer: int):
+    """The module of ``lm`` whose output is ``site`` (``resid_post`` | ``attn_out`` | ``mlp_out`` of block
+    ``layer``, or ``readout``: the final norm). Raises ``KeyError`` for another site name."""
+    if site == "readout":
+        return lm.norm.module
+    block = get_module(lm.model, lm.family.layers)[layer]
+    return {"resid_post": block, "attn_out": get_module(block, lm.family.attn),
+            "mlp_out": get_module(block, lm.family.mlp)}[site]

@@ -91,7 +91,7 @@ def grade_drift(url: str, observable: str = "checkpoint_dynamics", model: str | 
     from .criteria import Criterion
     from .drift_criteria import drift_criteria, truth_series
     from .evidence import card_verdict, code_hash
-    from .scorecard import Scorecard, _finite
+    from .scorecard import Scorecard, finite_or_none
 
     t0 = time.perf_counter()
     params = params or DriftParams(n_null=200, n_boot=50)
@@ -132,8 +132,8 @@ def grade_drift(url: str, observable: str = "checkpoint_dynamics", model: str | 
             if vals.size != len(steps):
                 raise ValueError(f"{vals.size} readings for {len(steps)} checkpoints")
             fv = float(c.floor_value(ds, t))
-            card.readings[c.name] = [_finite(v) for v in vals]
-            card.floors[c.name] = {"value": _finite(fv), "floor": c.floor, "what": c.floor_what,
+            card.readings[c.name] = [finite_or_none(v) for v in vals]
+            card.floors[c.name] = {"value": finite_or_none(fv), "floor": c.floor, "what": c.floor_what,
                                    "at_strength": steps[-1]}
         except Exception as exc:       # noqa: BLE001  a reading that does not fit its criterion fails the card
             card.reading_errors[c.name] = f"{type(exc).__name__}: {exc}"

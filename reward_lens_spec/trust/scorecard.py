@@ -160,7 +160,7 @@ def _truth_summary(truth: dict) -> dict:
     return {k: short(v) for k, v in truth.items()}
 
 
-def _finite(x):                 # store attrs must be JSON: NaN -> None
+def finite_or_none(x):                 # store attrs must be JSON: NaN -> None
     return float(x) if np.isfinite(x) else None
 
 
@@ -343,9 +343,9 @@ def in_dtype(org: Organism, dtype: str) -> Organism:
     """``org`` with its model cast to ``dtype`` (the same weights, rounded; ``org`` itself when already in it)."""
     from dataclasses import replace
 
-    from ..models.loading import _DTYPES, wrap_model
-    if dtype not in _DTYPES:
-        raise SpecError("dtype", f"unknown dtype {dtype!r}.", value=dtype, options=list(_DTYPES))
+    from ..models.loading import DTYPES, wrap_model
+    if dtype not in DTYPES:
+        raise SpecError("dtype", f"unknown dtype {dtype!r}.", value=dtype, options=list(DTYPES))
     lm = org.lm
     if str(lm.dtype) == dtype:
         return org
@@ -373,19 +373,19 @@ def _grade_one(card: Scorecard, c, results, truths, refs, s, zero, top, planted,
                 source = "cells"
             except (KeyError, ValueError, IndexError):
                 pass
-        card.magnitude[c.name] = {"reading": _finite(got) if got is not None else None,
-                                  "truth": _finite(want) if want is not None else None, "truth_from": source}
+        card.magnitude[c.name] = {"reading": finite_or_none(got) if got is not None else None,
+                                  "truth": finite_or_none(want) if want is not None else None, "truth_from": source}
     fv = float(c.floor_value(results[top], truths[top]))
-    card.readings[c.name] = [_finite(v) for v in vals]
-    card.spearman[c.name] = _finite(rho)
-    card.floors[c.name] = {"value": _finite(fv), "floor": c.floor, "what": c.floor_what,
+    card.readings[c.name] = [finite_or_none(v) for v in vals]
+    card.spearman[c.name] = finite_or_none(rho)
+    card.floors[c.name] = {"value": finite_or_none(fv), "floor": c.floor, "what": c.floor_what,
                            "at_strength": s[top]}
     if c.cells is not None:            # the output's cells against an independent recomputation
         from .cell_truth import fit
         if organisms is None:          # cells need the organism itself: a reading without one cannot show them
             raise ValueError("cells: no organism to recompute them from")
         by = {v: fit(*gw) for v, gw in c.cells(results[top], organisms[top], obs).items()}
-        card.cells[c.name] = {"fit": _finite(min(by.values())), "by_output": {v: _finite(f) for v, f in by.items()}}
+        card.cells[c.name] = {"fit": finite_or_none(min(by.values())), "by_output": {v: finite_or_none(f) for v, f in by.items()}}
     one = {k: getattr(card, k) for k in ("truth", "spearman", "floors", "magnitude", "cells")}
     card.criteria_passed[c.name] = card_verdict({**one, "readings": {c.name: card.readings[c.name]}},
                                                 check_code=False)[0]
