@@ -15,22 +15,22 @@ Adding a kind (``tests/test_kinds.py`` follows this on a scratch folder, through
    ``(spec, base_dir) -> LoadedModel`` ending in ``models.loading.wrap_model`` (held as ``Lazy(__name__ +
    ".loader", "load_<name>")`` when the loader imports torch); optional ``check``, ``encode``, ``refuses``,
    ``settings``, ``organisms``, ``criteria``, ``identities`` (``kinds.base`` says what each takes and returns).
-2. One registration line in ``KINDS`` below.
+2. One registration line in the table below: ``from .<name> import KIND as <NAME>``.
 3. A settings node ``model.<name>`` in ``spec_kinds`` only when the kind has its own keys.
 """
 from __future__ import annotations
 
 from ..errors import SpecError
-from .base import Kind, Lazy  # noqa: F401  (the types a kind's folder builds)
-from . import classifier, ensemble, implicit, judge, prm
+from .base import Kind, Lazy  # noqa: F401  (what a kind's folder builds its KIND from)
 
-KINDS: dict[str, Kind] = {k.name: k for k in (
-    classifier.KIND,
-    judge.KIND,
-    prm.KIND,
-    implicit.KIND,
-    ensemble.KIND,
-)}
+# The registration table: one line per kind, in this order (``model.kind``'s options, docs, did-you-mean).
+from .classifier import KIND as CLASSIFIER
+from .judge import KIND as JUDGE
+from .prm import KIND as PRM
+from .implicit import KIND as IMPLICIT
+from .ensemble import KIND as ENSEMBLE
+
+KINDS: dict[str, Kind] = {k.name: k for k in dict(globals()).values() if isinstance(k, Kind)}
 
 
 def kind_of(spec) -> str:

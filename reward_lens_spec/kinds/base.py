@@ -18,6 +18,8 @@ A ``Kind`` carries everything the package knows about one ``model.kind`` (the ta
                known answer; ``organisms.kind_organisms.organism_family`` dispatches to them).
 ``criteria``   names of the trust criteria graded on those organisms (``trust.kind_criteria``).
 ``identities`` the exactness identities a run of the kind checks on its own outputs (``trust.identities``), in words.
+``other_checkpoints``  the loader reads checkpoints beside ``model.source`` (a reference, members): no
+               fingerprint is remembered without a load (``models.fingerprint_cache.weights_key``).
 ``package``    the kind's folder (a package): its ``.py`` files are what the fingerprint cache keys on
                (``Kind.files``, ``models.fingerprint_cache.weights_key``).
 
@@ -27,6 +29,7 @@ package's import graph keeps no cycle. ``tests/test_kinds.py`` resolves every re
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,11 +67,21 @@ class Kind:
     organisms: Mapping[str, Callable] = field(default_factory=dict)
     criteria: tuple[str, ...] = ()
     identities: tuple[str, ...] = ()
+    other_checkpoints: bool = False
 
     def files(self) -> tuple[Path, ...]:
         """The ``.py`` files of the kind's folder, sorted (its code: settings, loader, encode, organisms)."""
         root = Path(importlib.import_module(self.package).__file__).parent
         return tuple(sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts))
+
+    def code_digest(self) -> str:
+        """sha256 hex of the kind's code (each of ``files()``: its path in the folder and its bytes): in the
+        fingerprint cache's key, so an edit to a kind's loader is never answered by a stale remembered fingerprint."""
+        h = hashlib.sha256()
+        root = Path(importlib.import_module(self.package).__file__).parent
+        for p in self.files():
+            h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+        return h.hexdigest()
 
     def callables(self) -> dict[str, Callable]:
         """Every function the kind carries, by field (``organisms.<name>`` for its organism builders)."""
