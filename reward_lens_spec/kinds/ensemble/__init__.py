@@ -7,7 +7,8 @@
 from ..base import Kind, Lazy
 
 KIND = Kind("ensemble", "ensemble: member rewards reduced per side (mean | min | quantile)", __name__,
-            other_checkpoints=True, load=Lazy(__name__ + ".model", "load_ensemble"), check=Lazy(__name__ + ".settings", "check_ensemble"),
+            other_checkpoints=True, load=Lazy(__name__ + ".model", "load_ensemble"),
+            check=Lazy(__name__ + ".settings", "check_ensemble"),
             refuses=Lazy(__name__ + ".settings", "refused_ops"),
             settings=Lazy(__name__ + ".settings", "ensemble_settings"),
             organisms={"ensemble_planted": Lazy(__name__ + ".organism", "ensemble_organism")},

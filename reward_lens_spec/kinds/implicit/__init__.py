@@ -7,7 +7,8 @@ resolve the reference model through ``models.door`` (which builds a ``ModelSpec`
 from ..base import Kind, Lazy
 
 KIND = Kind("implicit", "DPO-implicit reward: β·Σ_t [log π − log π_ref] over the response tokens", __name__,
-            other_checkpoints=True, load=Lazy(__name__ + ".model", "load_implicit"), check=Lazy(__name__ + ".settings", "check_implicit"),
+            other_checkpoints=True, load=Lazy(__name__ + ".model", "load_implicit"),
+            check=Lazy(__name__ + ".settings", "check_implicit"),
             encode=Lazy(__name__ + ".model", "with_response_starts"), encode_reads_pairs=True,
             refuses=Lazy(__name__ + ".settings", "refused_ops"),
             settings=Lazy(__name__ + ".settings", "implicit_settings"),
