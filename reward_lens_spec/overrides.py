@@ -123,7 +123,6 @@ def _check_file(group: str, option: str, typed: list[str]) -> None:
     """A chosen option's YAML fits its group's schema (user files and built-ins alike); ``SpecError``
     naming the key, with "did you mean", instead of Hydra's composition traceback. A model file goes
     through the model door (``models.door.admit``) with what the person ``typed``."""
-    from .paths import find_config
     if group not in GROUP_SCHEMAS:
         return
     path = REGISTERED.get(group, {}).get(option) or find_config(group, option)

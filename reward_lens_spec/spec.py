@@ -25,6 +25,7 @@ from .errors import did_you_mean
 from .models.checkpoints import select_checkpoint
 from .kinds import check_kind
 from .paths import find_config, group_options
+from .models.placement import check_placement_keys
 
 
 class DType(str, Enum):
@@ -361,7 +362,6 @@ def _check_values(run: RunConfig, partial: bool = False) -> None:
         if getattr(m, key) <= 0:
             raise SpecError(f"model.{key}", f"must be a positive integer, got {getattr(m, key)}.",
                             fix=f"set model.{key} to a value ≥ 1.")
-    from .models.placement import check_placement_keys
     check_placement_keys(m, partial)            # model.device_map / max_memory / offload_folder, no torch
     if m.max_tokens is not None and m.max_tokens <= 0:
         raise SpecError("model.max_tokens", f"must be positive or null, got {m.max_tokens}.")
@@ -375,7 +375,6 @@ def _check_values(run: RunConfig, partial: bool = False) -> None:
                             f"kind {m.kind}.", fix="drop model.interventions or use model.kind=classifier.")
         for i, e in enumerate(m.interventions):
             check_entry(e, f"model.interventions.{i}")
-    from .models.checkpoints import select_checkpoint
     if not partial:
         select_checkpoint(m)                    # model.checkpoints: source and name of checkpoint i
     _check_restrictions(run.observable)

@@ -138,11 +138,12 @@ LAYERS = (
                    "trust.cli", "fit.cli", "store.verify", "store.catalog_cli", "report", "compare", "api")),
     ("face", ("cli", "__main__", "")),
 )
-# A ratchet at what the package has now (2026-12-04, after the round-4 merges); issue 38's targets are 4 and 6:
-# spec's five model checks (kinds, checkpoints, admission, artifacts, placement) wait for the registry, and the
-# cell criteria carry their recomputation (trust.cell_truth). Lower these as the house moves; never raise them.
+# A ratchet at what the package has now (2026-12-04, after the models/ carve); issue 38's targets are 4 and 6:
+# spec's three model checks (checkpoints, artifacts, placement) wait for the registry, and the cell criteria carry
+# their recomputation (trust.cell_truth). Lower these as the house moves; never raise them.
 MAX_UPWARD = 5
-MAX_LOCAL_PER_1000 = 10.0     # the rest defer torch/xarray/scipy/zarr on light paths
+MAX_LOCAL_PER_1000 = 7.9      # the rest defer torch/xarray/scipy/zarr/fsspec on light paths, are optional extras, are
+                              # late-bound for a test's monkeypatch, or wait in store/, run/, data/ (being reworked)
 
 
 def layer_of(module: str) -> int:

@@ -46,6 +46,7 @@ import numpy as np
 
 from ..errors import CaptureError, SpecError
 from .token_rows import TokenRows
+import json
 
 FORMATS = ("plain", "chat_template", "messages")
 TRUNCATED_RESPONSES = ("exclude", "keep")
@@ -123,7 +124,6 @@ def encode_text(tokenizer, prompt: str, response: str, fmt: str, template: str, 
         text = _fill(template, prompt, response, other)
         return _ids(tokenizer(text, add_special_tokens=True))
     if fmt == "messages":                       # canonical JSON message lists (data.readers.messages_text)
-        import json
         messages = json.loads(prompt) + (json.loads(response) if response else [])
         return _ids(tokenizer.apply_chat_template(messages, chat_template=template or None, tokenize=True,
                                                   add_generation_prompt=False, return_dict=False))

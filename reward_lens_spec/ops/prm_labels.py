@@ -38,6 +38,7 @@ from ..errors import SpecError
 from ..registry import register
 from ._grid import choice
 from .base import INVARIANT, Operator, labelled
+from ..kinds.prm.steps import PrmSignal, step_ids, side_steps
 
 _Q = ("step_reward", "step_label", "first_error")
 _G = ("accuracy", "auc", "first_error_accuracy")
@@ -107,8 +108,6 @@ def first_error(correct: np.ndarray) -> np.ndarray:
 
 
 def _signal(ctx):
-    from ..kinds.prm.steps import PrmSignal, step_ids
-
     sep = getattr(ctx.pairs, "step_separator", None)
     if sep is None:
         raise SpecError("dataset.kind", "prm_labels reads stepwise rows, and these data are not stepwise.",
@@ -124,7 +123,6 @@ def _signal(ctx):
 def _steps(ctx):
     """Step boundaries of each row's response (side 0) and the row's labels; ``SpecError`` on a count mismatch."""
     if "prm_rows" not in ctx.memo:
-        from ..kinds.prm.steps import side_steps
         bounds = [sides[0] for sides in side_steps(ctx.lm.tokenizer, ctx.pairs, ctx.encoded, _signal(ctx))[0]]
         by_id = {p.id: p for p in ctx.pairs}
         labels = []

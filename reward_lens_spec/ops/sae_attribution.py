@@ -68,6 +68,7 @@ from ..registry import register
 from ._grid import choice, first_pairs, need_site, result
 from .base import INVARIANT, Operator
 from ..engine.sae import load_sae, rows_of, train_sae
+import xarray as xr
 
 QUANTITIES = ("contribution", "error", "activation_diff", "patch_effect", "variance_explained", "relative_error")
 LINEAR = ("contribution", "error")
@@ -119,7 +120,6 @@ def check_params(p, info, where: str) -> None:
                             "the margin is linear in the activation only at the readout (after the final norm).",
                             fix="use site: readout, or quantity: patch_effect at resid_post.")
     if p.path is not None:
-        from ..engine.sae import load_sae
         loaded = load_sae(p.path, where + ".path")
         got, named = loaded.digest(), loaded.metadata.get("model_name")
         if p.base_model is not None and named not in (None, p.base_model):
@@ -301,7 +301,6 @@ class SaeAttribution(Operator):
 
     def _fit(self, ctx):
         """variance_explained / relative_error of the SAE on every pair's readout h, both sides (``reconstruction``)."""
-        import xarray as xr
         sae, _ = self.sae(ctx)
         fit = reconstruction(sae, self._acts(ctx))
         q = self.p.quantity

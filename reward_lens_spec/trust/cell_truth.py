@@ -40,6 +40,8 @@ import json
 import re
 
 import numpy as np
+from ..inputs import encode
+import statistics
 
 SPLIT_SEED, FIT_FRACTION, PROBE_L2 = 0, 0.5, 1.0     # the leace / leace_certificate defaults organisms grade
 
@@ -64,7 +66,6 @@ def _step(obs, var) -> dict:
 
 
 def _encoded(org):
-    from ..inputs import encode
     return encode(org.lm, org.pairs)
 
 
@@ -297,8 +298,6 @@ def curvature_cells(ds, org, obs):
 def group_cells(ds, org, obs):
     """Every group's ``accuracy_by_dimension`` and ``effect_size_by_dimension`` estimates beside P(Δ>0) + ½P(Δ=0)
     and d_z = mean / sd (n − 1, ``statistics.stdev``) of the plain-forward margins of that group's pairs."""
-    import statistics
-
     from .reference import planted_margins
     enc = _encoded(org)
     margin = dict(zip((str(i) for i in enc.pair_ids), planted_margins(org)))

@@ -12,6 +12,7 @@ import inspect
 import os
 import sys
 import sysconfig
+from .. import __version__
 
 # Operator modules (every ops/*.py) and the capture / intervention modules the operators run through.
 CODE_MODULES = ("ops/*.py", "engine/capture.py", "engine/patching.py", "engine/interventions.py",
@@ -108,7 +109,6 @@ def code_changes() -> list[str]:
 def code_hash() -> str:
     """sha256 of the package version and the source of every ``CODE_MODULES`` file; when a function of
     a loaded one was replaced at run time (``code_changes``), a different hash naming that."""
-    from .. import __version__
     root, files = _code_files()
     stats = tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files)
     if _CODE_CACHE.get("files", (None,))[0] != stats:

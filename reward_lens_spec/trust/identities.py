@@ -59,6 +59,7 @@ import numpy as np
 import xarray as xr
 
 from .certificate import certificate_gap
+from ..kinds.prm.steps import aggregate
 
 _EPS = {"float64": 1e-6, "float32": 1e-6, "bfloat16": 1e-2, "float16": 2e-3}
 
@@ -191,7 +192,6 @@ def _kind_identities(result, logits, pair_ids, objectives, signal, add) -> None:
             total = da.astype(np.float64).sum("position", skipna=True).where(da.notnull().any("position"))
             add(var, "sum of per-token reward = reward", (total - rewards).fillna(np.inf))
         elif "aggregate" in da.attrs and steps and set(da.dims) <= {"pair", "side"}:
-            from ..kinds.prm.steps import aggregate
             rule = getattr(signal, "aggregate", None) or da.attrs["aggregate"]
             st = result[steps[0]].transpose("pair", "side", "step")
             want = xr.DataArray(aggregate(st.values, rule), dims=("pair", "side"),
