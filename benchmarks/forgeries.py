@@ -221,10 +221,10 @@ FORGERIES = (
 def forged(f: Forgery):
     """The scorecard's ``compute`` returning ``f.edit``'s outputs, or the ensemble organism built off by one member.
 
-    Patched where calibration looks the names up (``trust.scorecard.compute``, ``organisms.ensemble_organism``);
+    Patched where calibration looks the names up (``trust.scorecard.compute``, ``kinds.ensemble.organism.ensemble_organism``);
     ``RuntimeError`` when the forgery was never applied (a patch of a name nobody calls would report the honest
     card as the forged one's)."""
-    from reward_lens_spec.organisms import ensemble_organism as eo
+    from reward_lens_spec.kinds.ensemble import organism as eo
     from reward_lens_spec.trust import scorecard
     real_compute, real_org = scorecard.compute, eo.ensemble_organism
     applied = []

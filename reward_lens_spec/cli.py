@@ -39,6 +39,11 @@ from .inputs import load_dataset
 from .run.reuse import validate_key
 from .signed_cache import read_signed, write_signed
 from .spec import GROUP_SCHEMAS
+from .run import execute
+from .store.catalog_cli import main as store_main
+from .trust import cli as trust_cli
+from .export import main as export_main
+from .report.cli import main as report_main
 
 COMMANDS = {   # name: (arguments, one line)
     "run": ("[group=option ...] [group.key=value ...]", "run the composed config (the default command; "
@@ -136,7 +141,6 @@ def _run_config(cfg, base_dir: str, typed: list[str], url, multirun: bool = Fals
     run, resolved_yaml = finish(cfg, typed)
     if run.mode.value == "validate":
         return _validate(run, resolved_yaml, base_dir)
-    from .run import execute
     out = execute(run, resolved_yaml=resolved_yaml, base_dir=base_dir, store_url=url(),
                   defer_lines=multirun)                   # a multirun's jobs share a console: each prints one block
     _print_summary(out)
@@ -280,16 +284,13 @@ def main(argv: list[str] | None = None) -> None:
         if cmd == "run":
             argv, cmd = argv[1:], None
         if cmd == "store":
-            from .store.catalog_cli import main as store_main
             raise SystemExit(store_main(argv[1:]))
         if cmd in ("calibrate", "freeze", "adjudicate"):
-            from .trust import cli as trust_cli
             raise SystemExit(getattr(trust_cli, f"{cmd}_main")(use_config_dirs(argv[1:])[0]))
         if cmd == "fit":
             from .fit.cli import main as fit_main
             raise SystemExit(fit_main(argv[1:]))
         if cmd == "export":
-            from .export import main as export_main
             raise SystemExit(export_main(argv[1:]))
         if cmd == "compare":
             from .compare.cli import main as compare_main
@@ -301,7 +302,6 @@ def main(argv: list[str] | None = None) -> None:
             from .compare.monitor import main as monitor_main
             raise SystemExit(monitor_main(argv[1:]))
         if cmd == "report":
-            from .report.cli import main as report_main
             raise SystemExit(report_main(argv[1:]))
         if cmd == "ops":
             return _ops(argv[1:])

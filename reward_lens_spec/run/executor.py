@@ -25,7 +25,7 @@ from ..models.fingerprint_cache import load_tokenizer_only, remember, remembered
 from ..report.summary import summary_of
 from .seal import seal_run
 from ..spec import StoreSpec
-from ..store._backend import store_handle
+from ..store import store_handle
 
 if TYPE_CHECKING:                     # the executor's heavy imports (torch, transformers) come after the reuse check
     from ..result import Result
