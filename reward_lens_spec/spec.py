@@ -22,6 +22,7 @@ from .spec_kinds import EnsembleSpec, ImplicitSpec, JudgeSpec, PrmSpec  # noqa: 
 from pathlib import Path
 import yaml
 from .errors import did_you_mean
+from .registries import DATASET_READERS
 from .models.checkpoints import select_checkpoint
 from .models.kinds import check_kind
 from .paths import find_config, group_options
@@ -60,6 +61,8 @@ class HeadKind(str, Enum):
 
 
 class DatasetKind(str, Enum):
+    """The built-in dataset readers' names, for Python callers (``dataset.kind`` itself is any name
+    ``registries.DATASET_READERS`` knows, built-in or an allowed plugin's; a test keeps the two equal)."""
     diagnostic = "diagnostic"
     jsonl = "jsonl"
     hh_rlhf = "hh_rlhf"
@@ -151,7 +154,7 @@ class DatasetSpec:
     """
 
     name: str = "diagnostic"
-    kind: DatasetKind = DatasetKind.diagnostic
+    kind: str = "diagnostic"          # a dataset reader's name (registries.DATASET_READERS)
     path: Optional[str] = None
     fields: dict[str, str] = field(default_factory=dict)
     limit: Optional[int] = None
@@ -341,7 +344,7 @@ def _spec_error(exc) -> SpecError:
     enum_opts = None
     if schema is not None and key in _keys_of(schema):
         ftype = {f.name: f.type for f in fields(schema)}[key]
-        for e in (DType, Device, Format, PaddingSide, Mode, DatasetKind, FrameKind, HeadKind):
+        for e in (DType, Device, Format, PaddingSide, Mode, FrameKind, HeadKind):
             if e.__name__ in str(ftype):
                 enum_opts = [m.value for m in e]
     value = getattr(exc, "value", None) if hasattr(exc, "value") else None
@@ -365,6 +368,7 @@ def _check_values(run: RunConfig, partial: bool = False) -> None:
     check_placement_keys(m, partial)            # model.device_map / max_memory / offload_folder, no torch
     if m.max_tokens is not None and m.max_tokens <= 0:
         raise SpecError("model.max_tokens", f"must be positive or null, got {m.max_tokens}.")
+    DATASET_READERS.get(run.dataset.kind, "dataset.kind")      # dataset=<name>: did you mean
     if run.dataset.limit is not None and run.dataset.limit <= 0:
         raise SpecError("dataset.limit", f"must be positive or null, got {run.dataset.limit}.")
     check_kind(m)                               # model.kind and its settings (did you mean)
