@@ -73,8 +73,8 @@ class Registry(Mapping):
     """
 
     def __init__(self, what: str, field: str, *, kind: type | str | None = None, classes: bool = False,
-                 builtins: tuple[str, ...] = (), fix: str = "", group: str | None = None):
-        self.what, self.field, self.kind, self.classes = what, field, kind, classes
+                 builtins: tuple[str, ...] = (), fix: str = "", group: str | None = None, ordered: bool = False):
+        self.what, self.field, self.kind, self.classes, self.ordered = what, field, kind, classes, ordered
         self.builtins, self.fix = builtins, fix
         self.group = group or f"{ENTRY_POINT_PREFIX}{what.replace(' ', '_')}s"
         self._items: dict[str, Any] = {}
@@ -159,8 +159,9 @@ class Registry(Mapping):
                         options=self.names(), fix=self.fix or None)
 
     def names(self) -> list[str]:
+        """The registered names: sorted, or (``ordered``) in registration order."""
         self._load()
-        return sorted({*self._items, *self._lazy})
+        return [*self._items, *self._lazy] if self.ordered else sorted({*self._items, *self._lazy})
 
     def describe(self) -> dict[str, str]:
         """Registered names → the first line of each object's ``description`` or docstring."""
@@ -258,6 +259,7 @@ DATASET_READERS = Registry("dataset reader", "dataset.kind", kind="reward_lens_s
 CRITERIA = Registry("criterion", "criterion", kind="reward_lens_spec.trust.criteria:Criterion",
                     builtins=("reward_lens_spec.trust.criteria",), group="reward_lens_spec.criteria",
                     fix="`reward-lens-spec criteria` lists them.")
-COMMANDS = Registry("command", "command", fix="reward-lens-spec help lists the commands; a config choice is "
-                    "group=option.")
+COMMANDS = Registry("command", "command", kind="reward_lens_spec.commands:Command", ordered=True,
+                    builtins=("reward_lens_spec.commands",),
+                    fix="reward-lens-spec help lists the commands; a config choice is group=option.")
 REGISTRIES: dict[str, Registry] = {"operators": OPERATORS, "readers": DATASET_READERS, "criteria": CRITERIA}
