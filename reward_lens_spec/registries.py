@@ -154,7 +154,7 @@ class Registry(Mapping):
         if dist:
             raise SpecError(where or self.field, f"{self.what} '{name}' comes from the Python distribution "
                             f"'{dist}', whose code is not loaded unless you allow it.",
-                            fix=f"add it to your config: plugins.allow=[{dist}] (configs load no code otherwise).")
+                            fix=f"allow it in your config: +plugins.allow=[{dist}] (configs load no code otherwise).")
         raise SpecError(where or self.field, f"unknown {self.what} '{name}'.", value=name,
                         options=self.names(), fix=self.fix or None)
 

@@ -22,7 +22,7 @@ from .spec_kinds import EnsembleSpec, ImplicitSpec, JudgeSpec, PrmSpec  # noqa: 
 from pathlib import Path
 import yaml
 from .errors import did_you_mean
-from .registries import DATASET_READERS
+from .registries import DATASET_READERS, allow_plugins
 from .models.checkpoints import select_checkpoint
 from .models.kinds import check_kind
 from .paths import find_config, group_options
@@ -271,6 +271,16 @@ def _find_trust(node, prefix: str = "") -> str | None:
     return None
 
 
+def _plugins_allowed(node) -> list:
+    """``plugins.allow`` of the user's config (a list of distribution names; ``SpecError`` otherwise)."""
+    if node is None:
+        return []
+    if not isinstance(node, dict) or set(node) - {"allow"} or not isinstance(node.get("allow") or [], list):
+        raise SpecError("plugins", f"expects {{allow: [distribution, ...]}}, got {node!r}.",
+                        fix="e.g. +plugins.allow=[my_pkg] (the distributions whose entry points may load).")
+    return list(node.get("allow") or [])
+
+
 def validate(cfg: DictConfig | dict, *, partial: bool = False) -> RunConfig:
     """Merge ``cfg`` into the ``RunConfig`` schema; return the typed object.
 
@@ -281,6 +291,7 @@ def validate(cfg: DictConfig | dict, *, partial: bool = False) -> RunConfig:
     """
     raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     named = _names_model(raw.pop("hydra", None))
+    allow_plugins(_plugins_allowed(raw.pop("plugins", None)))   # third-party code: only what the user allows
     hit = _find_trust(raw)
     if hit:
         raise SpecError(hit, "trust is computed by gates from what the run has, never set in config.",
