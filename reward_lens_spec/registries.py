@@ -256,7 +256,7 @@ OPERATORS = Registry("operator", "observable.steps", kind="reward_lens_spec.ops.
 DATASET_READERS = Registry("dataset reader", "dataset.kind", kind="reward_lens_spec.dataset_readers:DatasetReader",
                            builtins=("reward_lens_spec.dataset_readers",), group="reward_lens_spec.readers",
                            fix="`reward-lens-spec readers` lists them; set dataset=<name>.")
-CRITERIA = Registry("criterion", "criterion", kind="reward_lens_spec.trust.criteria:Criterion",
+CRITERIA = Registry("criterion", "criterion", kind="reward_lens_spec.trust.criteria:Criterion", ordered=True,
                     builtins=("reward_lens_spec.trust.criteria",), group="reward_lens_spec.criteria",
                     fix="`reward-lens-spec criteria` lists them.")
 COMMANDS = Registry("command", "command", kind="reward_lens_spec.commands:Command", ordered=True,

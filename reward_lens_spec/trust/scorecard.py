@@ -97,7 +97,7 @@ import xarray as xr
 
 from ..errors import SpecError
 from ..organisms.kind_organisms import STRENGTHS, Organism, organism_family   # every organism kind
-from .criteria import CRITERIA
+from ..registries import CRITERIA       # the built-in criteria (trust.criteria) and any registered since
 from .evidence import MIN_SPEARMAN, card_verdict, code_hash, seal
 from ..identity import observable_hash
 from .coverage import why_not
@@ -252,12 +252,12 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
     _, outputs = expand_steps(obs, load_observable)
     has_unit = organism in UNIT_KINDS if organisms is None else "layer" in organisms[0].truth
     kind = organism if organisms is None else organisms[0].kind
-    crits = [c for c in CRITERIA if set(c.needs) <= set(outputs) and (has_unit or not c.needs_unit)
+    crits = [c for c in CRITERIA.values() if set(c.needs) <= set(outputs) and (has_unit or not c.needs_unit)
              and (not c.kinds or kind in c.kinds)]
     if not crits:
         raise SpecError("observable", f"'{obs.name}' outputs {outputs}: no calibration criterion reads them on "
                         f"organism '{organism}'.", fix="criteria: " + "; ".join(
-                            f"{c.name} needs {list(c.needs)}" for c in CRITERIA)
+                            f"{c.name} needs {list(c.needs)}" for c in CRITERIA.values())
                         + " (unit criteria need organism=planted; judge/PRM/implicit/LEACE/curvature criteria "
                         "their own organism kinds, trust.kind_criteria).")
     if organisms is None:
