@@ -20,7 +20,7 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from ._grid import choice
 from ._leace import FIELDS
 from .base import Operator, labelled, need_dim
@@ -37,7 +37,7 @@ class LeaceEraserParams:
     part: str = "projection"          # projection | mean
 
 
-@register
+@OPERATORS.register
 class LeaceEraser(Operator):
     """The LEACE eraser fitted on one split: its projection E (d_out × d_in) or its mean μ (d_in)."""
 
