@@ -228,7 +228,7 @@ FORGERIES = (
 @contextlib.contextmanager
 def forged(f: Forgery):
     """``run.executor.compute`` returning ``f.edit``'s outputs, or the ensemble organism built off by one member."""
-    from reward_lens_spec.organisms import ensemble_organism as eo
+    from reward_lens_spec.kinds.ensemble import organism as eo
     from reward_lens_spec.run import executor
     real_compute, real_org = executor.compute, eo.ensemble_organism
 

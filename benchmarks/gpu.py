@@ -83,7 +83,7 @@ def _peak(device, reset=False):
 
 def bench_model(shape, args, device):
     import torch
-    from reward_lens_spec.models.capture import capture
+    from reward_lens_spec.engine.capture import capture
     from reward_lens_spec.inputs import encode
     from reward_lens_spec.models.padding import batches_by_length, pad_batch
     from reward_lens_spec.observables import load_observable

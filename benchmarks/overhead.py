@@ -15,7 +15,7 @@ def capture_overhead(lm, pairs, batch_size: int, repeats: int, fmt: str = "plain
     medians, the median of the per-round ratios, and the number of rounds."""
     import torch
 
-    from reward_lens_spec.models.capture import capture
+    from reward_lens_spec.engine.capture import capture
     from reward_lens_spec.models.padding import batches_by_length, pad_batch
     from reward_lens_spec.ops.base import PlanInfo
     from reward_lens_spec.registry import build_plan

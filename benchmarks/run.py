@@ -3,7 +3,7 @@
 Writes ``benchmarks/results.md`` (medians of ``--repeats`` >= 3 timed runs after one warm-up; ratios
 measured side by side in the same run; the command; machine facts). Sections:
 
-1. Capture overhead: the battery's capture pass (``models.capture.capture`` with every site
+1. Capture overhead: the battery's capture pass (``engine.capture.capture`` with every site
    ``battery`` needs, self-check included) against bare ``model(input_ids, attention_mask, position_ids)``
    forwards over the same length-sorted batches (bare and capture alternate within each repeat).
 2. Against reward-lens 2.0.1 (its own venv, ``peer_venv.py``; code run there: ``_peer_script.py``):

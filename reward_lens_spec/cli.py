@@ -41,6 +41,7 @@ from .inputs import load_dataset
 from .run.reuse import validate_key
 from .signed_cache import read_signed, write_signed
 from .spec import GROUP_SCHEMAS
+from .run import execute
 
 SUBCOMMANDS = tuple(c for c in COMMANDS if c not in ("run", "help"))
 LAUNCHERS = ("basic", "joblib", "submitit_local", "submitit_slurm", "slurm")
@@ -114,7 +115,6 @@ def _run_config(cfg, base_dir: str, typed: list[str], url, multirun: bool = Fals
     run, resolved_yaml = finish(cfg, typed)
     if run.mode.value == "validate":
         return _validate(run, resolved_yaml, base_dir)
-    from .run import execute
     out = execute(run, resolved_yaml=resolved_yaml, base_dir=base_dir, store_url=url(),
                   defer_lines=multirun)                   # a multirun's jobs share a console: each prints one block
     _print_summary(out)

@@ -107,7 +107,7 @@ SAFE_RESOLVERS: frozenset[str] = frozenset()          # user sources: plain ${a.
 TRUSTED_RESOLVERS = frozenset({"hydra", "now"})       # Hydra's own config and the project's conf/ only
 _HYDRA_RECORD = {("job", "name"), ("job", "config_name"), ("job", "id"), ("job", "num"),
                  ("job", "override_dirname")}        # Hydra's record of the job (set by Hydra, not a source)
-_TRUE = {"true", "yes", "on", "1"}
+TRUE_WORDS = {"true", "yes", "on", "1"}
 _FIX = "remove it; this project runs no code named by a config (see docs/studies.md, 'Security')."
 _FIX_HYDRA = "remove it; a config or override may set only the hydra keys docs/studies.md, 'Security', lists."
 _WHY = {
@@ -486,7 +486,7 @@ def _check_override_list(overrides: list[str], typed: bool, where: str | None = 
         if o is None:
             check_values(raw, key, src)
         if key in ("model.trust_remote_code",) and not typed:
-            if any(str(v).strip().lower() in _TRUE for v in values):
+            if any(str(v).strip().lower() in TRUE_WORDS for v in values):
                 raise _trust_error(src)
 
 
@@ -502,7 +502,7 @@ def check_overrides(overrides: list[str], config_dirs: list | None = None) -> No
 def _typed_true(cli_overrides: list[str], key: str) -> bool:
     for line in cli_overrides:
         k, eq, v = line.partition("=")
-        if eq and k.lstrip("+~") == key and any(x.strip().strip("'\"").lower() in _TRUE for x in v.split(",")):
+        if eq and k.lstrip("+~") == key and any(x.strip().strip("'\"").lower() in TRUE_WORDS for x in v.split(",")):
             return True
     return False
 

@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from .errors import RewardLensError, SpecError
+from . import __version__
+from .models.artifacts import write
 
 KEYS = ("url", "run", "what", "out", "observable", "var", "layer")
 WHATS = ("steer", "erase", "head")
@@ -92,8 +94,6 @@ def _vector(res, name: str, kv) -> tuple[np.ndarray, dict]:
 
 def export(kv: dict) -> tuple[Path, Path]:
     """Write the artifact ``kv`` asks for (module doc); ``(file, provenance file)``."""
-    from . import __version__
-    from .models.artifacts import write
     from .store import open_store
 
     store = open_store(kv["url"])

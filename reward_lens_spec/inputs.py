@@ -16,7 +16,7 @@ from .data.readers import CONVERSATIONAL
 from .errors import SpecError
 from .registries import DATASET_READERS
 from .models.formatting import encode_pairs
-from .models.kinds import encode_kind, kind_settings, load_kind
+from .kinds import encode_kind, kind_settings, load_kind
 
 _DATASET_LIMIT = object()
 
@@ -34,7 +34,7 @@ def load_dataset(ds, base_dir: str | None = None, *, limit=_DATASET_LIMIT):
 
 
 def load_lm(spec, base_dir: str | None = None):
-    """The ``LoadedModel`` a ``ModelSpec`` names, built by its kind's loader (``models.kinds``: the classifier's
+    """The ``LoadedModel`` a ``ModelSpec`` names, built by its kind's loader (``kinds``: the classifier's
     is ``models.loading.load_model``, the one guarded loader; judges and PRMs load through it too)."""
     return load_kind(spec, base_dir)
 
@@ -65,9 +65,9 @@ def ops_view(pairs, fields):
 
 def batch_size(spec, lm, enc) -> int:
     """Rows per forward for ``spec`` (a ``ModelSpec``) on ``enc``: ``model.batch_size``, or for ``auto`` the
-    size ``models.batch_size.choose_batch_size`` finds on this device (fixed for the whole run)."""
+    size ``engine.batch_size.choose_batch_size`` finds on this device (fixed for the whole run)."""
     if spec.batch_size == "auto":
-        from .models.batch_size import choose_batch_size        # torch: not on validate's or a rerun's path
+        from .engine.batch_size import choose_batch_size        # torch: not on validate's or a rerun's path
         return choose_batch_size(lm, enc, padding_side=spec.padding_side.value)
     return spec.batch_size
 

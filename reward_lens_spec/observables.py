@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from .errors import SpecError
 from .paths import find_config, group_options, is_yaml_path
-from .spec import ObservableSpec
+from .spec import ObservableSpec, keys_of
 
 
 def observable_path(ref: str, key: str = "observable") -> Path:
@@ -51,8 +51,7 @@ def _parse_observable(path: str, mtime_ns: int, size: int) -> ObservableSpec:
         merged = OmegaConf.merge(OmegaConf.structured(ObservableSpec), raw)
     except Exception as exc:                   # unknown key / wrong type: name the file and the key
         key = str(getattr(exc, "key", "") or "")
-        from .spec import _keys_of
         raise SpecError(f"observable.{key}" if key else "observable",
                         f"{path}: {str(exc).splitlines()[0]}", value=key or None,
-                        options=_keys_of(ObservableSpec) if key else None) from None
+                        options=keys_of(ObservableSpec) if key else None) from None
     return OmegaConf.to_object(merged)

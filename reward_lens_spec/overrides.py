@@ -32,7 +32,7 @@ LAUNCHER_PLUGINS = {"joblib": ("hydra_plugins.hydra_joblib_launcher", "hydra-job
                     "submitit_local": ("hydra_plugins.hydra_submitit_launcher", "hydra-submitit-launcher"),
                     "submitit_slurm": ("hydra_plugins.hydra_submitit_launcher", "hydra-submitit-launcher"),
                     "slurm": ("hydra_plugins.hydra_submitit_launcher", "hydra-submitit-launcher")}
-_REGISTERED: dict[str, dict[str, str]] = {}      # group -> {option: file} registered in this process
+REGISTERED: dict[str, dict[str, str]] = {}      # group -> {option: file} registered in this process
 
 
 def _split_list(value: str) -> list[str]:
@@ -92,7 +92,7 @@ def _register_file(group: str, value: str) -> str:
     check_user_tree(OmegaConf.to_container(node, resolve=False), f"file {path}", (group,), group)
     if group in NAMED and "name" not in node:
         node.name = path.stem
-    name, seen = path.stem, _REGISTERED.setdefault(group, {})
+    name, seen = path.stem, REGISTERED.setdefault(group, {})
     if name in group_options(group) or seen.get(name, str(path)) != str(path):   # never shadow another option
         name = f"{path.stem}-{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
     ConfigStore.instance().store(group=group, name=name, node=node, provider="reward_lens_spec user file")
@@ -123,10 +123,9 @@ def _check_file(group: str, option: str, typed: list[str]) -> None:
     """A chosen option's YAML fits its group's schema (user files and built-ins alike); ``SpecError``
     naming the key, with "did you mean", instead of Hydra's composition traceback. A model file goes
     through the model door (``models.door.admit``) with what the person ``typed``."""
-    from .paths import find_config
     if group not in GROUP_SCHEMAS:
         return
-    path = _REGISTERED.get(group, {}).get(option) or find_config(group, option)
+    path = REGISTERED.get(group, {}).get(option) or find_config(group, option)
     if path is None:
         return
     if group == "model":
@@ -179,7 +178,7 @@ def precheck_overrides(args: list[str]) -> None:
                             fix="remove the override; see `reward-lens-spec calibrate` and `freeze` for how trust rises.")
         head, _, rest = key.partition(".")
         if head in GROUPS and not rest:
-            opts = group_options(head) + sorted(_REGISTERED.get(head, ()))
+            opts = group_options(head) + sorted(REGISTERED.get(head, ()))
             for v in value.split(","):
                 if not v or v == "null" or any(c in v for c in "*?()[]$"):
                     continue

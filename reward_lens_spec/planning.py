@@ -7,7 +7,7 @@ from .observables import load_observable
 from .ops.base import PlanInfo
 from .registry import build_plan
 from .models.door import nested
-from .models.kinds import kind_of, refused_ops
+from .kinds import kind_of, refused_ops
 from .registry import OPERATORS
 from .spec import group_config
 
@@ -48,7 +48,7 @@ def refuse_shape(dataset, plan) -> None:
 
 def refuse_kind_ops(model, plan) -> None:
     """``SpecError`` naming the first step whose operator ``model.kind`` (and its mode) does not apply to
-    (``models.kinds.refused_ops``: a one-line reason each), or that reads only other kinds (``Operator.kinds``)."""
+    (``kinds.refused_ops``: a one-line reason each), or that reads only other kinds (``Operator.kinds``)."""
     refused = refused_ops(model)
     for s in plan.steps:
         own = type(s.op).kinds

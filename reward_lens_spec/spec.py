@@ -24,8 +24,9 @@ import yaml
 from .errors import did_you_mean
 from .registries import DATASET_READERS, allow_plugins
 from .models.checkpoints import select_checkpoint
-from .models.kinds import check_kind
+from .kinds import check_kind
 from .paths import find_config, group_options
+from .models.placement import check_placement_keys
 
 
 class DType(str, Enum):
@@ -121,7 +122,7 @@ class ModelSpec:
     num_labels: int = 1
     head: HeadKind = HeadKind.linear
     objectives: list[str] = field(default_factory=list)
-    batch_size: Any = 16                    # rows per forward, or auto (models/batch_size.py)
+    batch_size: Any = 16                    # rows per forward, or auto (engine/batch_size.py)
     max_tokens: Optional[int] = None
     max_length: int = 512
     format: Format = Format.plain
@@ -135,12 +136,12 @@ class ModelSpec:
     threads: Optional[int] = None          # torch intra-op threads (null: torch's default); see docs/sweeps.md (bit-identity and threads)
     checkpoints: Optional[Any] = None      # a checkpoint sequence: [folders] | {folder, steps} (models/checkpoints.py)
     checkpoint: Optional[Any] = None       # the index into checkpoints this run reads (-m ... =all: every one)
-    kind: str = "classifier"                # kind of reward signal (models/kinds.py): classifier | judge | prm | ...
+    kind: str = "classifier"                # kind of reward signal (kinds/__init__.py): classifier | judge | prm | ...
     judge: JudgeSpec = field(default_factory=JudgeSpec)
     prm: PrmSpec = field(default_factory=PrmSpec)
-    implicit: ImplicitSpec = field(default_factory=ImplicitSpec)     # kind=implicit (models/implicit.py)
+    implicit: ImplicitSpec = field(default_factory=ImplicitSpec)     # kind=implicit (kinds/implicit/model.py)
     members: list[Any] = field(default_factory=list)                 # kind=ensemble: model options / inline specs
-    ensemble: EnsembleSpec = field(default_factory=EnsembleSpec)     # kind=ensemble (models/ensemble.py)
+    ensemble: EnsembleSpec = field(default_factory=EnsembleSpec)     # kind=ensemble (kinds/ensemble/model.py)
     interventions: list[InterventionSpec] = field(default_factory=list)  # exported artifacts (models/artifacts.py)
 
 
@@ -238,7 +239,7 @@ def register_configs() -> None:
         cs.store(group="schema", name=group, node=schema)
 
 
-def _keys_of(schema) -> list[str]:
+def keys_of(schema) -> list[str]:
     return [f.name for f in fields(schema)] if is_dataclass(schema) else []
 
 
@@ -351,9 +352,9 @@ def _spec_error(exc) -> SpecError:
     schema = _schema_at(parent.split(".")) if parent else RunConfig
     msg = str(exc).splitlines()[0]
     if isinstance(exc, ConfigKeyError) or "not in" in msg:
-        return SpecError(full or key, "unknown key.", value=key, options=_keys_of(schema) or None)
+        return SpecError(full or key, "unknown key.", value=key, options=keys_of(schema) or None)
     enum_opts = None
-    if schema is not None and key in _keys_of(schema):
+    if schema is not None and key in keys_of(schema):
         ftype = {f.name: f.type for f in fields(schema)}[key]
         for e in (DType, Device, Format, PaddingSide, Mode, FrameKind, HeadKind):
             if e.__name__ in str(ftype):
@@ -375,7 +376,6 @@ def _check_values(run: RunConfig, partial: bool = False) -> None:
         if getattr(m, key) <= 0:
             raise SpecError(f"model.{key}", f"must be a positive integer, got {getattr(m, key)}.",
                             fix=f"set model.{key} to a value ≥ 1.")
-    from .models.placement import check_placement_keys
     check_placement_keys(m, partial)            # model.device_map / max_memory / offload_folder, no torch
     if m.max_tokens is not None and m.max_tokens <= 0:
         raise SpecError("model.max_tokens", f"must be positive or null, got {m.max_tokens}.")
@@ -390,7 +390,6 @@ def _check_values(run: RunConfig, partial: bool = False) -> None:
                             f"kind {m.kind}.", fix="drop model.interventions or use model.kind=classifier.")
         for i, e in enumerate(m.interventions):
             check_entry(e, f"model.interventions.{i}")
-    from .models.checkpoints import select_checkpoint
     if not partial:
         select_checkpoint(m)                    # model.checkpoints: source and name of checkpoint i
     _check_restrictions(run.observable)
@@ -471,7 +470,7 @@ def group_config(group: str, ref: str, *, key: str, base_dir: str | None = None)
                         fix=f"fix the YAML of that {group} config.") from None
     except (ConfigKeyError, ValidationError) as exc:
         bad = str(getattr(exc, "key", "") or "")
-        names = _keys_of(GROUP_SCHEMAS[group])
+        names = keys_of(GROUP_SCHEMAS[group])
         hint = did_you_mean(bad, names) if bad else ""
         raise SpecError(key, f"{path} is not a valid {group} config: {str(exc).splitlines()[0]}.{hint}",
                         options=names) from None

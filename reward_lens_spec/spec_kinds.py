@@ -1,4 +1,4 @@
-"""Config schemas of the non-classifier reward-signal kinds (``model.kind``; ``models.kinds``): the
+"""Config schemas of the non-classifier reward-signal kinds (``model.kind``; ``kinds``): the
 ``model.implicit``, ``model.ensemble``, ``model.judge`` and ``model.prm`` nodes of ``spec.ModelSpec``."""
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class EnsembleSpec:
 
 @dataclass
 class JudgeSpec:
-    """``model.kind=judge`` (``models.judge``): the verdict is the logit difference of two tokens.
+    """``model.kind=judge`` (``kinds.judge``): the verdict is the logit difference of two tokens.
 
     ``tokens``: [yes, no] token strings, each one token of the model's tokenizer (pairwise: [first, second],
     "the response shown first is better" first). ``mode``: ``pointwise`` (one response per prompt; margin =
@@ -40,7 +40,7 @@ class JudgeSpec:
 
 @dataclass
 class PrmSpec:
-    """``model.kind=prm`` (``models.prm``): the head read at every step boundary.
+    """``model.kind=prm`` (``kinds.prm``): the head read at every step boundary.
 
     ``step_token``: the delimiter that ends a step (found in the formatted token ids); ``step``: which step's
     boundary is the readout position (−1 = last); ``aggregate``: ``last`` | ``min`` | ``prod`` of the

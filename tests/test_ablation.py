@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from reward_lens_spec.models.attn_heads import n_heads
+from reward_lens_spec.engine.attn_heads import n_heads
 from reward_lens_spec.models.head import get_module
-from reward_lens_spec.models.interventions import head_dim, o_proj
+from reward_lens_spec.engine.interventions import head_dim, o_proj
 from reward_lens_spec.ops.ablate import resample_donors
 
 SITE = {"resid": lambda lm, l: get_module(lm.model, lm.family.layers)[l],

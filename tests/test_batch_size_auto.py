@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from reward_lens_spec.errors import SpecError
-from reward_lens_spec.models.batch_size import choose_batch_size, is_oom
+from reward_lens_spec.engine.batch_size import choose_batch_size, is_oom
 
 PLANTED = 5                                   # a forward of more rows than this "runs out of memory"
 
@@ -57,7 +57,7 @@ def _run(overrides, url, planted):
 
 
 def test_auto_halves_past_a_planted_oom_and_equals_the_fixed_batch_bit_for_bit(tmp_path, monkeypatch):
-    from reward_lens_spec.models import batch_size as bs
+    from reward_lens_spec.engine import batch_size as bs
     monkeypatch.setattr(bs, "estimate", lambda lm, longest, n_rows: 16)       # 16 → 8 → 4 fits under 5
     prov_a, auto = _run(["model.batch_size=auto"], tmp_path / "a.zarr", PLANTED)
     prov_f, fixed = _run(["model.batch_size=4"], tmp_path / "f.zarr", PLANTED)

@@ -62,7 +62,7 @@ def test_battery_shares_one_capture_pass(battery):
     assert ctx.counts["capture.forward_passes"] == 2 + 2 * 2
     enc = ctx.encoded
     assert ctx.counts["capture.tokens"] == sum(len(s) for s in enc.chosen + enc.rejected)
-    from reward_lens_spec.models.prefix import sliding
+    from reward_lens_spec.engine.prefix import sliding
     # one readout-token run per kept batch; sliding-window models: one per pair (rows over its cache)
     assert ctx.counts["patch.forward_passes"] == (5 if sliding(ctx.lm) else 2)
     assert len(ctx.capture.prefixes) == 5 and len(ctx.capture.prefix_batches) == 2
@@ -112,9 +112,9 @@ def test_patching_a_side_into_itself_changes_nothing():
 
 
 def test_attribution_patching_is_exact_where_the_path_is_linear():
-    from reward_lens_spec.models.capture import capture
+    from reward_lens_spec.engine.capture import capture
     from reward_lens_spec.models.formatting import encode_pairs
-    from reward_lens_spec.models.patching import attribution_patch, patch_readout
+    from reward_lens_spec.engine.patching import attribution_patch, patch_readout
     model, tok = build_tiny("tiny_qwen2")
     lm = wrap_model("q", model, tok)
     enc = encode_pairs(tok, make_pairs(4))
@@ -200,8 +200,8 @@ def test_battery_with_a_patched_subset_keeps_one_pair_axis():
 def test_packed_patching_with_layer_skip_equals_batched_rows(family_lm, monkeypatch):
     """The packed forward (one sequence, layers below each patch run copy 0 only) against the
     independent path: one batch row per copy over a repeated cache, every layer computed."""
-    from reward_lens_spec.models import patching
-    from reward_lens_spec.models.capture import capture
+    from reward_lens_spec.engine import patching
+    from reward_lens_spec.engine.capture import capture
     from reward_lens_spec.models.formatting import encode_pairs
     if patching.sliding(family_lm):
         pytest.skip("sliding-window models always use the batched rows")

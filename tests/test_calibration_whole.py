@@ -1,6 +1,6 @@
 """Calibration reads the whole output it grades (issue 37 item 7): every PRM step, every step margin, every
 response token's implicit reward, position by position, against a truth the organism computes with its own
-tokenization and a plain forward (``organisms.prm_organism.plain_step_rewards``, ``kind_organisms.
+tokenization and a plain forward (``kinds.prm.organism.plain_step_rewards``, ``kind_organisms.
 implicit_organism``). Readings that keep the graded summary (the readout step, the per-token sum) but are
 wrong elsewhere fail; a reading that does not fit its criterion (fewer steps, a constant) gives a failing card
 with its reason instead of a traceback."""

@@ -9,7 +9,7 @@ import torch
 
 from reward_lens_spec.data import Pair
 from reward_lens_spec.errors import CaptureError
-from reward_lens_spec.models.capture import capture
+from reward_lens_spec.engine.capture import capture
 from reward_lens_spec.models.formatting import encode_pairs
 from reward_lens_spec.models.head import read_head
 from tests.conftest import make_pairs, tiny_lm

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from reward_lens_spec.models.lanczos import density, lanczos, participation_ratio, ritz, slq, top_eigen
+from reward_lens_spec.engine.lanczos import density, lanczos, participation_ratio, ritz, slq, top_eigen
 from reward_lens_spec.spec import ObservableSpec
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -168,7 +168,7 @@ def test_default_probes_put_the_planted_organisms_effective_dimension_within_5_p
 
 
 def test_planted_curvature_direction_is_found_and_grows_with_strength():
-    from reward_lens_spec.models.curvature import site_hvp
+    from reward_lens_spec.engine.curvature import site_hvp
     from reward_lens_spec.models.formatting import encode_pairs
     from reward_lens_spec.organisms.repr_organisms import curvature_organism
     top, cos = [], []

@@ -12,7 +12,7 @@ import xarray as xr
 from reward_lens_spec import open_store
 from reward_lens_spec.data import Pair
 from reward_lens_spec.errors import SpecError, StoreError
-from reward_lens_spec.organisms.prm_organism import TEMPLATE
+from reward_lens_spec.kinds.prm.organism import TEMPLATE
 from reward_lens_spec.observables import load_observable
 from reward_lens_spec.ops.base import PlanInfo
 from reward_lens_spec.paths import conf_dir

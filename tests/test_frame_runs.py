@@ -1,7 +1,7 @@
 """Frames through config: a model and its exact re-parameterization, run as two checkpoints on disk.
 
 Model a is tiny_llama with its norm gains folded; model b is a rotated by a random orthogonal Q in
-every layer (``models.reparam.rotate_residual``). Invariant outputs agree; raw-frame directions
+every layer (``engine.reparam.rotate_residual``). Invariant outputs agree; raw-frame directions
 differ and the compare gate refuses them; in one shared frame (fitted, stored and reused through
 ``frame=shared``) the directions coincide; a stored shared-frame direction projects onto the other
 model exactly.
@@ -20,7 +20,7 @@ from scipy.stats import ortho_group
 from reward_lens_spec.compare import CompareParams, compare_runs
 from reward_lens_spec.errors import GaugeError, SpecError
 from reward_lens_spec.frames import load_frame
-from reward_lens_spec.models.reparam import rotate_residual
+from reward_lens_spec.engine.reparam import rotate_residual
 from reward_lens_spec.models.tiny import build_tiny
 from reward_lens_spec.paths import conf_dir
 from reward_lens_spec.run import execute

@@ -12,10 +12,10 @@ from reward_lens_spec.errors import GaugeError, SpecError, StoreError
 from reward_lens_spec.frames import (as_direction, compare_directions, fit_shared, fit_whitened, frame_from_dataset,
                                      frame_to_dataset, load_frame, native_frame, require_shared_frame, save_frame,
                                      shrunk_spectrum)
-from reward_lens_spec.models.capture import capture
+from reward_lens_spec.engine.capture import capture
 from reward_lens_spec.models.formatting import encode_pairs
 from reward_lens_spec.models.loading import wrap_model
-from reward_lens_spec.models.reparam import rotate_residual
+from reward_lens_spec.engine.reparam import rotate_residual
 from reward_lens_spec.models.tiny import build_tiny
 from reward_lens_spec.ops.base import PlanInfo
 from reward_lens_spec.ops.margin_agreement import compare_margins

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from reward_lens_spec.models.attn_heads import n_heads
-from reward_lens_spec.models.interventions import head_dim, o_proj
+from reward_lens_spec.engine.attn_heads import n_heads
+from reward_lens_spec.engine.interventions import head_dim, o_proj
 from tests.test_battery import run_obs
 
 
@@ -78,7 +78,7 @@ def head_organisms():
 
 
 def test_planted_head_is_recovered_and_an_off_by_one_head_grid_fails(head_organisms, monkeypatch):
-    from reward_lens_spec.models import interventions
+    from reward_lens_spec.engine import interventions
     from reward_lens_spec.trust.scorecard import grade
     card = grade("examples/head_patch", organisms=head_organisms)
     assert card.criteria_passed == {"patch_share": True, "attribution_share": True}, card.describe()

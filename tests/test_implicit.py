@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from reward_lens_spec.errors import SpecError
-from reward_lens_spec.organisms.implicit_organism import mlp_organism, unembed_organism
-from reward_lens_spec.models.per_token import response_starts
+from reward_lens_spec.kinds.implicit.organism import mlp_organism, unembed_organism
+from reward_lens_spec.engine.per_token import response_starts
 from reward_lens_spec.planning import plan_for
 from reward_lens_spec.run import compose_run, compute, execute
 
@@ -84,7 +84,7 @@ def test_zero_strength_gives_a_zero_reward():
 
 @pytest.mark.parametrize("norm,reference", [(True, True), (False, False), (True, False)])
 def test_length_normalized_and_reference_free_match_a_plain_forward(organism, norm, reference):
-    from reward_lens_spec.models.implicit import make_implicit
+    from reward_lens_spec.kinds.implicit.model import make_implicit
     base, _ = organism
     lm = make_implicit("v", base.policy, base.reference if reference else None, beta=0.3, length_normalize=norm)
     pairs = make_pairs(4)
@@ -154,7 +154,7 @@ def test_fraction_is_a_share_only_where_policy_and_reference_share_their_readout
     """Issue 37 item 4. Same readout (the MLP organism): the fraction is (m − m_patched)/m against plain forwards
     and the last layer's output carries all of it. Different readout (the unembedding organism: only the policy's
     unembedding differs, so no residual patch moves the margin): the fraction is refused, NaN with a reason."""
-    from reward_lens_spec.models.implicit_patch import readout_difference
+    from reward_lens_spec.kinds.implicit.patch import readout_difference
     lm, _ = mlp_organism(0.3, 2, beta=1.0)
     pairs = make_pairs(2)
     res, _, enc = _compute(lm, "implicit_patch", pairs, batch_size=8)
@@ -180,7 +180,7 @@ def test_fraction_is_a_share_only_where_policy_and_reference_share_their_readout
 
 
 def test_patching_refused_when_reference_free(organism):
-    from reward_lens_spec.models.implicit import make_implicit
+    from reward_lens_spec.kinds.implicit.model import make_implicit
     base, _ = organism
     lm = make_implicit("free", base.policy, None)
     with pytest.raises(SpecError, match="reference-free") as e:

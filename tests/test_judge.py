@@ -128,7 +128,7 @@ def test_judge_organism_carries_the_planted_unit():
     """Trust organism for judges: the planted organism read as a judge. Its verdict margin is the causal LM's
     own next-token logit difference, equals the planted classifier's margin, and DLA puts the planted write in
     mlp_L1, growing with the planted strength."""
-    from reward_lens_spec.organisms.judge_organism import judge_organism
+    from reward_lens_spec.kinds.judge.organism import judge_organism
     from reward_lens_spec.organisms.organisms import planted_organism
     from reward_lens_spec.observables import load_observable
     from reward_lens_spec.ops.base import PlanInfo

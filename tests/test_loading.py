@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from reward_lens_spec.errors import SpecError
-from reward_lens_spec.models.capture import capture
+from reward_lens_spec.engine.capture import capture
 from reward_lens_spec.models.formatting import encode_pairs
 from reward_lens_spec.models.loading import load_model
 from reward_lens_spec.models.tiny import build_tiny

@@ -68,7 +68,7 @@ def test_prefix_reward_matches_the_model_on_each_prefix(tmp_path, model):
 
 def test_response_starts_after_the_prompt(tmp_path):
     from reward_lens_spec.models.formatting import encode_pairs
-    from reward_lens_spec.models.per_token import response_starts
+    from reward_lens_spec.engine.per_token import response_starts
     from reward_lens_spec.data import Pair
     from reward_lens_spec.models.tiny_tokenizer import build_tiny_tokenizer
     tok = build_tiny_tokenizer()

@@ -10,8 +10,8 @@ import torch
 
 from reward_lens_spec.data import Pair
 from reward_lens_spec.errors import SpecError
-from reward_lens_spec.models.prm import aggregate, boundaries
-from reward_lens_spec.organisms.prm_organism import TEMPLATE, located_steps, prm_organism
+from reward_lens_spec.kinds.prm.steps import aggregate, boundaries
+from reward_lens_spec.kinds.prm.organism import TEMPLATE, located_steps, prm_organism
 from reward_lens_spec.observables import load_observable
 from reward_lens_spec.ops.base import PlanInfo
 from reward_lens_spec.registry import build_plan

@@ -114,7 +114,7 @@ def test_restoring_a_downstream_site_matches_a_naive_forward_with_two_hooks():
 def test_the_bounds_restoring_everything_gives_one_and_nothing_gives_zero(name, over):
     """All of the ablated activation (every principal axis of a mean ablation's a − a', or the last residual's
     clean value set downstream) gives 1; no axis gives 0. Heads (z slices) and a sliding-window model too."""
-    from reward_lens_spec.models.interventions import head_dim
+    from reward_lens_spec.engine.interventions import head_dim
     from tests.conftest import tiny_lm
     lm = tiny_lm(name)
     width = head_dim(lm) if over == "head" else lm.d_model

@@ -97,7 +97,7 @@ def test_the_key_covers_the_package_code(tmp_path, monkeypatch):
 
     run, y = compose_run(["observable=score", "dataset.limit=4"])
     k1 = reuse.reuse_key(run, y, str(tmp_path), None)
-    monkeypatch.setitem(reuse._PACKAGE_DIGEST, "d", "0" * 64)         # as if one source file had changed
+    monkeypatch.setitem(signed_cache._PACKAGE_DIGEST, "d", "0" * 64)         # as if one source file had changed
     k2 = reuse.reuse_key(run, y, str(tmp_path), None)
     assert k1 and k2 and k1 != k2
     assert reuse.reuse_key(run, y, str(tmp_path), "study-x") != k2   # and the study the run is registered under

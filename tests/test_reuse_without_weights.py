@@ -16,7 +16,7 @@ def _go(tmp_path, *over):
 def _no_weights(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("weights were loaded")
-    monkeypatch.setattr(loading, "load_model", refuse)       # the one guarded loader (models.kinds' classifier)
+    monkeypatch.setattr(loading, "load_model", refuse)       # the one guarded loader (kinds' classifier)
 
 
 def test_builtin_rerun_loads_no_weights(tmp_path, monkeypatch):

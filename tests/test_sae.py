@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from reward_lens_spec.errors import SpecError
-from reward_lens_spec.models.sae import TopKSAE, load_sae, rows_of, save_sae, train_sae
+from reward_lens_spec.engine.sae import TopKSAE, load_sae, rows_of, save_sae, train_sae
 from reward_lens_spec.spec import ObservableSpec
 
 pytestmark = pytest.mark.usefixtures("one_thread")

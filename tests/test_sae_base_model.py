@@ -11,7 +11,7 @@ import pytest
 
 from reward_lens_spec import open_store
 from reward_lens_spec.errors import SpecError
-from reward_lens_spec.models.sae import load_sae, save_sae, train_sae
+from reward_lens_spec.engine.sae import load_sae, save_sae, train_sae
 from reward_lens_spec.run import compose_run, execute
 from reward_lens_spec.trust.sae_gate import MIN_VARIANCE_EXPLAINED
 

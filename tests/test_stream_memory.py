@@ -7,7 +7,7 @@ import weakref
 
 import numpy as np
 
-import reward_lens_spec.models.capture as capture_mod
+import reward_lens_spec.engine.capture as capture_mod
 from reward_lens_spec.run import compute
 from tests.conftest import make_pairs, tiny_lm
 from tests.test_streaming import plan_of

@@ -204,9 +204,9 @@ def test_bfloat16_streamed_run_self_checks_with_its_own_tolerance(tmp_path):
     the margin (to bf16 rounding), and a wrong readout still stops the run."""
     import torch
     from reward_lens_spec.errors import CaptureError
-    from reward_lens_spec.models.capture import _TOL, capture
+    from reward_lens_spec.engine.capture import TOL, capture
     lm, pairs = tiny_lm("tiny_llama", dtype="bfloat16"), make_pairs(6)
-    assert lm.head.W.dtype == np.float32 and _TOL["bfloat16"] > _TOL["float32"]
+    assert lm.head.W.dtype == np.float32 and TOL["bfloat16"] > TOL["float32"]
     plan, info = plan_of(lm, "dla")
     ds, prov = streamed(lm, pairs, plan, info, str(tmp_path / "bf16.zarr"), 2)
     assert prov["chunks"]["n"] == 3

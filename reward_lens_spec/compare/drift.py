@@ -47,8 +47,10 @@ from .cli import parse_args
 from ..errors import RewardLensError
 from ..models.checkpoints import link
 from ..ops.margin_agreement import compare_margins
-from .runs import _variables
+from .runs import run_variables
 from ..trust.evidence import LEVELS
+from ..frames import as_direction, compare_directions, fit_shared
+from .. import __version__
 
 OBSERVABLE = "drift"
 REFERENCES = ("previous", "last")
@@ -117,8 +119,6 @@ def _h_rows(h: xr.DataArray, model: str) -> np.ndarray:
 
 def _directions(va, vb, name_a, name_b, ha, hb, p: DriftParams) -> dict:
     """Cosines of w_r and of the mean margin-difference direction in a shared frame of two checkpoints."""
-    from ..frames import as_direction, compare_directions, fit_shared
-
     out = {}
     frame = fit_shared(ha, hb, (name_a, name_b))
     out["frame_underdetermined"] = float(bool(frame.provenance.get("underdetermined")))
@@ -207,7 +207,6 @@ def drift(url: str, observable: str, model: str | None = None, params: DriftPara
           storage_options: dict | None = None) -> tuple[str, xr.Dataset, bool]:
     """Drift of one checkpoint sequence's runs of ``observable`` in store ``url`` (see the module doc).
     Returns ``(run_id, Dataset, written)``; ``written`` False when the same drift was stored before."""
-    from .. import __version__
     from ..store import is_complete, open_store, write_run
     so = dict(storage_options or {})
     st = open_store(url, storage_options=so)
@@ -220,7 +219,7 @@ def drift(url: str, observable: str, model: str | None = None, params: DriftPara
         res = st.load(rid, OBSERVABLE, lazy=False)
         return rid, (res.to_dataset() if hasattr(res, "to_dataset") else res), False
     names = [str(p["model"]) for _, p in runs]
-    vs = [_variables(st, r) for r in rids]
+    vs = [run_variables(st, r) for r in rids]
     K = len(runs)
     single = [_single(v) for v in vs]
     pair = {ref: [None] * K for ref in REFERENCES}

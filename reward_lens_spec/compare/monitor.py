@@ -42,6 +42,9 @@ from ..errors import SpecError
 import sys
 from .cli import parse_args
 from ..errors import RewardLensError
+from .runs import run_variables
+from .. import __version__
+from .drift import sequence_runs
 
 OBSERVABLE = "monitor"
 LAMBDAS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
@@ -88,11 +91,9 @@ def monitor_series(margins: list[np.ndarray], *, statistic: str = "margin", alph
 
 
 def _margins(st, runs, dimensions) -> tuple[list[np.ndarray], int]:
-    from .runs import _variables
-
     vecs, ids = [], None
     for rid, _ in runs:
-        m = _variables(st, rid).get("margin")
+        m = run_variables(st, rid).get("margin")
         if m is None:
             raise SpecError("observable", f"run {rid} stores no margin to monitor.",
                             fix="monitor runs of an observable that stores the margin (e.g. score).")
@@ -118,9 +119,7 @@ def monitor(url: str, observable: str, model: str | None = None, *, statistic: s
             alpha: float = 0.05, min_change: float = 0.0, dimensions=None,
             storage_options: dict | None = None) -> tuple[str, xr.Dataset, bool]:
     """Monitor one stored checkpoint sequence (module doc); ``(run_id, Dataset, written)``."""
-    from .. import __version__
     from ..store import is_complete, open_store, write_run
-    from .drift import sequence_runs
 
     so = dict(storage_options or {})
     st = open_store(url, storage_options=so)

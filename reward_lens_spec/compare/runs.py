@@ -33,13 +33,14 @@ from dataclasses import asdict, dataclass
 
 import xarray as xr
 
-from ..errors import GaugeError, SpecError
+from ..errors import GaugeError, SpecError, did_you_mean
 from ..frames.compare import compare_directions
 from ..frames.gate import gauge_of, is_frame_dependent, require_shared_frame
 from ..ops.margin_agreement import compare_margins
 from ..trust.evidence import LEVELS
 from .paired import paired_accuracy
 from ..frames.io import load_frame
+from .. import __version__
 
 OBSERVABLE = "compare"
 
@@ -53,7 +54,7 @@ class CompareParams:
     ci: float = 0.95
 
 
-def _variables(st, run_id: str) -> dict[str, xr.DataArray]:
+def run_variables(st, run_id: str) -> dict[str, xr.DataArray]:
     out = {}
     for obs in st.observables(run_id):
         ds = st.load(run_id, obs, lazy=False)
@@ -177,7 +178,6 @@ def compare_runs(url: str, run_a: str, run_b: str, variables=None, params: Compa
     Returns ``(run_id, {variable: Dataset}, written)``; ``written`` is False when the same
     comparison was already stored (it is then loaded, not recomputed).
     """
-    from .. import __version__
     from ..store import is_complete, open_store, write_run
 
     so = dict(storage_options or {})
@@ -185,7 +185,6 @@ def compare_runs(url: str, run_a: str, run_b: str, variables=None, params: Compa
     known = set(st.runs()["run_id"])
     for key, rid in (("a", run_a), ("b", run_b)):
         if rid not in known:
-            from ..errors import did_you_mean
             raise SpecError(key, f"no complete run '{rid}' in {url}.{did_you_mean(rid, sorted(known))}",
                             fix="list runs with `reward-lens-spec store ls url=...`.")
     if run_a == run_b:
@@ -196,12 +195,11 @@ def compare_runs(url: str, run_a: str, run_b: str, variables=None, params: Compa
             raise SpecError(key, f"run {rid} is a stored {prov.get('observable')}, not a model's run.",
                             fix="name runs of observables (e.g. observable=reward_direction).")
     same_data = prov_a.get("dataset_checksum") == prov_b.get("dataset_checksum")
-    va, vb = _variables(st, run_a), _variables(st, run_b)
+    va, vb = run_variables(st, run_a), run_variables(st, run_b)
     shared = sorted(set(va) & set(vb))
     names = list(dict.fromkeys(variables)) if variables else shared
     for n in names:
         if n not in shared:
-            from ..errors import did_you_mean
             raise SpecError("vars", f"variable '{n}' is not in both runs.{did_you_mean(n, shared)}", options=shared)
     paired = _paired_names(paired, names, va, vb, run_a, run_b)
     rid = f"{OBSERVABLE}-" + hashlib.sha256(json.dumps(

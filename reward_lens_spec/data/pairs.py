@@ -23,7 +23,7 @@ of the file the pairs were read from (``None`` for pairs built in code).
 data) and ``prompt_truncated``, ``response_truncated`` (from the encoding,
 ``models.formatting.encode_pairs``). ``KIND_FLAGS`` are the flags a kind adds to its own runs only (its
 encoding hook, ``EncodedPairs.kind_flags``): ``no_step_separator`` (``model.kind=prm``: a side in which the step
-token never occurs, read as one step; ``models.prm``).
+token never occurs, read as one step; ``kinds.prm``).
 """
 from __future__ import annotations
 

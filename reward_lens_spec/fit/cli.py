@@ -38,9 +38,10 @@ from .split import PARTS, split_by_prompt
 import hashlib
 from scipy.special import expit
 from ..data.checksum import prompt_cluster_key
-from ..run.compose import store_url
+from ..run.compose import compose_run, store_url
 from ..inputs import batch_size, encode, load_dataset, load_lm
 from ..inputs import numerics
+from .. import __version__
 
 
 @dataclass
@@ -134,9 +135,8 @@ def report_dataset(report: dict, test_ids, test_margin, test_groups, ratio, head
 
 def run_fit(opts: FitOptions, out: str, run, resolved_yaml: str, base_dir: str) -> dict:
     """Do the whole job (see module doc); return the report dict."""
-    from .. import __version__
     from ..identity import spec_hash, versions
-    from ..models.capture import capture
+    from ..engine.capture import capture
     from ..models.fingerprint import model_fingerprint
     from ..store import write_run
 
@@ -215,7 +215,7 @@ def _verify(run, folder: Path, base_dir: str, pairs, expected) -> dict:
     """Reload ``folder`` as ``model.source`` and compare margins on ``pairs`` (max abs difference)."""
     if not pairs:
         return {"n": 0}
-    from ..models.capture import capture
+    from ..engine.capture import capture
     spec = derive(run.model, source=str(folder), gguf_file=None)
     lm = load_lm(spec, base_dir)
     enc = encode(lm, pairs, spec)
@@ -250,7 +250,6 @@ def main(argv: list[str] | None = None) -> int:
         if not out:
             raise SpecError("out", "the folder to save the fitted checkpoint in is required.",
                             fix="add out=models/<name> (keep it out of git).")
-        from ..run.compose import compose_run
         run, yaml_text = compose_run(rest)
         rep = run_fit(opts, out, run, yaml_text, os.getcwd())
     except RewardLensError as exc:

@@ -1,7 +1,7 @@
 """A linear Bradley–Terry reward head on FROZEN backbone features, and saving it as a checkpoint.
 
 Features: ``dh = h_c − h_r`` (pair × d_model, float64), ``h`` the final-norm output at the
-readout token (``models.capture.capture(..., sites=())`` → ``CaptureResult.h``).
+readout token (``engine.capture.capture(..., sites=())`` → ``CaptureResult.h``).
 
 Model: ``Δ = w·dh`` (the head bias cancels in a margin, so it is fixed at 0). Objective
 (Bradley & Terry 1952, with an L2 penalty; the reward-model loss of Ouyang et al. 2022):

@@ -58,7 +58,7 @@ def _reference_pairs(run, base_dir):
 
 def _readout(lm, spec, pairs) -> dict[str, np.ndarray]:
     """pair id → (2, d) readout activations h (chosen, rejected) of ``lm`` on ``pairs``."""
-    from ..models.capture import capture
+    from ..engine.capture import capture
     enc = encode(lm, pairs, spec)
     cap = capture(lm, enc, (), batch_size=batch_size(spec, lm, enc), max_tokens=spec.max_tokens,
                   padding_side=spec.padding_side.value)

@@ -9,7 +9,7 @@ every position of the activation, computed in float64 and cast back to the model
     steer   x ← x + alpha · v                         (activation addition, Turner et al. 2023)
     erase   x ← x − (x − μ) Eᵀ,  E = W⁺PW             (LEACE, Belrose et al. 2023, Thm. 4.3)
 
-Both are position-wise, so cached prefixes and the readout copies of ``models.interventions`` see the same map
+Both are position-wise, so cached prefixes and the readout copies of ``engine.interventions`` see the same map
 as a full forward. ``head`` writes the artifact's W (and b, else 0) into the model's own reward head (so the
 capture pass's self-check ``W·h + b`` = the model's logits still holds). Raises ``SpecError`` naming
 ``model.interventions.<i>`` for a width that is not the model's d_model, a layer out of range, a site the family
@@ -22,8 +22,7 @@ import torch
 
 from ..errors import SpecError
 from .artifacts import parse_site, read, record
-from .capture import _first
-from .patching import _module_for
+from .head import first_output, get_module, module_for
 
 
 def apply(lm, spec, base_dir: str | None = None, *, wrap=None):
@@ -43,7 +42,7 @@ def apply(lm, spec, base_dir: str | None = None, *, wrap=None):
                 raise SpecError(key + ".site", f"layer {layer} out of range; this model has layers "
                                 f"0..{lm.n_layers - 1}.", fix=f"e.g. site: {site}.{lm.n_layers - 1}.")
             try:
-                module = _module_for(lm, site, layer)
+                module = module_for(lm, site, layer)
             except (AttributeError, KeyError, IndexError):
                 raise SpecError(key + ".site", f"this model's family ({lm.family.name}) has no {site} module.",
                                 options=["resid_post"]) from None
@@ -74,7 +73,7 @@ def _hook(entry, tensors: dict, d: int, key: str):
             return x - (x - mu.to(x.device)) @ proj.to(x.device).T
 
     def hook(mod, args, output):
-        x = _first(output)
+        x = first_output(output)
         y = f(x.double()).to(x.dtype)
         return (y,) + tuple(output[1:]) if isinstance(output, tuple) else y
     return hook
@@ -82,8 +81,6 @@ def _hook(entry, tensors: dict, d: int, key: str):
 
 def _set_head(lm, tensors: dict, key: str, wrap_model):
     """``wrap_model``: ``models.loading.wrap_model``, handed in by the loader (which imports this module)."""
-    from .head import get_module
-
     if lm.head.gated:
         raise SpecError(key + ".kind", "a gated (multi-objective) head cannot be replaced by a linear one.",
                         fix="use a model with a linear head.")

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SpecError
+from ..data.files import resolve_path
 
 FORMAT = "reward-lens-spec intervention 1"
 KINDS = ("erase", "steer", "head")
@@ -73,7 +74,6 @@ def check_entry(entry, key: str) -> None:
 
 
 def resolve(path, base_dir: str | None) -> Path:
-    from ..data.files import resolve_path
     return resolve_path(path, base_dir)
 
 

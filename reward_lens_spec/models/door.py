@@ -37,7 +37,7 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
-from ..config_safety import _TRUE, check_tree, check_values, override_values
+from ..config_safety import TRUE_WORDS, check_tree, check_values, override_values
 from ..errors import SpecError, did_you_mean
 from ..paths import find_config, group_options
 from ..spec import ModelSpec, default_model_name
@@ -72,7 +72,7 @@ def grants(typed: list[str]) -> frozenset:
 
 
 def _walk(path: list[str], value, out: set) -> None:
-    if path and path[-1] in FLAGS and (value is True or str(value).strip().strip("'\"").lower() in _TRUE):
+    if path and path[-1] in FLAGS and (value is True or str(value).strip().strip("'\"").lower() in TRUE_WORDS):
         out.add((".".join(path[:-1]), path[-1]))
     if isinstance(value, Mapping):
         for k, v in value.items():

@@ -27,6 +27,7 @@ import json
 import struct
 
 import torch
+from .placement import offloaded_value
 
 _CHUNK = 1 << 22  # elements per streamed chunk
 _VOLATILE = {"transformers_version", "_name_or_path", "name_or_path", "torch_dtype", "dtype",
@@ -119,7 +120,6 @@ def model_fingerprint(model, tokenizer, *, without_head: str | None = None) -> s
         t = state[name]
         key = _storage_key(t)
         if t.device.type == "meta":            # offloaded by a device map (models.placement): its real value, read
-            from .placement import offloaded_value      # now (a fresh tensor: its address says nothing of ties)
             t = offloaded_value(model, name, t)
         if key is not None and key in seen:
             _put(h, f"alias:{name}={seen[key]}")

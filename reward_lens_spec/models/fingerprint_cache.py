@@ -3,9 +3,10 @@
 ``model_fingerprint`` hashes every tensor, so it needs the weights in memory. To decide whether a run
 is already in the store (``run.executor``) without loading them, the fingerprint a load computed is
 remembered under a *weights key*: sha256 of the ``ModelSpec`` fields that shape the loaded model
-(source, GGUF file, revision, dtype, labels, head kind and init, seed, attention, objectives), the
-package version and, for a checkpoint folder, the sha256 of every file in it (``file_sha256``); for a
-built-in tiny model, the digest of every source file of the package (``signed_cache.package_digest``:
+(source, GGUF file, revision, dtype, labels, head kind and init, seed, attention, objectives), for a kind
+other than the classifier its settings and the digest of its folder's code (``Kind.code_digest``: derived
+from the kind, so no file of it can be left out), the package version and, for a checkpoint folder, the
+sha256 of every file in it (``file_sha256``); for a built-in tiny model, the digest of every source file of the package (``signed_cache.package_digest``:
 derived, so no file the builder imports can be left out). A hub id has no key (its files are not ours to
 stat): such runs load the weights to decide.
 
@@ -33,7 +34,7 @@ from .. import __version__
 from ..signed_cache import cache_dir, package_digest, read_signed, write_signed  # noqa: F401  (cache_dir: public here)
 from .admission import permissions
 from .hub import load_tokenizer
-from .kinds import kind_of, kind_settings
+from ..kinds import get_kind, kind_of, kind_settings
 from .sources import resolve_source
 
 _SPEC_FIELDS = ("source", "gguf_file", "revision", "dtype", "num_labels", "head", "head_init", "seed",
@@ -67,11 +68,12 @@ def file_sha256(path: Path) -> str:
 def weights_key(spec, base_dir: str | None = None) -> str | None:
     """The key the fingerprint of ``spec``'s model is remembered under (``None``: no key, load to know)."""
     fields = {f: str(getattr(getattr(spec, f, None), "value", getattr(spec, f, None))) for f in _SPEC_FIELDS}
-    if kind_of(spec) in ("implicit", "ensemble"):  # other checkpoints (reference, members) than model.source's:
+    if get_kind(kind_of(spec)).other_checkpoints:  # checkpoints (reference, members) beside model.source's:
         return None                                # load to know
     signal = kind_settings(spec)                  # a judge and a classifier of one checkpoint differ
     if signal:
         fields["signal"] = json.dumps(signal, sort_keys=True, default=str)
+        fields["kind_code"] = get_kind(kind_of(spec)).code_digest()    # its loader's code shapes the weights
     kind, loc = resolve_source(spec.source, base_dir)
     if kind == "hub":
         return None

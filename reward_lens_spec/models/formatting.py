@@ -5,7 +5,7 @@ Rules (``encode_pairs``):
 - ``fmt="plain"``: text = ``template`` with ``{prompt}`` / ``{response}`` substituted in ONE
   pass (braces inside the texts are never interpreted), tokenized with the tokenizer's own
   special tokens (``add_special_tokens=True``). ``{other}`` (optional) is the pair's other
-  response: a pairwise judge (``models.judge``) shows both, the side's own first.
+  response: a pairwise judge (``kinds.judge``) shows both, the side's own first.
 - ``fmt="chat_template"``: ``tokenizer.apply_chat_template([user, assistant], tokenize=True,
   add_generation_prompt=False)`` tokenized ONCE from the template; the text is never rendered
   and re-tokenized (that would add a second BOS).
@@ -46,6 +46,7 @@ import numpy as np
 
 from ..errors import CaptureError, SpecError
 from .token_rows import TokenRows
+import json
 
 FORMATS = ("plain", "chat_template", "messages")
 TRUNCATED_RESPONSES = ("exclude", "keep")
@@ -73,7 +74,7 @@ class EncodedPairs:
     fmt: str
     response_truncated: list[str] = field(default_factory=list)
     prompt_truncated: list[str] = field(default_factory=list)
-    template: str = ""          # the plain template used (response starts: models.per_token)
+    template: str = ""          # the plain template used (response starts: engine.per_token)
     kind_flags: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -118,12 +119,11 @@ def _fill(template: str, prompt: str, response: str, other: str = "") -> str:
     return _SLOT.sub(lambda m: {"prompt": prompt, "response": response, "other": other}[m.group(1)], template)
 
 
-def _encode(tokenizer, prompt: str, response: str, fmt: str, template: str, other: str = "") -> list[int]:
+def encode_text(tokenizer, prompt: str, response: str, fmt: str, template: str, other: str = "") -> list[int]:
     if fmt == "plain":
         text = _fill(template, prompt, response, other)
         return _ids(tokenizer(text, add_special_tokens=True))
     if fmt == "messages":                       # canonical JSON message lists (data.readers.messages_text)
-        import json
         messages = json.loads(prompt) + (json.loads(response) if response else [])
         return _ids(tokenizer.apply_chat_template(messages, chat_template=template or None, tokenize=True,
                                                   add_generation_prompt=False, return_dict=False))
@@ -135,12 +135,12 @@ ENCODE_SLICE = 1024      # texts per tokenizer call in _encode_all
 
 
 def _encode_all(tokenizer, items: list[tuple], fmt: str, template: str) -> list[list[int]]:
-    """``_encode`` of every ``(prompt, response)``; plain texts go to the tokenizer in batched calls of
+    """``encode_text`` of every ``(prompt, response)``; plain texts go to the tokenizer in batched calls of
     ``ENCODE_SLICE`` texts (no padding, no truncation: the same ids as one call per text). Slicing bounds
     the tokenizer's transient memory: one call over 16,384 pairs held 290 MB, slices of 1,024 hold 62 MB
     (benchmarks/results.md §10)."""
     if fmt != "plain" or not items:
-        return [_encode(tokenizer, *it[:2], fmt, template) for it in items]
+        return [encode_text(tokenizer, *it[:2], fmt, template) for it in items]
     out: list[list[int]] = []
     for start in range(0, len(items), ENCODE_SLICE):
         texts = [_fill(template, *it) for it in items[start:start + ENCODE_SLICE]]   # (prompt, response[, other])
@@ -149,7 +149,7 @@ def _encode_all(tokenizer, items: list[tuple], fmt: str, template: str) -> list[
     return out
 
 
-def _common_prefix(base: list[int], full: list[int]) -> int:
+def common_prefix(base: list[int], full: list[int]) -> int:
     """Tokens of ``full`` that belong to the prompt part: common prefix with the empty-response encoding ``base``."""
     n = 0
     for a, b in zip(base, full):
@@ -202,7 +202,7 @@ def _encode_slice(tokenizer, pairs, fmt, template, max_length, bos_id, model_nam
                     "the BOS from the template (plain) or use model.format=chat_template, which "
                     "tokenizes the template once.")
             bos_seen.add(nb)
-            sides.append((ids, _common_prefix(prompt_only[k], ids) if k in prompt_only else 0))
+            sides.append((ids, common_prefix(prompt_only[k], ids) if k in prompt_only else 0))
             k += 1
         raw.append((str(pair.id), sides[0][0], sides[1][0], sides[0][1], sides[1][1]))
     return raw

@@ -16,6 +16,9 @@ import torch
 
 from .families import Family
 from .readout import ReadoutHead  # noqa: F401  (defined in models.readout; importable from here as before)
+from .placement import module_device, materialized
+from .gated_head import read_gated
+from ..errors import SpecError
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,6 @@ class FinalNorm:
     @torch.no_grad()
     def apply(self, x: np.ndarray) -> np.ndarray:
         """Apply the model's own final-norm module to residuals (..., d_model); float32 out."""
-        from .placement import module_device
         p = next(self.module.parameters())             # on meta when offloaded: its dtype still holds
         out = self.module(torch.as_tensor(np.asarray(x), dtype=p.dtype, device=module_device(self.module)))
         return out.float().cpu().numpy()
@@ -75,10 +77,8 @@ def read_head(model, family: Family, objectives: tuple[str, ...] | None = None) 
     if getattr(model, "is_armorm", False):
         from .armorm import read_armorm_head
         return read_armorm_head(model, objectives)
-    from .placement import materialized
     lin = _get(model, family.head)
     if hasattr(lin, "regression") and hasattr(lin, "gating"):
-        from .gated_head import read_gated
         return read_gated(lin, objectives)
     with materialized(lin):                         # offloaded (models.placement): read where it runs
         W = lin.weight.detach().float().cpu().numpy().copy()
@@ -87,7 +87,6 @@ def read_head(model, family: Family, objectives: tuple[str, ...] | None = None) 
     names = tuple(objectives) if objectives else (
         ("reward",) if W.shape[0] == 1 else tuple(f"objective_{k}" for k in range(W.shape[0])))
     if len(names) != W.shape[0]:
-        from ..errors import SpecError
         raise SpecError("model.objectives", f"{len(names)} names given for a head with {W.shape[0]} rows.",
                         fix=f"list exactly {W.shape[0]} names, or leave it empty.")
     return ReadoutHead(W=W, b=b, objectives=names)
@@ -95,7 +94,6 @@ def read_head(model, family: Family, objectives: tuple[str, ...] | None = None) 
 
 def read_final_norm(model, family: Family) -> FinalNorm:
     """Describe the family's final norm module (see ``FinalNorm``)."""
-    from .placement import materialized
     mod = _get(model, family.final_norm)
     with materialized(mod):                         # offloaded (models.placement): read where it runs
         return _final_norm(model, family, mod)
@@ -117,3 +115,18 @@ def _final_norm(model, family: Family, mod) -> FinalNorm:
 def get_module(model, path: str):
     """Resolve a dotted module path on ``model``."""
     return _get(model, path)
+
+
+def first_output(x):
+    """A module's output tensor: the first element when the module returns a tuple (a decoder layer), else ``x``."""
+    return x[0] if isinstance(x, tuple) else x
+
+
+def module_for(lm, site: str, layer: int):
+    """The module of ``lm`` whose output is ``site`` (``resid_post`` | ``attn_out`` | ``mlp_out`` of block
+    ``layer``, or ``readout``: the final norm). Raises ``KeyError`` for another site name."""
+    if site == "readout":
+        return lm.norm.module
+    block = get_module(lm.model, lm.family.layers)[layer]
+    return {"resid_post": block, "attn_out": get_module(block, lm.family.attn),
+            "mlp_out": get_module(block, lm.family.mlp)}[site]

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ..errors import SpecError
-from .placement import resolve_device
+from .placement import input_device, meta_skeleton, offload_dir, place_built, plan_map, record, resolve_device
 from .armorm import is_armorm_folder, load_armorm
 from .discover import family_or_discovered
 from .families import Family
@@ -32,8 +32,11 @@ from .hub import load_classifier, load_tokenizer, remote_code_error, trust_remot
 from .sources import gguf_for, resolve_source  # noqa: F401  (public here too)
 from .tiny import TINY_CONFIGS, build_tiny
 from .head import get_module
+from .gated_head import attach_gated_head
+from .hub import load_config
+from .apply_artifacts import apply
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -46,7 +49,7 @@ class LoadedModel:
     norm: FinalNorm
     dtype: str
     device: str
-    signal: object = None      # the kind of reward signal's own record (models.judge / models.prm), else None
+    signal: object = None      # the kind of reward signal's own record (kinds.judge / kinds.prm), else None
     interventions: list | None = None   # model.interventions applied (models.apply_artifacts): their records
     placement: dict | None = None   # model.device_map's record (models.placement.record), else None
 
@@ -79,12 +82,10 @@ def load_model(spec, base_dir: str | None = None) -> LoadedModel:
         model, tok = build_tiny(loc, seed=spec.seed, num_labels=1 if gated else spec.num_labels,
                                 padding_side=padding_side)
         if gated:
-            from .gated_head import attach_gated_head
             attach_gated_head(model, spec.num_labels, seed=spec.seed)
         if placed:
-            from .placement import place_built
-            model.to(dtype=_DTYPES[dtype])
-            placement = place_built(model, spec, _DTYPES[dtype], base_dir)
+            model.to(dtype=DTYPES[dtype])
+            placement = place_built(model, spec, DTYPES[dtype], base_dir)
     elif kind == "folder" and is_armorm_folder(loc):                 # ArmoRM natively (models.armorm)
         if placed:
             raise SpecError("model.device_map", f"{loc} is an ArmoRM checkpoint, which loads on one device.",
@@ -92,7 +93,7 @@ def load_model(spec, base_dir: str | None = None) -> LoadedModel:
         if str(getattr(spec.head, "value", spec.head)) != "gated":
             raise SpecError("model.head", f"{loc} is an ArmoRM checkpoint (a gated multi-objective head).",
                             fix="set model.head=gated.")
-        model, tok = load_armorm(loc, dtype=_DTYPES[dtype], attn_implementation=spec.attn_implementation,
+        model, tok = load_armorm(loc, dtype=DTYPES[dtype], attn_implementation=spec.attn_implementation,
                                  trust_remote_code=trust)
         tok.padding_side = padding_side
     else:
@@ -108,15 +109,12 @@ def load_model(spec, base_dir: str | None = None) -> LoadedModel:
         tok = load_tokenizer(loc, **common)
         plan = folder = None
         if placed:                                   # the map is planned from the config, before any weight
-            from .hub import load_config
-            from .placement import meta_skeleton, offload_dir, plan_map
-            plan = plan_map(spec, meta_skeleton(load_config(loc, **common), spec.num_labels), _DTYPES[dtype])
+            plan = plan_map(spec, meta_skeleton(load_config(loc, **common), spec.num_labels), DTYPES[dtype])
             folder = offload_dir(spec, base_dir)
-        model, missing = load_classifier(loc, num_labels=spec.num_labels, dtype=_DTYPES[dtype],
+        model, missing = load_classifier(loc, num_labels=spec.num_labels, dtype=DTYPES[dtype],
                                          allow_pickle=pickle, device_map=plan, offload_folder=folder,
                                          attn_implementation=spec.attn_implementation or None, **common)
         if placed:
-            from .placement import record
             placement = record(spec, plan, folder, model)
         init_missing_head(model, missing, head_init=getattr(spec, "head_init", None), seed=spec.seed,
                           source=spec.source)
@@ -128,7 +126,6 @@ def load_model(spec, base_dir: str | None = None) -> LoadedModel:
         raise SpecError("model.head", f"model.head={'gated' if want_gated else 'linear'} but the loaded head is "
                         f"{'gated' if lm.head.gated else 'linear'}.", fix="set model.head to match the checkpoint.")
     if getattr(spec, "interventions", None):          # exported artifacts: erase, steer, head (models.artifacts)
-        from .apply_artifacts import apply
         lm = apply(lm, spec, base_dir, wrap=wrap_model)
     return lm
 
@@ -144,9 +141,8 @@ def wrap_model(name: str, model, tokenizer, *, dtype: str = "float32", device: s
         model.config.pad_token_id = (tokenizer.pad_token_id if tokenizer.pad_token_id is not None
                                      else tokenizer.eos_token_id)
     if placement is None:
-        model.to(device=device, dtype=_DTYPES[dtype])
+        model.to(device=device, dtype=DTYPES[dtype])
     else:
-        from .placement import input_device
         device = str(input_device(model))
     model.eval()
     family = family_or_discovered(model, tokenizer)

@@ -32,6 +32,9 @@ from collections.abc import Mapping
 from contextlib import contextmanager
 
 from ..errors import SpecError
+import os
+from pathlib import Path
+import copy
 
 STRATEGIES = ("auto", "balanced", "sequential")
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -282,8 +285,6 @@ def placement_record(lm) -> dict | None:
 
 def offload_dir(spec, base_dir: str | None = None) -> str | None:
     """``model.offload_folder`` as an absolute path (relative to ``base_dir``, like ``model.source``), created."""
-    import os
-    from pathlib import Path
     if not spec.offload_folder:
         return None
     path = Path(os.path.expanduser(str(spec.offload_folder)))
@@ -296,8 +297,6 @@ def offload_dir(spec, base_dir: str | None = None) -> str | None:
 def meta_skeleton(config, num_labels: int):
     """The sequence classifier of ``config`` with ``num_labels`` outputs, weightless on the meta device
     (sizes for ``plan_map``; never runs the checkpoint's own code)."""
-    import copy
-
     import torch
     import transformers as tf
     cfg = copy.deepcopy(config)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+from ..errors import CaptureError
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,6 @@ class ReadoutHead:
         if not self.context_gate:
             return self.gate(h)
         if g is None:
-            from ..errors import CaptureError
             raise CaptureError("this head's gate reads another token of the sequence (ArmoRM); its captured gate "
                                "weights (CaptureResult.gate) must be passed with h.")
         return np.asarray(g, np.float64)

@@ -12,7 +12,7 @@ import xarray as xr
 
 from ..errors import SpecError
 from .base import INVARIANT, labelled
-from .confounders import _groups as prompt_clusters
+from .confounders import prompt_groups as prompt_clusters
 from ..stats import bootstrap_ci, n_eff
 
 BOUNDS = ("estimate", "ci_low", "ci_high")

@@ -10,7 +10,7 @@ grids know. ``mode``:
 Output ``effect`` = Δ_ablated − Δ, with Δ = r_chosen − r_rejected (reward units; b cancels).
 Sources: zero/mean ablation (Heimersheim & Nanda 2024, "How to use and interpret activation
 patching"); resample ablation (Chan et al. 2022, "Causal scrubbing"). Exact: both sides re-run
-copies of the readout token over the cached prefix (``models.interventions.set_readout``).
+copies of the readout token over the cached prefix (``engine.interventions.set_readout``).
 ``observable.layers``, ``observable.components`` and ``observable.pairs`` restrict the grid.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ..registries import OPERATORS
 from ._grid import choice, first_pairs, grid_layers, need_site, objective_dims, result
 from .base import INVARIANT, Operator
 
-_COMP = {"resid": "resid_post", "attn": "attn_out", "mlp": "mlp_out"}
+COMPONENT_SITES = {"resid": "resid_post", "attn": "attn_out", "mlp": "mlp_out"}
 MODES = ("zero", "mean", "resample")
 
 
@@ -65,7 +65,7 @@ class Ablate(Operator):
     def sites(self, info):
         if self.p.over == "head":
             return {"attn_z"}
-        return {_COMP[c] for c in self._comps(info) if c in _COMP}
+        return {COMPONENT_SITES[c] for c in self._comps(info) if c in COMPONENT_SITES}
 
     def prefix_rows(self, info, n_pairs):
         n = n_pairs if info.pairs is None else min(info.pairs, n_pairs)
@@ -77,7 +77,7 @@ class Ablate(Operator):
         choice(self.p.over, ("component", "head"), where + ".over")
         if self.p.over == "component":
             for c in self._comps(info):
-                choice(c, tuple(_COMP), "observable.components")
+                choice(c, tuple(COMPONENT_SITES), "observable.components")
         for s in self.sites(info):
             need_site(info, s, where)
         return ("pair", "layer", self.p.over) + objective_dims(info)
@@ -87,11 +87,11 @@ class Ablate(Operator):
 
     def _targets(self, ctx, layers):
         if self.p.over == "head":
-            from ..models.attn_heads import n_heads
+            from ..engine.attn_heads import n_heads
             H = n_heads(ctx.lm.model.config)
             return [("head", l, h) for l in layers for h in range(H)], list(range(H))
         comps = self._comps(ctx.info)
-        return [(_COMP[c], l, 0) for l in layers for c in comps], list(comps)
+        return [(COMPONENT_SITES[c], l, 0) for l in layers for c in comps], list(comps)
 
     def _acts(self, ctx, site):
         """(pair, side, layer, width) activations at the readout token for ``site``."""
@@ -99,7 +99,7 @@ class Ablate(Operator):
 
     def values(self, ctx, targets):
         """``values(t, pairs, side)``: the replacement activations, (len(pairs), width)."""
-        from ..models.interventions import head_dim
+        from ..engine.interventions import head_dim
         hd = head_dim(ctx.lm) if self.p.over == "head" else None
         donors = resample_donors(len(ctx.encoded.pair_ids), self.p.seed) if self.p.mode == "resample" else None
 
@@ -118,7 +118,7 @@ class Ablate(Operator):
         return values
 
     def run(self, ctx):
-        from ..models.interventions import set_readout
+        from ..engine.interventions import set_readout
         layers, pidx = grid_layers(ctx.info, self.name), first_pairs(ctx)
         targets, names = self._targets(ctx, layers)
         key = (self.name, self.p.mode, self.p.seed, tuple(targets), len(pidx))

@@ -48,7 +48,7 @@ import numpy as np
 from ..errors import SpecError
 from ..registries import OPERATORS
 from ._grid import choice, first_pairs, grid_layers, need_site, reward_direction, result
-from .ablate import _COMP, Ablate, AblateParams
+from .ablate import COMPONENT_SITES, Ablate, AblateParams
 from .project import check_objective
 
 QUANTITIES = ("effect", "rescued_effect", "rescue_fraction")
@@ -79,10 +79,10 @@ def parse_restore(restore, info, where: str) -> tuple[str, Any]:
             raise SpecError(where + ".restore.top_pcs", f"must be an integer >= 0, got {v!r}.")
         return kind, v
     comp, _, layer = str(v).partition("_L")
-    if comp not in _COMP or not layer.isdigit() or int(layer) >= info.n_layers:
+    if comp not in COMPONENT_SITES or not layer.isdigit() or int(layer) >= info.n_layers:
         raise SpecError(where + ".restore.site", f"unknown site {v!r}.",
                         fix=f"name one as <resid|attn|mlp>_L<layer>, layer 0..{info.n_layers - 1} (e.g. mlp_L1).")
-    return kind, (_COMP[comp], int(layer))
+    return kind, (COMPONENT_SITES[comp], int(layer))
 
 
 def orthonormal(M: np.ndarray) -> np.ndarray:
@@ -106,7 +106,7 @@ class AblateRescue(Ablate):
         out = super().sites(info)
         r = self.p.restore
         if isinstance(r, Mapping) and set(r) == {"site"}:
-            out = out | {_COMP.get(str(r["site"]).partition("_L")[0], "resid_post")}
+            out = out | {COMPONENT_SITES.get(str(r["site"]).partition("_L")[0], "resid_post")}
         return out
 
     def out_dims(self, in_dims, info, where):
@@ -128,7 +128,7 @@ class AblateRescue(Ablate):
             U = orthonormal(np.atleast_2d(M))
             return [U] * len(targets)
         out = []
-        from ..models.interventions import head_dim
+        from ..engine.interventions import head_dim
         hd = head_dim(ctx.lm) if self.p.over == "head" else None
         for site, l, h in targets:
             a = self._acts(ctx, site)[:, :, l].astype(np.float64)
@@ -145,7 +145,7 @@ class AblateRescue(Ablate):
         a = self._acts(ctx, site)[pairs, side, l]
         if site != "head":
             return a
-        from ..models.interventions import head_dim
+        from ..engine.interventions import head_dim
         hd = head_dim(ctx.lm)
         return a[..., h * hd:(h + 1) * hd]
 
@@ -170,7 +170,7 @@ class AblateRescue(Ablate):
         return targets, values
 
     def _margins(self, ctx, targets, vf, pidx):
-        from ..models.interventions import set_readout
+        from ..engine.interventions import set_readout
         r = []
         for side in (0, 1):
             got, counts = set_readout(ctx.lm, ctx.encoded, ctx.capture, targets,

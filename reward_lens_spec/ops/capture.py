@@ -6,7 +6,7 @@ Sites (TransformerLens vocabulary):
   components  what each component wrote      pair × side × layer × component × d_model
               (component ∈ {embed, attn, mlp}; NaN where a layer has no such component)
   heads       what each attention head wrote pair × side × layer × head × d_model
-              (see ``models.attn_heads``; Σ over heads = attn_out minus any o_proj bias)
+              (see ``engine.attn_heads``; Σ over heads = attn_out minus any o_proj bias)
   resid_pre | resid_post | attn_out | mlp_out                pair × side × layer × d_model
 Gauge: activations live in the model's native frame (``frame:native:<model>``). ``affine`` attr:
 ``point`` for positions in the residual stream (readout, resid*), ``vector`` for what components
@@ -89,7 +89,7 @@ class Capture(Operator):
                                coords={**coords, "side": side, "layer": np.arange(-1, L),
                                        "component": ["embed", "attn", "mlp"], "unit": (("layer", "component"), unit)})
         elif site == "heads":
-            from ..models.attn_heads import head_contributions
+            from ..engine.attn_heads import head_contributions
             data = head_contributions(ctx.lm, cap.sites["attn_z"])
             arr = xr.DataArray(data, dims=("pair", "side", "layer", "head", "d_model"),
                                coords={**coords, "side": side, "layer": np.arange(data.shape[2]),

@@ -77,7 +77,7 @@ def pair_feature(pair, feature: str, min_prompt_words: int = 30) -> float:
     raise SpecError("observable.steps.feature", f"unknown feature '{feature}'.", value=feature, options=FEATURES)
 
 
-def _groups(ctx):
+def prompt_groups(ctx):
     by_id = {p.id: p for p in ctx.pairs}
     return np.array([prompt_cluster_key(by_id[i].prompt) for i in ctx.encoded.pair_ids], dtype=object)
 
@@ -174,7 +174,7 @@ class Confound(Operator):
         return INVARIANT
 
     def run(self, ctx, margin, feature):
-        f_all, g_all = np.asarray(feature.values, np.float64), _groups(ctx)
+        f_all, g_all = np.asarray(feature.values, np.float64), prompt_groups(ctx)
         keep = np.isfinite(f_all)
         f, g = f_all[keep], g_all[keep]
         kw = dict(n_boot=self.p.n_boot, seed=self.p.seed)
@@ -216,7 +216,7 @@ class PositionBias(Operator):
         return INVARIANT
 
     def run(self, ctx, margin, feature):
-        pos, g_all = np.asarray(feature.values, np.float64), _groups(ctx)
+        pos, g_all = np.asarray(feature.values, np.float64), prompt_groups(ctx)
         keep = np.isfinite(pos)
         pos, g = pos[keep], g_all[keep]
         kw = dict(n_boot=self.p.n_boot, seed=self.p.seed)
@@ -266,7 +266,7 @@ class SwapConsistency(Operator):
         return INVARIANT
 
     def run(self, ctx, margin):
-        from ..models.capture import capture
+        from ..engine.capture import capture
         enc = ctx.encoded
         n_all = len(enc.pair_ids)
         n = min(x for x in (n_all, ctx.info.pairs, self.p.limit) if x is not None)

@@ -3,8 +3,8 @@
 H = ∂²f/∂δ² at δ = 0, where δ (d_model) is added to ``resid_post`` of ``layer`` at the readout token
 and f is one side's reward r_k (``of: reward``; per side) or the margin Δ = r_c − r_r under a shift
 shared by both sides (``of: margin``; H = H_c − H_r, indefinite). Never formed: each Lanczos step is
-one Hessian-vector product (double backward, ``models.curvature``), with full reorthogonalization
-(``models.lanczos``); ``iterations`` steps (capped at d_model, where the spectrum is exact).
+one Hessian-vector product (double backward, ``engine.curvature``), with full reorthogonalization
+(``engine.lanczos``); ``iterations`` steps (capped at d_model, where the spectrum is exact).
 ``quantity``:
   eigenvalues          the ``k`` eigenvalues of largest |λ|, signed, by |λ| descending
                        (pair × [side] × rank; reward per activation unit², i.e. reward/act²)
@@ -19,7 +19,7 @@ one Hessian-vector product (double backward, ``models.curvature``), with full re
   density_se           the standard error of each bin's mass over the probes (fraction; NaN for one probe)
 SLQ params: ``vectors`` probes (default 8), ``iterations`` Lanczos steps per probe (default 32), ``deflate`` k
 (default 4): the k eigenvalues of largest |λ| are computed by Lanczos and counted exactly, the probes estimate
-the rest (``models.lanczos.slq``; Hutch++-style deflation). Undeflated Rademacher probes of a Hessian with
+the rest (``engine.lanczos.slq``; Hutch++-style deflation). Undeflated Rademacher probes of a Hessian with
 one dominant eigenvalue err by ≈ √(2/V) relative (the planted-curvature organism: 2 probes off by up to
 83 %, 64 by 18 %); with the defaults its effective dimension is within 1.5 % of a dense eigendecomposition
 (``tests/test_curvature.py``). Steps with equal SLQ params share one set of probes; the outputs carry
@@ -103,8 +103,8 @@ class Curvature(Operator):
 
     def _cell(self, ctx, seqs, signs):
         """Top eigenvalues (k,), or the SLQ quadrature (a list of (nodes, weights) per probe), of one cell."""
-        from ..models.curvature import site_hvp
-        from ..models.lanczos import slq, top_eigen
+        from ..engine.curvature import site_hvp
+        from ..engine.lanczos import slq, top_eigen
         p, d = self.p, ctx.lm.d_model
         k = 0 if p.objective is None else ctx.lm.head.objectives.index(p.objective)
         _, _, hvp = site_hvp(ctx.lm, seqs, signs, p.layer, k)
@@ -124,7 +124,7 @@ class Curvature(Operator):
 
     def _reduce(self, quad, d):
         """One SLQ quantity from a cell's quadrature."""
-        from ..models.lanczos import density, density_se, participation_ratio, participation_ratio_se
+        from ..engine.lanczos import density, density_se, participation_ratio, participation_ratio_se
         p = self.p
         if p.quantity == "effective_dimension":
             return np.array([participation_ratio(quad, d)])

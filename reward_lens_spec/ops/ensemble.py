@@ -2,7 +2,7 @@
 
 ensemble_reward, ``quantity``:
   reward          pair × side: the members' rewards reduced (``model.ensemble.reduce``: mean | min | quantile q;
-                  ``models.ensemble``), reward units; its ``diff`` is the ensemble margin
+                  ``kinds.ensemble``), reward units; its ``diff`` is the ensemble margin
   member_reward   pair × side × member: each member's own reward (its head at its readout token)
   member_margin   pair × member: each member's margin r_c − r_r
   Coord ``member``: the members' names; attr ``member_fingerprints``: each member's model fingerprint.

@@ -3,11 +3,11 @@
 Grid: pair × layer × component, component ∈ {resid, attn, mlp} (resid = the layer's output, ``resid_post``).
 Each cell re-runs the policy (``model.kind=implicit``) on both sides with that site's output replaced, at every
 position, by the reference model's output on the same tokens, and recomputes the implicit margin
-(``models.implicit_patch``). Quantities:
+(``kinds.implicit.patch``). Quantities:
   effect    m_patched − m (reward units): the change of the implicit margin m = r_c − r_r
   fraction  (m − m_patched) / m: the share of the margin the site carries — a share only when the policy and
             the reference share their readout (final norm, unembedding, logit soft-cap: compared weight for
-            weight, ``models.implicit_patch.readout_difference``), where patching the last layer's output gives
+            weight, ``kinds.implicit.patch.readout_difference``), where patching the last layer's output gives
             the reference, whose implicit margin is 0 (fraction 1 there). Otherwise no patched site reaches the
             reference and the ratio is not a share (``tiny_implicit``: 6.27, −2.07 at its last layer): every
             cell is NaN and the ``fraction_refused`` attr says why (read ``effect`` instead). NaN for a zero
@@ -86,7 +86,7 @@ class _Base(Operator):
         if key not in ctx.memo:
             ctx.memo[key] = self._compute(lm, ctx, targets, list(range(n))) if n else None
         full = np.full((n_all, len(layers), len(comps)), np.nan)
-        from ..models.implicit_patch import readout_difference          # defers torch
+        from ..kinds.implicit.patch import readout_difference          # defers torch
         refused = readout_difference(lm) if self.p.quantity == "fraction" else None
         if n and refused is None:
             effect, margin = ctx.memo[key]
@@ -117,7 +117,7 @@ class ImplicitPatch(_Base):
     name = "implicit_patch"
 
     def _compute(self, lm, ctx, targets, pidx):
-        from ..models.implicit_patch import patch_rewards
+        from ..kinds.implicit.patch import patch_rewards
         base, patched, counts = patch_rewards(lm, ctx.encoded, targets, pidx, batch_size=self.p.batch_size,
                                               padding_side=getattr(lm.tokenizer, "padding_side", "left"))
         ctx.add_counts(self.name, counts)
@@ -133,7 +133,7 @@ class ImplicitAttributionPatch(_Base):
     approximate = True
 
     def _compute(self, lm, ctx, targets, pidx):
-        from ..models.implicit_patch import attribution_rewards
+        from ..kinds.implicit.patch import attribution_rewards
         est, counts = attribution_rewards(lm, ctx.encoded, targets, pidx, batch_size=self.p.batch_size,
                                           padding_side=getattr(lm.tokenizer, "padding_side", "left"))
         ctx.add_counts(self.name, counts)

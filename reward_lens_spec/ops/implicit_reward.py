@@ -1,4 +1,4 @@
-"""implicit_reward and implicit_lens: read a DPO-implicit reward (``model.kind=implicit``, ``models.implicit``).
+"""implicit_reward and implicit_lens: read a DPO-implicit reward (``model.kind=implicit``, ``kinds.implicit``).
 
 implicit_reward, ``quantity``:
   reward          pair × side: r = β · Σ_t [log π(y_t | x, y_<t) − log π_ref(y_t | x, y_<t)] over response
@@ -31,7 +31,7 @@ from ..registries import OPERATORS
 from .base import INVARIANT, Operator, labelled
 
 _QUANTITIES = ("reward", "per_token", "policy_logp", "reference_logp")
-LENS_SITE = "implicit_lens"              # models.implicit.LENS_SITE (not imported: ops load without torch)
+LENS_SITE = "implicit_lens"              # kinds.implicit.model.LENS_SITE (not imported: ops load without torch)
 
 
 def implicit_model(ctx, where: str):

@@ -7,7 +7,7 @@ of the fit split (``fit_fraction`` of the pairs, by a seeded hash of the pair id
 ``concept`` (``dimension`` | ``field:concept|subset|label`` | ``length`` | ``tokens`` with ``tokens: [...]``;
 see ``ops._leace``). On every held-out pair (the first ``observable.pairs``) both sides are re-run with
 the site's activation at the readout token replaced by its erased value (exact: copies of the readout
-token over the cached prefix, ``models.interventions.set_readout``).
+token over the cached prefix, ``engine.interventions.set_readout``).
 ``quantity``: ``margin_change`` = Δ_erased − Δ per held-out pair (pair; reward units; NaN on fit-split
 pairs): what the margin loses when the model can no longer read the concept linearly at that site;
 ``displacement`` = mean over the two sides of ‖r(x) − x‖ / ‖x‖ (pair; fraction; no re-run): how far the
@@ -116,7 +116,7 @@ class Leace(Operator):
         return INVARIANT
 
     def run(self, ctx):
-        from ..models.interventions import set_readout
+        from ..engine.interventions import set_readout
         p, enc = self.p, ctx.encoded
         X = ctx.capture.sites[p.site][:, :, p.layer].astype(np.float64)                   # pair × side × d
         fit, y, mu, E = fitted_eraser(ctx, p, X, enc.pair_ids)

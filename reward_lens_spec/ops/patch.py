@@ -9,7 +9,7 @@ activation patched in; ``noise`` the reverse. Quantities:
 N pairs) restrict the grid. ``positions: all`` (opt-in) patches every position
 instead, allowed only for pairs whose sides tokenize to equal length: a
 misaligned pair is an error, never a silent truncation. Exact patching re-runs only the readout token
-against the cached prefix (see ``models.patching``); attribution patching is
+against the cached prefix (see ``engine.patching``); attribution patching is
 gradient × activation difference, first order, labelled approximate.
 Both steps of one grid share one set of re-runs (memoised per run).
 """
@@ -144,7 +144,7 @@ class Patch(_PatchBase):
         return {(p, 1 if self.p.mode == "denoise" else 0) for p in range(n)}
 
     def _compute(self, ctx, targets, pidx):
-        from ..models.patching import patch_all_positions, patch_readout
+        from ..engine.patching import patch_all_positions, patch_readout
         if self.p.positions == "all":
             return patch_all_positions(ctx.lm, ctx.encoded, ctx.capture, targets, pidx, mode=self.p.mode)
         return patch_readout(ctx.lm, ctx.encoded, ctx.capture, targets, pidx, mode=self.p.mode)
@@ -159,5 +159,5 @@ class AttributionPatch(_PatchBase):
     approximate = True
 
     def _compute(self, ctx, targets, pidx):
-        from ..models.patching import attribution_patch
+        from ..engine.patching import attribution_patch
         return attribution_patch(ctx.lm, ctx.encoded, ctx.capture, targets, pidx, mode=self.p.mode)

@@ -6,7 +6,7 @@ layer l's o_proj input ``z_h`` (captured site ``attn_z``) swapped for the chosen
   effect    r_patched − r_base (reward units)
   restored  (r_patched − r_base) / (r_source − r_base)  (fraction; NaN for a zero margin)
 Exact patching re-runs copies of the readout token over the cached prefix, one copy per
-(layer, head), batched like the component grid (``models.interventions.set_readout``).
+(layer, head), batched like the component grid (``engine.interventions.set_readout``).
 Attribution is ``∇_{z_h} r_base · Δz_h`` (gradient × difference, approximate); summed over
 heads it equals ``attribution_patch``'s attn effect (o_proj is affine). Exact per-head effects
 need not sum to the attn effect (heads interact through later layers and the final norm).
@@ -51,7 +51,7 @@ class _HeadPatchBase(Operator):
         return INVARIANT
 
     def run(self, ctx):
-        from ..models.attn_heads import n_heads
+        from ..engine.attn_heads import n_heads
         layers, pidx = grid_layers(ctx.info, self.name), first_pairs(ctx)
         H = n_heads(ctx.lm.model.config)
         key = (self.name, self.p.mode, layers, len(pidx))
@@ -66,7 +66,7 @@ class _HeadPatchBase(Operator):
             data = data - base
             # patching a head slice with a bitwise-identical one (e.g. a side into itself) is the identity
             # intervention: its effect is exactly 0, not the rerun's rounding against the capture (as ``patch``)
-            from ..models.interventions import head_dim
+            from ..engine.interventions import head_dim
             hd, z = head_dim(ctx.lm), ctx.capture.sites["attn_z"]
             zl = z[pidx][:, :, list(layers)]                                # pair × side × layer × H·hd
             zl = zl.reshape(zl.shape[:3] + (H, hd))
@@ -94,7 +94,7 @@ class PatchHeads(_HeadPatchBase):
         return {(p, 1 if self.p.mode == "denoise" else 0) for p in range(n)}
 
     def _compute(self, ctx, layers, H, pidx):
-        from ..models.interventions import head_dim, set_readout
+        from ..engine.interventions import head_dim, set_readout
         base_side = 1 if self.p.mode == "denoise" else 0
         hd, z = head_dim(ctx.lm), ctx.capture.sites["attn_z"]
         targets = [("head", l, h) for l in layers for h in range(H)]
@@ -115,5 +115,5 @@ class AttributionPatchHeads(_HeadPatchBase):
     approximate = True
 
     def _compute(self, ctx, layers, H, pidx):
-        from ..models.interventions import head_attribution
+        from ..engine.interventions import head_attribution
         return head_attribution(ctx.lm, ctx.encoded, ctx.capture, layers, pidx, mode=self.p.mode)

@@ -12,7 +12,7 @@ side's last residual (final-norm input) and ``x'`` that residual when the sender
   indirect  r(x' − Δa) − r(x)         sender → later components → readout, its own direct write blocked
 The direct path needs no forward (the final norm and head in closed form, ``FinalNorm.apply``); the
 total and indirect paths share one batched re-run of readout-token copies
-(``models.interventions.set_readout``). ``total`` ≠ ``direct + indirect`` in general (the final norm
+(``engine.interventions.set_readout``). ``total`` ≠ ``direct + indirect`` in general (the final norm
 is not linear). Units: reward. Gauge: invariant. ``observable.layers``/``components``/``pairs`` restrict it.
 """
 from __future__ import annotations
@@ -68,7 +68,7 @@ class PathPatch(Operator):
         return INVARIANT
 
     def run(self, ctx):
-        from ..models.interventions import set_readout
+        from ..engine.interventions import set_readout
         layers, pidx, comps = grid_layers(ctx.info, self.name), first_pairs(ctx), self._comps(ctx.info)
         b = 1 if self.p.mode == "denoise" else 0
         cap, lm = ctx.capture, ctx.lm

@@ -12,7 +12,7 @@ NaN marks positions beyond a side's response length; ``position`` spans the long
 run (``width``: the run is sized before its first chunk, ``planning.data_widths``), so a chunk of shorter
 responses is NaN-padded to it (attr ``padding``). Coords: ``response_tokens`` (pair × side;
 ``response_tokens_chosen`` / ``_rejected`` on the margin). One extra forward per distinct sequence
-(``models.per_token.prefix_pass``, ``batch_size`` rows, shared by every ``prefix`` step of the run,
+(``engine.per_token.prefix_pass``, ``batch_size`` rows, shared by every ``prefix`` step of the run,
 the lens computed in the same pass). A
 readout-gated head is read with its gate at each position, ArmoRM with its prompt gate. Units:
 reward. Gauge: invariant. Source: per-token reward as in RewardBench's analyses (Lambert et al. 2024)
@@ -50,7 +50,7 @@ class Prefix(Operator):
 
     def width(self, dim, ctx):
         """The longest response over every pair and side (tokens from the response start to the readout)."""
-        from ..models.per_token import response_starts
+        from ..engine.per_token import response_starts
         return int((ctx.encoded.lengths() - response_starts(ctx.lm.tokenizer, ctx.pairs, ctx.encoded)).max())
 
     def out_dims(self, in_dims, info, where):
@@ -67,7 +67,7 @@ class Prefix(Operator):
         return INVARIANT
 
     def _pass(self, ctx):
-        from ..models.per_token import prefix_pass, response_starts
+        from ..engine.per_token import prefix_pass, response_starts
         key = ("prefix", self.p.batch_size)
         if key not in ctx.memo:                    # one pass, the lens included, for every prefix step
             starts = response_starts(ctx.lm.tokenizer, ctx.pairs, ctx.encoded)

@@ -6,8 +6,8 @@ step). The stored ``pair`` dim indexes rows (the executor's one row axis); there
 
 ``prm_labels`` (per row; reads the data, so only a ``trl_stepwise`` run holds it):
   quantity=step_reward  row × step   the head (bias included) on the final-norm output at step k's boundary
-                                     token (the separator's last token; ``models.prm.side_steps``), from the
-                                     shared per-token pass (``models.per_token.prefix_pass``); NaN past the
+                                     token (the separator's last token; ``kinds.prm.steps.side_steps``), from the
+                                     shared per-token pass (``engine.per_token.prefix_pass``); NaN past the
                                      row's last step (coord ``n_steps``). Units: reward (a logit; p = σ(r)).
   quantity=step_label   row × step   1.0 (correct) / 0.0 (wrong), NaN past the last step
   quantity=first_error  row × source (label, model): the first step labelled false, and the first step the
@@ -38,6 +38,7 @@ from ..errors import SpecError
 from ..registries import OPERATORS
 from ._grid import choice
 from .base import INVARIANT, Operator, labelled
+from ..kinds.prm.steps import PrmSignal, step_ids, side_steps
 
 _Q = ("step_reward", "step_label", "first_error")
 _G = ("accuracy", "auc", "first_error_accuracy")
@@ -107,8 +108,6 @@ def first_error(correct: np.ndarray) -> np.ndarray:
 
 
 def _signal(ctx):
-    from ..models.prm import PrmSignal, step_ids
-
     sep = getattr(ctx.pairs, "step_separator", None)
     if sep is None:
         raise SpecError("dataset.kind", "prm_labels reads stepwise rows, and these data are not stepwise.",
@@ -124,7 +123,6 @@ def _signal(ctx):
 def _steps(ctx):
     """Step boundaries of each row's response (side 0) and the row's labels; ``SpecError`` on a count mismatch."""
     if "prm_rows" not in ctx.memo:
-        from ..models.prm import side_steps
         bounds = [sides[0] for sides in side_steps(ctx.lm.tokenizer, ctx.pairs, ctx.encoded, _signal(ctx))[0]]
         by_id = {p.id: p for p in ctx.pairs}
         labels = []
@@ -142,7 +140,7 @@ def _steps(ctx):
 
 def _rewards(ctx, bounds, batch_size):
     """row × step: the head at each boundary of side 0 (the shared per-token pass, memoized as ``prefix``)."""
-    from ..models.per_token import prefix_pass, response_starts
+    from ..engine.per_token import prefix_pass, response_starts
 
     pkey = ("prefix", batch_size)
     if pkey not in ctx.memo:

@@ -3,7 +3,7 @@
 quantity=reward            ``step_reward``       pair × side × step: the head (bias included) on the final-norm
                            output at step k's boundary token (the delimiter's last token; an unterminated
                            last step's is the side's last token unless ``model.prm.final_step=drop``;
-                           ``models.prm``), NaN past a side's last step. The readout step's reward equals
+                           ``kinds.prm``), NaN past a side's last step. The readout step's reward equals
                            ``reward``.
 quantity=margin            ``step_margin``       pair × step: chosen − rejected at step k (NaN where either
                            side lacks step k)
@@ -17,7 +17,7 @@ spans the most steps any side of the whole run has (``width``: sized before the 
 ``planning.data_widths``), so a side with fewer steps, in any chunk, is NaN from ``n_steps`` on (attr
 ``padding``). A model loaded as another kind is read at the default delimiter ``"\\n\\n"`` with aggregate
 ``last`` (and no ``no_step_separator`` flag: that is a PRM run's).
-Reads per-position rewards from the shared per-token pass (``models.per_token.prefix_pass``, the same one
+Reads per-position rewards from the shared per-token pass (``engine.per_token.prefix_pass``, the same one
 ``prefix`` uses). Gauge: invariant. Source: process supervision (Lightman et al. 2023, "Let's Verify Step
 by Step": product / min of step probabilities; Wang et al. 2024, Math-Shepherd: min).
 """
@@ -29,7 +29,7 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
-from ..models.prm import PrmSignal, aggregate, default_signal, side_steps
+from ..kinds.prm.steps import PrmSignal, aggregate, default_signal, side_steps
 from ..registries import OPERATORS
 from .base import INVARIANT, Operator, labelled
 
@@ -74,7 +74,7 @@ class PrmSteps(Operator):
         return INVARIANT
 
     def _steps(self, ctx):
-        from ..models.per_token import prefix_pass, response_starts
+        from ..engine.per_token import prefix_pass, response_starts
 
         key = ("prm_steps", self.p.batch_size)
         if key in ctx.memo:
@@ -127,8 +127,8 @@ class PrmSteps(Operator):
 
 
 def _bounds(ctx):
-    """Step boundaries per (pair, side) of ``ctx``'s encoded pairs (``models.prm.side_steps``) and the aggregate
-    the model card uses: the PRM's own signal, or for another kind ``models.prm.default_signal``."""
+    """Step boundaries per (pair, side) of ``ctx``'s encoded pairs (``kinds.prm.steps.side_steps``) and the aggregate
+    the model card uses: the PRM's own signal, or for another kind ``kinds.prm.steps.default_signal``."""
     if "prm_bounds" not in ctx.memo:
         sig = getattr(ctx.lm, "signal", None)
         sig = sig if isinstance(sig, PrmSignal) else default_signal(ctx.lm.tokenizer)

@@ -1,7 +1,7 @@
 """sae_attribution: attribute the margin to the features of a TopK sparse autoencoder at the readout, and
 patch single features through the intervention machinery.
 
-The SAE (``models.sae``; Gao et al. 2024, "Scaling and evaluating sparse autoencoders") is either loaded
+The SAE (``engine.sae``; Gao et al. 2024, "Scaling and evaluating sparse autoencoders") is either loaded
 from ``path`` (a folder in SAE-Lens' format: ``cfg.json`` + ``sae_weights.safetensors``) or trained in the
 run, seeded (``d_sae``, ``k``, ``epochs``, ``lr``, ``batch``, ``seed``), on ``train_on``:
   ``run``                                      this run's own activations at ``site`` (every pair, both
@@ -24,7 +24,7 @@ At the readout the margin is linear in h — Δ = w·(h_c − h_r), w = W[k] the
                   is the largest |Σ + error − Δ| over the chunk, Δ from the capture's own W·h + b)
   activation_diff f_i(h_c) − f_i(h_r)              pair × feature; activation units
   patch_effect    one feature edited in the SAE's latent space at the readout token (the error term
-                  kept), the model re-run from there (``models.interventions.set_readout``, one packed
+                  kept), the model re-run from there (``engine.interventions.set_readout``, one packed
                   forward per pair and side over every feature; exact at the readout token):
                   ``mode: transplant``: the rejected side's f_i set to the chosen side's value
                   (x_r + (f_i(x_c) − f_i(x_r)) d_i); effect = r_rejected,patched − r_rejected, the
@@ -67,7 +67,8 @@ from ..errors import SpecError
 from ..registries import OPERATORS
 from ._grid import choice, first_pairs, need_site, result
 from .base import INVARIANT, Operator
-from ..models.sae import load_sae, rows_of, train_sae
+from ..engine.sae import load_sae, rows_of, train_sae
+import xarray as xr
 
 QUANTITIES = ("contribution", "error", "activation_diff", "patch_effect", "variance_explained", "relative_error")
 LINEAR = ("contribution", "error")
@@ -88,7 +89,7 @@ class SaeAttributionParams:
     site: str = "readout"              # readout | resid_post
     layer: Optional[int] = None        # resid_post only
     path: Optional[str] = None         # SAE-Lens folder; None: train one (below)
-    digest: Optional[str] = None       # with path: the SAE's sha256 (models.sae.TopKSAE.digest), pinned
+    digest: Optional[str] = None       # with path: the SAE's sha256 (engine.sae.TopKSAE.digest), pinned
     train_on: str = "run"              # run | store:<url>#<run>/<observable>/<variable>
     d_sae: int = 32
     k: int = 4
@@ -119,7 +120,6 @@ def check_params(p, info, where: str) -> None:
                             "the margin is linear in the activation only at the readout (after the final norm).",
                             fix="use site: readout, or quantity: patch_effect at resid_post.")
     if p.path is not None:
-        from ..models.sae import load_sae
         loaded = load_sae(p.path, where + ".path")
         got, named = loaded.digest(), loaded.metadata.get("model_name")
         if p.base_model is not None and named not in (None, p.base_model):
@@ -301,7 +301,6 @@ class SaeAttribution(Operator):
 
     def _fit(self, ctx):
         """variance_explained / relative_error of the SAE on every pair's readout h, both sides (``reconstruction``)."""
-        import xarray as xr
         sae, _ = self.sae(ctx)
         fit = reconstruction(sae, self._acts(ctx))
         q = self.p.quantity
@@ -319,7 +318,7 @@ class SaeAttribution(Operator):
         return "readout" if self.p.site == "readout" else f"resid_post[{self.p.layer}]"
 
     def _patch(self, ctx, sae, X, f, pidx):
-        from ..models.interventions import set_readout
+        from ..engine.interventions import set_readout
         p, D = self.p, np.asarray(sae.W_dec, np.float64)
         key = ("sae_patch", astuple(p), len(pidx))
         if key in ctx.memo:

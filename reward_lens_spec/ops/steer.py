@@ -9,9 +9,9 @@ Dose-response of the reward along a direction. ``û`` is a unit direction:
 ``α`` (``alphas``) is in units of ρ, the residual's RMS norm at that layer:
 ``ρ = sqrt(mean over every pair and side of |x|²)`` at the readout token (attr ``residual_rms``).
 ``positions``: ``readout`` (default) adds it at the readout token only (exact: copies of the readout
-token over the cached prefix, one per α, ``models.interventions.set_readout``); ``response`` adds it
-at every response token, from the first response token (``models.per_token.response_starts``) to the
-readout token (one full forward per sequence and α, ``models.steering.steer_response``; an α = 0
+token over the cached prefix, one per α, ``engine.interventions.set_readout``); ``response`` adds it
+at every response token, from the first response token (``engine.per_token.response_starts``) to the
+readout token (one full forward per sequence and α, ``engine.steering.steer_response``; an α = 0
 control run must reproduce the captured reward, or the run stops). At the last layer the two agree
 exactly (only the readout position reaches the head).
 ``side``: which sides are steered (``both`` | ``chosen`` | ``rejected``); the others keep their reward.
@@ -111,7 +111,7 @@ class Steer(Operator):
         return u / norm, float(np.sqrt((x ** 2).sum(-1).mean()))
 
     def run(self, ctx, *inputs):
-        from ..models.interventions import set_readout
+        from ..engine.interventions import set_readout
         pidx, alphas = first_pairs(ctx), [float(a) for a in self.p.alphas]
         u, rho = self._direction(ctx, inputs[0] if inputs else None)
         key = (self.name, self.p.layer, self.p.direction, tuple(u.round(12)), tuple(alphas), self.p.side, len(pidx),
@@ -153,9 +153,9 @@ class Steer(Operator):
 
     def _response(self, ctx, r, base, pidx, sides, alphas, u, rho):
         """Steer every response token: full forwards, with an α = 0 control checked against the capture."""
-        from ..models.patching import check_unpatched
-        from ..models.per_token import response_starts
-        from ..models.steering import steer_response
+        from ..engine.patching import check_unpatched
+        from ..engine.per_token import response_starts
+        from ..engine.steering import steer_response
         starts = response_starts(ctx.lm.tokenizer, ctx.pairs, ctx.encoded)
         rows = [(p, s) for p in pidx for s in sides]
         shifts = np.array([0.0] + alphas)[:, None] * rho * u[None, :]                  # control first

@@ -1,16 +1,16 @@
-"""Organism families for the other kinds of reward signal and the representation instruments, and the one
-dispatcher over every organism kind: ``organism_family(kind, strengths)`` / ``KINDS`` here cover
-``organisms.organisms.KINDS`` (classifier organisms, preference structure) plus ``KIND_FAMILIES`` below, so
-``calibrate organism=<kind>`` (``trust.scorecard``) grades them alike. (The dispatcher sits here, above
-``organisms.organisms``, because ``organisms.judge_organism`` builds on ``organisms.planted_organism``.) Every
+"""The one dispatcher over every organism kind, and the organism families of the representation instruments:
+``organism_family(kind, strengths)`` / ``KINDS`` here cover ``organisms.organisms.KINDS`` (classifier organisms,
+preference structure), each kind of reward signal's own organisms (``Kind.organisms``, built in
+``kinds/<kind>/organism.py``: a new kind's organisms join here without a line in this module) and the instruments'
+families below, so ``calibrate organism=<kind>`` (``trust.scorecard``) grades them alike. Every
 family is built offline in seconds, deterministic, in strength order (``STRENGTHS``; strength 0 plants nothing):
 
-``judge_planted``     ``organisms.judge_organism``: the planted organism read as a pointwise generative judge
+``judge_planted``     ``kinds.judge.organism``: the planted organism read as a pointwise generative judge
                       (verdict row ``W_U[Y] − W_U[N] = u``); truth as ``planted`` (unit ``mlp_L1``) plus
                       ``verdict_margin``: the causal LM's own logit(Y) − logit(N) margin per pair (plain forward).
-``prm_planted``       ``organisms.prm_organism`` (γ = ``PRM_GAMMA``): a flaw token ``#`` in one step of the rejected
+``prm_planted``       ``kinds.prm.organism`` (γ = ``PRM_GAMMA``): a flaw token ``#`` in one step of the rejected
                       side makes an attention head write ``−s·γ·u`` from that step on; truth: the bad step per pair.
-``implicit_planted``  ``implicit_organism``: a DPO policy whose unembedding has bias ``s`` on the trigger
+``implicit_planted``  ``kinds.implicit.organism``: a DPO policy whose unembedding has bias ``s`` on the trigger
                       token ``!`` (the reference: the same tiny causal LM without it); the chosen side ends in
                       ``!``, the rejected in ``.``. Truth: each side's planted implicit reward
                       β·Σ_t [s·1[y_t = !] − log(1 + p_ref,t(!)·(e^s − 1))], from a plain forward of the
@@ -21,7 +21,7 @@ family is built offline in seconds, deterministic, in strength order (``STRENGTH
                       pair end in ``#`` (``meta concept`` 1) or ``%`` (0) with probability ``s``, else in a
                       marker drawn by an independent coin; ``meta label`` is a fair coin no text carries (the
                       non-planted concept). Truth: ``{"field": "concept", "unplanted": "label"}``.
-``ensemble_planted``  ``organisms.ensemble_organism``: three planted organisms (seeds 0, 1, 2) reduced by the 0.25
+``ensemble_planted``  ``kinds.ensemble.organism``: three planted organisms (seeds 0, 1, 2) reduced by the 0.25
                       quantile; truth: every member's reward per side (plain forward), the reduce and q.
 ``sparse_feature``    ``organisms.sae_organism.sparse_feature_organism`` (magnitude of the planted atom u_0 = ``s``):
                       readout activations sparse sums of known atoms, the margin carried by u_0; truth: the
@@ -37,66 +37,25 @@ Errors: ``SpecError`` (``organism``) for a kind not in ``KINDS``.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from ..data import Pair
 from ..errors import SpecError
+from ..inputs import encode
+from ..kinds import KINDS as SIGNAL_KINDS
+from ..models.loading import wrap_model
+from ..models.tiny import build_tiny
 from .organism_base import STRENGTHS, WORDS, Organism, pairset
 from .organisms import KINDS as CLASSIFIER_KINDS
-import torch
-from ..models.loading import wrap_model
-from .organisms import TRIGGER, planted_pairs
-from ..models.per_token import response_starts
-from ..inputs import encode
-from ..models.tiny import build_tiny
-from .implicit_organism import unembed_organism
+from .organisms import organism_family as classifier_family
+from .repr_organisms import curvature_organism
+from .sae_organism import sparse_feature_organism
 
-KIND_FAMILIES = ("judge_planted", "prm_planted", "implicit_planted", "concept", "curvature", "ensemble_planted",
-                 "sparse_feature")
+# each kind's own organisms (``Kind.organisms``, in its folder ``kinds/<kind>/organism.py``), then the instruments'
+KIND_BUILDERS = {name: build for k in SIGNAL_KINDS.values() for name, build in k.organisms.items()}
+INSTRUMENT_FAMILIES = ("concept", "curvature", "sparse_feature")
+KIND_FAMILIES = tuple(KIND_BUILDERS) + INSTRUMENT_FAMILIES
 KINDS = CLASSIFIER_KINDS + KIND_FAMILIES
-IMPLICIT_BETA = 0.5
-PRM_GAMMA = 0.3        # the flaw head's write: readings rise with s over the whole grid (at 4 the norm saturates)
-
-
-def implicit_organism(strength: float, *, seed: int = 0, n_pairs: int = 8, beta: float = IMPLICIT_BETA,
-                      base: str = "tiny_llama") -> Organism:
-    """The ``implicit_planted`` organism at ``strength`` (module docstring)."""
-    pairs = planted_pairs(n_pairs, seed)
-    tok_probe = unembed_organism(0.0, (), name=base, seed=seed, beta=beta)[0].tokenizer
-    trig = tok_probe(TRIGGER, add_special_tokens=False)["input_ids"]
-    lm, planted = unembed_organism(strength, trig, name=base, seed=seed, beta=beta)
-    enc = encode(lm, pairs)
-    starts = response_starts(lm.tokenizer, pairs, enc)
-    truth, per_token = {}, {}
-    ref = lm.reference.model
-    with torch.no_grad():            # plain forward of the reference, batch of one: the planted log-ratio
-        for i, pid in enumerate(enc.pair_ids):
-            sides = []
-            for s, ids in enumerate((enc.chosen[i], enc.rejected[i])):
-                st = max(1, int(starts[i, s]))
-                p = torch.softmax(ref(input_ids=torch.tensor([ids])).logits[0].double(), -1)
-                p_s = p[st - 1:len(ids) - 1][:, trig].sum(-1).numpy()
-                y = np.isin(np.asarray(ids[st:]), trig)
-                sides.append((beta * (strength * y - np.log1p(p_s * np.expm1(strength)))).tolist())
-            per_token[pid] = sides
-            truth[pid] = [float(np.sum(t)) for t in sides]
-    return Organism("implicit_planted", float(strength), lm, pairs,
-                    {"planted_reward": truth, "planted_per_token": per_token, "tokens": planted["tokens"],
-                     "beta": beta, "trigger": TRIGGER},
-                    {"base": base, "seed": seed, "n_pairs": n_pairs, "beta": beta})
-
-
-def _with_verdicts(org: Organism) -> Organism:
-    """``org`` with ``truth["verdict_margin"]``: per pair id, (z_Y − z_N)(chosen) − (z_Y − z_N)(rejected) read off
-    the judge's own causal LM (``lm.model.judge_causal``) at the last token, plain forward, batch of one."""
-    causal, (yes, no) = org.lm.model.judge_causal, org.lm.signal.token_ids
-    enc = encode(org.lm, org.pairs)
-    out = {}
-    with torch.no_grad():
-        for i, pid in enumerate(enc.pair_ids):
-            z = [causal(input_ids=torch.tensor([ids])).logits[0, -1].double() for ids in (enc.chosen[i], enc.rejected[i])]
-            out[pid] = float((z[0][yes] - z[0][no]) - (z[1][yes] - z[1][no]))
-    org.truth = {**org.truth, "verdict_margin": out}
-    return org
 
 
 def _with_rayleigh(org: Organism) -> Organism:
@@ -133,9 +92,6 @@ def _with_readout(org: Organism) -> Organism:
     """``org`` with ``truth["readout"]`` (pair id → [h_chosen, h_rejected], float64 lists), ``truth["w"]`` and
     ``truth["b"]`` (the head row and bias): the final norm's output at the last token of each side, read by a
     forward hook in a plain HF forward (batch of one, no padding; none of the capture code)."""
-    import torch
-
-    from ..inputs import encode
     model = org.lm.model
     enc = encode(org.lm, org.pairs)
     got: list = []
@@ -185,29 +141,12 @@ def organism_family(kind: str = "planted", strengths=STRENGTHS, **kw) -> list[Or
     if kind not in KINDS:
         raise SpecError("organism", f"unknown organism kind '{kind}'.", value=kind, options=KINDS)
     if kind in CLASSIFIER_KINDS:
-        from .organisms import organism_family as classifier_family
         return classifier_family(kind, strengths, **kw)
-    if kind == "judge_planted":
-        from .judge_organism import judge_organism
-        return [_with_verdicts(judge_organism(s, **kw)) for s in strengths]
-    if kind == "prm_planted":
-        from .prm_organism import prm_organism
-        kw.pop("base", None)                      # built on tiny_llama only
-        kw.setdefault("gamma", PRM_GAMMA)
-        return [prm_organism(s, **kw) for s in strengths]
-    if kind == "implicit_planted":
-        return [implicit_organism(s, **kw) for s in strengths]
+    if kind in KIND_BUILDERS:
+        return [KIND_BUILDERS[kind](s, **dict(kw)) for s in strengths]
     if kind == "concept":
         return [concept_organism(s, **kw) for s in strengths]
-    if kind == "ensemble_planted":
-        from .ensemble_organism import ensemble_organism
-        return [ensemble_organism(s, **kw) for s in strengths]
+    kw.pop("base", None)                          # built on tiny_llama only
     if kind == "sparse_feature":
-        from .sae_organism import sparse_feature_organism
-        kw.pop("base", None)                      # built on tiny_llama only
         return [_with_readout(sparse_feature_organism(s, **kw)) for s in strengths]
-    if kind == "curvature":
-        from .repr_organisms import curvature_organism
-        kw.pop("base", None)
-        return [_with_rayleigh(curvature_organism(s, **kw)) for s in strengths]
-    raise AssertionError(kind)       # every kind in KINDS is dispatched above
+    return [_with_rayleigh(curvature_organism(s, **kw)) for s in strengths]       # curvature

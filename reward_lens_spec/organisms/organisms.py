@@ -55,8 +55,8 @@ from ..models.loading import wrap_model
 from .organism_base import STRENGTHS, WORDS, Organism, pairset
 from ..models.tiny import TINY_CONFIGS, build_tiny
 from . import preference_organisms as po
-from ..models.attn_heads import n_heads
-from ..models.capture import capture
+from ..engine.attn_heads import n_heads
+from ..engine.capture import capture
 from ..inputs import encode
 
 KINDS = ("planted", "planted_head", "planted_paths", "trained_keyword", "trained_length", "planted_cycle",

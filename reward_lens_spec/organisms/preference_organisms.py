@@ -22,7 +22,7 @@ from ..errors import SpecError
 from ..models.loading import wrap_model
 from .organism_base import STRENGTHS, WORDS, Organism, pairset
 from ..models.tiny import TINY_CONFIGS, build_tiny
-from ..models.capture import capture
+from ..engine.capture import capture
 from ..inputs import encode
 from ..frames.fit import fit_whitened
 

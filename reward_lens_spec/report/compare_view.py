@@ -18,7 +18,7 @@ import xarray as xr
 
 from ..errors import RewardLensError
 from ..frames.gate import gauge_of, is_frame_dependent
-from .figures import Figure, _ug
+from .figures import Figure, units_and_gauge
 from .svg import PALETTE, Chart, fmt, span
 
 
@@ -71,7 +71,7 @@ def margin_figure(name: str, res: xr.Dataset, a: xr.DataArray, b: xr.DataArray, 
     return Figure(f"{name}: {runs[0]} vs {runs[1]}{tag}", c.render(),
                   f"{name} per pair, run a (x) against run b (y), {int(ok.sum())} shared pairs drawn. Stored "
                   f"comparison: {'; '.join(stats)} (CI: percentile bootstrap, n_boot {att.get('n_boot', '?')}; "
-                  f"null: shuffled pairings, n_perm {att.get('n_perm', '?')}). {_ug(a)}")
+                  f"null: shuffled pairings, n_perm {att.get('n_perm', '?')}). {units_and_gauge(a)}")
 
 
 def direction_figure(name: str, res: xr.Dataset) -> Figure:
@@ -87,7 +87,7 @@ def direction_figure(name: str, res: xr.Dataset) -> Figure:
     return Figure(f"{name}: direction cosine", c.render(),
                   f"Cosine of the two directions in their shared frame: {fmt(cos)}, p = {fmt(cell['p_value'])} "
                   f"against {res.attrs.get('n_null', '?')} random directions ({res.attrs.get('null', '')}). "
-                  f"{_ug(res['cosine'])}")
+                  f"{units_and_gauge(res['cosine'])}")
 
 
 def paired_figure(name: str, res: xr.Dataset) -> Figure:
@@ -115,7 +115,7 @@ def paired_figure(name: str, res: xr.Dataset) -> Figure:
                   f"Accuracy ({att.get('correct', 'margin > 0')}) of run a minus run b per subset, with the "
                   f"{att.get('ci', '?')} percentile paired bootstrap CI (n_boot {att.get('n_boot', '?')}, seed "
                   f"{att.get('seed', '?')}). {'; '.join(rows)}. McNemar exact test on the discordant pairs; "
-                  f"adjusted across the family ({att.get('family', '?')}). {_ug(res['accuracy_diff'])}")
+                  f"adjusted across the family ({att.get('family', '?')}). {units_and_gauge(res['accuracy_diff'])}")
 
 
 def refusals(store, prov: dict, compared: set[str], va: dict, vb: dict) -> list[Refusal]:

@@ -39,7 +39,7 @@ class Figure:
     caption: str
 
 
-def _ug(da) -> str:
+def units_and_gauge(da) -> str:
     """The caption's units and gauge (and the variable's own trust, where it carries one)."""
     trust = f" Trust: {da.attrs['trust']}." if da.attrs.get("trust") else ""
     return f"Units: {da.attrs.get('units', 'unknown')}. Gauge: {da.attrs.get('gauge', 'unknown')}.{trust}"
@@ -77,7 +77,7 @@ def lens_figure(ds) -> Figure:
     return Figure(f"Reward lens{tag}", c.render(),
                   f"Normed reward lens: the margin read at each depth, mean ± 95% CI (1.96 s.e.) over "
                   f"{vals.shape[0]} pairs, one line per dimension; dashed: the mean margin Δ, which the lens "
-                  f"equals at the last layer. {_ug(da)}{_nonfinite(vals)}")
+                  f"equals at the last layer. {units_and_gauge(da)}{_nonfinite(vals)}")
 
 
 def _grid(ds, var: str, what: str) -> tuple[Figure, np.ndarray, object]:
@@ -93,7 +93,7 @@ def _grid(ds, var: str, what: str) -> tuple[Figure, np.ndarray, object]:
     cols = [str(x) for x in strs(da["component"].values)[keep_c]]
     svg = heatmap(m, rows, cols, xlabel="component", ylabel="layer (−1 = embedding)")
     cap = (f"{what}, mean over {vals.shape[0]} pairs per layer × component (red > 0 > blue; grey: not "
-           f"defined at that site). {_ug(da)}")
+           f"defined at that site). {units_and_gauge(da)}")
     return Figure(f"{what}{tag}", svg, cap), m, (rows, cols)
 
 
@@ -133,7 +133,7 @@ def crystallization_figure(ds) -> Figure:
     outside = (f" {out} value(s) outside [0, 1], drawn in red extra bins." if out else " All values in [0, 1].")
     return Figure(f"Crystallization{tag}", c.render(),
                   f"Crystallization fraction over pairs (first lens layer reaching half the final margin, / "
-                  f"n_layers), {fin.size} finite value(s) in 0.05-wide bins.{outside}{stats} {_ug(da)}"
+                  f"n_layers), {fin.size} finite value(s) in 0.05-wide bins.{outside}{stats} {units_and_gauge(da)}"
                   f"{_nonfinite(v)}")
 
 
@@ -157,7 +157,7 @@ def forest_figure(ds, name: str) -> Figure:
     c.points(est, y, PALETTE[0])
     return Figure(f"{name}{tag}", c.render(),
                   f"{name}: estimates (dots) with their 95% CI (lines) per statistic. "
-                  f"{'; '.join(counts) + '. ' if counts else ''}{_ug(da)}")
+                  f"{'; '.join(counts) + '. ' if counts else ''}{units_and_gauge(da)}")
 
 
 def length_scatter_figure(ds) -> Figure:
@@ -173,7 +173,7 @@ def length_scatter_figure(ds) -> Figure:
     return Figure("Margin against length ratio", c.render(),
                   f"Length confound per pair: margin against the log length ratio of the two responses; "
                   f"Pearson r = {fmt(r)} over {int(ok.sum())} pairs (computed here). "
-                  f"{_ug(ds['margin'])}{_nonfinite(np.r_[m, x])}")
+                  f"{units_and_gauge(ds['margin'])}{_nonfinite(np.r_[m, x])}")
 
 
 def calibration_figure(ds) -> Figure:
@@ -194,7 +194,7 @@ def calibration_figure(ds) -> Figure:
     return Figure("Calibration (reliability curve)", c.render(),
                   f"Reliability of σ(Δ) on held-out pairs: mean predicted probability against observed frequency "
                   f"per bin (labels: pairs per bin; {int((~ok).sum())} empty bin(s) not drawn). ECE {fmt(ece)}."
-                  f"{extra} {_ug(ds['reliability_freq'])}")
+                  f"{extra} {units_and_gauge(ds['reliability_freq'])}")
 
 
 def scorecard_figure(ds, prov: dict) -> Figure:
@@ -218,7 +218,7 @@ def scorecard_figure(ds, prov: dict) -> Figure:
     return Figure("Scorecard calibration curves", c.render(),
                   f"Each criterion's reading against the planted strength on organism {prov.get('organism')} "
                   f"({prov.get('base')}); a criterion passes when ρ ≥ {prov.get('min_spearman')} and its floor "
-                  f"holds. " + "; ".join(lines) + f". {_ug(ds['reading'])}{_nonfinite(vals)}")
+                  f"holds. " + "; ".join(lines) + f". {units_and_gauge(ds['reading'])}{_nonfinite(vals)}")
 
 
 def stat_vars(ds) -> list[str]:
@@ -254,7 +254,7 @@ def _layer_line(da, var: str, tag: str) -> Figure:
     if n is not None:
         c.band(layers, lo, hi, PALETTE[0])
     c.line(layers, m, PALETTE[0], label=f"mean (n={n} pairs)" if n is not None else var)
-    return Figure(f"{var}{tag}", c.render(), f"{var} by layer: {what}. {_ug(da)}{_nonfinite(vals)}")
+    return Figure(f"{var}{tag}", c.render(), f"{var} by layer: {what}. {units_and_gauge(da)}{_nonfinite(vals)}")
 
 
 def _component_bars(da, var: str, tag: str) -> Figure:
@@ -274,7 +274,7 @@ def _component_bars(da, var: str, tag: str) -> Figure:
     c.errorbars(x, lo, hi, "#222")
     n = int(np.isfinite(vals).any(1).sum())
     return Figure(f"{var}{tag}", c.render(), f"{var} per component: mean ± 95% CI (1.96 s.e.) over {n} pair(s), "
-                  + ", ".join(f"{k} {fmt(v)}" for k, v in zip(comps, m)) + f". {_ug(da)}{_nonfinite(vals)}")
+                  + ", ".join(f"{k} {fmt(v)}" for k, v in zip(comps, m)) + f". {units_and_gauge(da)}{_nonfinite(vals)}")
 
 
 def generic_figure(ds, var: str) -> Figure:

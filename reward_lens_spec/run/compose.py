@@ -34,7 +34,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf, open_dict
 from .. import config_safety
-from ..overrides import _REGISTERED
+from ..overrides import REGISTERED
 from ..paths import ENV, conf_dir, search_dirs, user_dirs
 from ..signed_cache import package_digest, read_signed, write_signed
 from ..spec import register_configs, validate
@@ -83,7 +83,7 @@ def checked_inputs(overrides: list[str]) -> str | None:
     try:
         versions = {lib: metadata.version(lib) for lib in _CHECK_LIBRARIES}
         registered = {f"{g}/{n}": OmegaConf.to_yaml(ConfigStore.instance().load(f"{g}/{n}.yaml").node)
-                      for g, names in sorted(_REGISTERED.items()) for n in sorted(names)}
+                      for g, names in sorted(REGISTERED.items()) for n in sorted(names)}
         doc = {"v": 1, "argv": list(overrides), "cwd": os.getcwd(), "python": sys.version, "env": os.environ.get(ENV),
                "folders": folders_digest(dirs),
                "registered": registered, "package": package_digest(), "libraries": versions,

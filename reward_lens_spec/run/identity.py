@@ -3,7 +3,7 @@
 ``run_id = <observable>-<sha256(parts)[:20]>`` with ``parts`` (``identity_parts``):
 
 - ``model_fingerprint`` (weights, head and tokenizer) and ``model_name``; an ensemble's
-  ``member_fingerprints`` (``models.ensemble``), one per member, in order;
+  ``member_fingerprints`` (``kinds.ensemble``), one per member, in order;
 - ``dataset_checksum`` (every pair's exact text and dimension, ``data.checksum``);
 - ``model_input``: the token ids of every side the model sees, with the pair ids in order
   (``EncodedPairs.digest``), and ``accounting`` (which pairs were excluded or flagged);
@@ -71,7 +71,7 @@ def identity_parts(run, inputs, plan, fingerprint, accounting, *, study_hash=Non
     shape = getattr(inputs.pairs, "shape_record", lambda: None)()
     if shape is not None:                  # a TRL shape: which one, and the template that rendered it
         parts["data_shape"] = shape
-    members = getattr(inputs.lm, "member_fingerprints", None)      # an ensemble (models.ensemble): each member
+    members = getattr(inputs.lm, "member_fingerprints", None)      # an ensemble (kinds.ensemble): each member
     if members:
         parts["member_fingerprints"] = list(members)
     if frame_id is not None:

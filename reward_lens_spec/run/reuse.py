@@ -36,7 +36,7 @@ import json
 from importlib import metadata
 from pathlib import Path
 
-from ..signed_cache import _PACKAGE_DIGEST, package_digest, read_signed, write_signed  # noqa: F401  (_PACKAGE_DIGEST: importable from here as before)
+from ..signed_cache import package_digest, read_signed, write_signed
 from ..data.files import resolve_path
 from ..models.checkpoints import chain
 from ..models.fingerprint_cache import file_sha256, remembered, weights_key

@@ -328,7 +328,7 @@ def _pair_chunk(lm, pairs, enc_k, plan, steps, info_k, keep, capture_kw, frame, 
     size} for the steps with a data-dependent dim (kept rows padded to it). The first pass also keeps the
     model's own head logits (and the readout ``h`` when a reduction reads it) as scratch."""
     from ..frames.express import express
-    from ..models.capture import capture
+    from ..engine.capture import capture
 
     n = len(enc_k.pair_ids)
     rows = {2 * p + side for s in steps for p, side in s.op.prefix_rows(info_k, n)}

@@ -40,6 +40,8 @@ import json
 import re
 
 import numpy as np
+from ..inputs import encode
+import statistics
 
 SPLIT_SEED, FIT_FRACTION, PROBE_L2 = 0, 0.5, 1.0     # the leace / leace_certificate defaults organisms grade
 
@@ -64,7 +66,6 @@ def _step(obs, var) -> dict:
 
 
 def _encoded(org):
-    from ..inputs import encode
     return encode(org.lm, org.pairs)
 
 
@@ -297,8 +298,6 @@ def curvature_cells(ds, org, obs):
 def group_cells(ds, org, obs):
     """Every group's ``accuracy_by_dimension`` and ``effect_size_by_dimension`` estimates beside P(Δ>0) + ½P(Δ=0)
     and d_z = mean / sd (n − 1, ``statistics.stdev``) of the plain-forward margins of that group's pairs."""
-    import statistics
-
     from .reference import planted_margins
     enc = _encoded(org)
     margin = dict(zip((str(i) for i in enc.pair_ids), planted_margins(org)))
@@ -492,14 +491,14 @@ def path_cells(ds, org, obs):
     with r(x) = the model's own final norm and score modules applied to a last residual x."""
     import torch
 
-    from .reference import _plain_forward, _plain_modules
+    from .reference import plain_forward, plain_modules
     st = _step(obs, "path_patch_effect")
     mode = st.get("mode", "denoise")
     da = ds["path_patch_effect"]
     if "objective" in da.dims:
         raise ValueError("path_patch_effect: only a one-objective grid is recomputed")
     model = org.lm.model
-    mods = _plain_modules(model)
+    mods = plain_modules(model)
     if mods is None:
         raise ValueError("path_patch_effect: the organism is not Llama-shaped; no plain forward recomputes it")
     _, _, norm, head = mods
@@ -515,13 +514,13 @@ def path_cells(ds, org, obs):
     got, want = [], []
     for i, v in zip(rows, vals):
         base, src = (enc.rejected[i], enc.chosen[i]) if mode == "denoise" else (enc.chosen[i], enc.rejected[i])
-        fb, fs = _plain_forward(model, base, mods), _plain_forward(model, src, mods)
+        fb, fs = plain_forward(model, base, mods), plain_forward(model, src, mods)
         x = fb["resid"][-1]
         w = np.full(v.shape, np.nan)
         for a, l in enumerate(da.layer.values):
             for b, c in enumerate(da.component.values):
                 dlt = fs[str(c)][int(l)] - fb[str(c)][int(l)]
-                xp = _plain_forward(model, base, mods, patch=(str(c), int(l), fs[str(c)][int(l)]))["resid"][-1]
+                xp = plain_forward(model, base, mods, patch=(str(c), int(l), fs[str(c)][int(l)]))["resid"][-1]
                 val = {"total": r(xp) - r(x), "direct": r(x + dlt) - r(x), "indirect": r(xp - dlt) - r(x)}
                 w[a, b] = [val[p] for p in paths]
         got.append(v)

@@ -12,16 +12,17 @@ import inspect
 import os
 import sys
 import sysconfig
+from .. import __version__
 
 # Operator modules (every ops/*.py) and the capture / intervention modules the operators run through.
-CODE_MODULES = ("ops/*.py", "models/capture.py", "models/patching.py", "models/interventions.py",
-                "models/readout.py", "models/head.py", "models/gated_head.py", "models/attn_heads.py",
-                "models/per_token.py", "models/prefix.py", "models/steering.py", "models/padding.py",
-                "models/copy_skip.py", "models/reparam.py", "models/formatting.py", "run/executor.py", "run/stream.py",
+CODE_MODULES = ("ops/*.py", "engine/capture.py", "engine/patching.py", "engine/interventions.py",
+                "models/readout.py", "models/head.py", "models/gated_head.py", "engine/attn_heads.py",
+                "engine/per_token.py", "engine/prefix.py", "engine/steering.py", "models/padding.py",
+                "engine/copy_skip.py", "engine/reparam.py", "models/formatting.py", "run/executor.py", "run/stream.py",
                 # what grades a card: its criteria, floors and identities, and the organisms it plants (a card
                 # graded by older criteria does not calibrate runs read by newer ones)
                 "trust/*criteria.py", "trust/cell_truth.py", "trust/identities.py", "trust/certificate.py",
-                "models/*organism*.py", "organisms/*.py")
+                "models/*organism*.py", "organisms/*.py", "kinds/*/organism.py")
 _CODE_CACHE: dict = {}
 
 
@@ -108,7 +109,6 @@ def code_changes() -> list[str]:
 def code_hash() -> str:
     """sha256 of the package version and the source of every ``CODE_MODULES`` file; when a function of
     a loaded one was replaced at run time (``code_changes``), a different hash naming that."""
-    from .. import __version__
     root, files = _code_files()
     stats = tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files)
     if _CODE_CACHE.get("files", (None,))[0] != stats:

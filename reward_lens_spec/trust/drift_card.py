@@ -25,6 +25,10 @@ from dataclasses import asdict
 import numpy as np
 
 from ..errors import SpecError
+from ..models.training_organism import TEMPLATE, resolve, eval_pairs, PLANTED_STEP, truth
+from ..models.checkpoints import content_digest
+from .coverage import why_not
+from .drift_criteria import drift_criteria, truth_series
 
 OBSERVABLE = "drift"
 
@@ -40,7 +44,6 @@ def _checkpoint_truth(steps, pairs) -> tuple[list, list]:
     import torch
 
     from ..models.hub import load_classifier, load_tokenizer
-    from ..models.training_organism import TEMPLATE, resolve
 
     margins, hs = [], []
     for step in steps:
@@ -69,8 +72,6 @@ def _checkpoint_truth(steps, pairs) -> tuple[list, list]:
 
 def _organism_pairs(st, runs):
     """The organism's held-out pairs the sequence was scored on (``SpecError`` naming the dataset otherwise)."""
-    from ..models.training_organism import eval_pairs
-
     ids = [str(p) for p in st.load(runs[0][0], runs[0][1]["observable"], lazy=False)["margin"]["pair"].values]
     pairs = list(eval_pairs(len(ids) // 2)) if len(ids) % 2 == 0 else []
     if [p.id for p in pairs] != ids:
@@ -84,14 +85,10 @@ def _organism_pairs(st, runs):
 def grade_drift(url: str, observable: str = "checkpoint_dynamics", model: str | None = None, params=None):
     """A ``trust.scorecard.Scorecard`` of ``drift`` on the training organism sequence in ``url`` (module doc)."""
     from ..compare.drift import DriftParams, drift, sequence_runs
-    from ..models.checkpoints import content_digest
-    from ..models.training_organism import PLANTED_STEP, truth
     from ..store import open_store
-    from .coverage import why_not
     from .criteria import Criterion
-    from .drift_criteria import drift_criteria, truth_series
     from .evidence import card_verdict, code_hash
-    from .scorecard import Scorecard, _finite
+    from .scorecard import Scorecard, finite_or_none
 
     t0 = time.perf_counter()
     params = params or DriftParams(n_null=200, n_boot=50)
@@ -132,8 +129,8 @@ def grade_drift(url: str, observable: str = "checkpoint_dynamics", model: str | 
             if vals.size != len(steps):
                 raise ValueError(f"{vals.size} readings for {len(steps)} checkpoints")
             fv = float(c.floor_value(ds, t))
-            card.readings[c.name] = [_finite(v) for v in vals]
-            card.floors[c.name] = {"value": _finite(fv), "floor": c.floor, "what": c.floor_what,
+            card.readings[c.name] = [finite_or_none(v) for v in vals]
+            card.floors[c.name] = {"value": finite_or_none(fv), "floor": c.floor, "what": c.floor_what,
                                    "at_strength": steps[-1]}
         except Exception as exc:       # noqa: BLE001  a reading that does not fit its criterion fails the card
             card.reading_errors[c.name] = f"{type(exc).__name__}: {exc}"

@@ -59,6 +59,7 @@ import numpy as np
 import xarray as xr
 
 from .certificate import certificate_gap
+from ..kinds.prm.steps import aggregate
 
 _EPS = {"float64": 1e-6, "float32": 1e-6, "bfloat16": 1e-2, "float16": 2e-3}
 
@@ -73,7 +74,7 @@ def _margin(logits: np.ndarray, pair_ids, objectives) -> tuple[xr.DataArray, flo
                         coords={"pair": list(pair_ids), "objective": list(objectives)}), reward_rms
 
 
-def _record(var, what, err: xr.DataArray, margin: xr.DataArray, reward_rms, dtype) -> dict | None:
+def identity_record(var, what, err: xr.DataArray, margin: xr.DataArray, reward_rms, dtype) -> dict | None:
     e = np.abs(np.asarray(err.values, np.float64))
     e = np.where(np.isinf(e), 1e30, e)          # an infinite error (missing or non-finite cell): JSON-safe
     e = e[np.isfinite(e)]
@@ -120,7 +121,7 @@ def check_identities(result: xr.Dataset, logits, pair_ids, *, n_layers: int, obj
     last = n_layers - 1
 
     def add(var, what, err):
-        rec = _record(var, what, err, margin, rr, dtype)
+        rec = identity_record(var, what, err, margin, rr, dtype)
         if rec:
             out.append(rec)
 
@@ -191,7 +192,6 @@ def _kind_identities(result, logits, pair_ids, objectives, signal, add) -> None:
             total = da.astype(np.float64).sum("position", skipna=True).where(da.notnull().any("position"))
             add(var, "sum of per-token reward = reward", (total - rewards).fillna(np.inf))
         elif "aggregate" in da.attrs and steps and set(da.dims) <= {"pair", "side"}:
-            from ..models.prm import aggregate
             rule = getattr(signal, "aggregate", None) or da.attrs["aggregate"]
             st = result[steps[0]].transpose("pair", "side", "step")
             want = xr.DataArray(aggregate(st.values, rule), dims=("pair", "side"),

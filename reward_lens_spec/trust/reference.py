@@ -14,7 +14,7 @@ import xarray as xr
 from ..organisms.organisms import Organism
 from ..models.placement import input_device
 import torch
-from .identities import _record
+from .identities import identity_record
 from ..inputs import encode
 
 
@@ -39,7 +39,7 @@ def planted_margins(org: Organism) -> np.ndarray:
 REFERENCED = ("dla", "lens", "lens_raw", "patch_effect", "patch_restored")   # cell grids checked cell by cell
 
 
-def _plain_modules(model):
+def plain_modules(model):
     """(embed, layers, norm, head) of a Llama-style HF classifier, by attribute name — no family table."""
     body = getattr(model, "model", None)
     need = ("embed_tokens", "layers", "norm")
@@ -54,7 +54,7 @@ def _last(o):
     return (o[0] if isinstance(o, tuple) else o)
 
 
-def _plain_forward(model, ids, mods, patch=None):
+def plain_forward(model, ids, mods, patch=None):
     """One sequence: (embed, attn, mlp, resid, o_proj input ``z``) at its last token (float64) and the
     head output. ``patch``: ``(site, layer, vector)`` replaces that site's output at the last token;
     site ``("z", h, hd)`` replaces head ``h``'s slice of the o_proj input.
@@ -122,7 +122,7 @@ def reference_dataset(org: Organism, like: xr.Dataset) -> xr.Dataset:
     ``self_attn``, ``mlp``, ``norm``, ``score``) gets an empty Dataset.
     """
     model = org.lm.model
-    mods = _plain_modules(model)
+    mods = plain_modules(model)
     wanted = [v for v in REFERENCED if v in like.data_vars]
     if mods is None or not wanted:
         return xr.Dataset()
@@ -131,7 +131,7 @@ def reference_dataset(org: Organism, like: xr.Dataset) -> xr.Dataset:
     enc = encode(org.lm, org.pairs)
     ids = list(enc.pair_ids)
     L = len(layers)
-    sides = [[_plain_forward(model, seq, mods) for seq in (c, r)] for c, r in zip(enc.chosen, enc.rejected)]
+    sides = [[plain_forward(model, seq, mods) for seq in (c, r)] for c, r in zip(enc.chosen, enc.rejected)]
     first = lambda a: a[..., 0] if a.shape[-1] == 1 else a  # noqa: E731  (one objective: no axis)
     odims = () if W.shape[0] == 1 else ("objective",)
     ocoords = {} if not odims else {"objective": list(org.lm.head.objectives)}
@@ -184,7 +184,7 @@ def reference_dataset(org: Organism, like: xr.Dataset) -> xr.Dataset:
                 for l in range(L):
                     for ci, comp in enumerate(comps):
                         vec = pair[src][comp][l]
-                        r = _plain_forward(model, seqs[base], mods, patch=(comp, l, vec))["logits"]
+                        r = plain_forward(model, seqs[base], mods, patch=(comp, l, vec))["logits"]
                         eff[p, l, ci] = r - r_base
                         with np.errstate(divide="ignore", invalid="ignore"):
                             rest[p, l, ci] = (r - r_base) / (r_src - r_base)
@@ -222,7 +222,7 @@ def reference_dataset(org: Organism, like: xr.Dataset) -> xr.Dataset:
                     for i, l in enumerate(hl):
                         for h in range(H):
                             vec = pair[src]["z"][l][h * hd:(h + 1) * hd]
-                            r = _plain_forward(model, seqs[base], mods, patch=(("z", h, hd), l, vec))["logits"]
+                            r = plain_forward(model, seqs[base], mods, patch=(("z", h, hd), l, vec))["logits"]
                             eff[p, i, h] = r - r_base
                             with np.errstate(divide="ignore", invalid="ignore"):
                                 rest[p, i, h] = (r - r_base) / (r_src - r_base)
@@ -277,7 +277,7 @@ def reference_identities(ds: xr.Dataset, ref: xr.Dataset, org: Organism) -> tupl
             err = _cell_error(ds[v], ref[k])
             if err is None:
                 continue
-            rec = _record(v, "kept cells = the same cells from a plain HF forward", err.fillna(0.0)
+            rec = identity_record(v, "kept cells = the same cells from a plain HF forward", err.fillna(0.0)
                           if v != "patch_restored" else err, margin, rms, str(org.lm.dtype))
             if rec is None:
                 continue

@@ -90,7 +90,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, asdict as as_dict, dataclass, field, replace
 
 import numpy as np
 import xarray as xr
@@ -113,6 +113,9 @@ from ..registry import build_plan, expand_steps
 from ..run.executor import compute
 from ..stats import spearman_rho
 from ..store import open_store, write_run
+from ..models.loading import DTYPES, wrap_model
+import copy
+from .cell_truth import fit
 
 CARD_OBSERVABLE = "scorecard"
 UNIT_KINDS = ("planted", "planted_head", "planted_paths", "judge_planted")   # truth names a planted unit
@@ -145,7 +148,6 @@ def evaluate(obs, org: Organism) -> xr.Dataset:
 def _sae_steps(plan, ctx) -> dict:
     """The dictionaries the run's ``sae_attribution`` steps used (digest → SAE) and each step's params, for the
     SAE criteria (``trust.sae_criteria``) to rebuild every cell from the planted truth."""
-    from dataclasses import asdict as as_dict
     saes = {v[0].digest(): v[0] for k, v in ctx.memo.items() if isinstance(k, tuple) and k and k[0] == "sae"}
     steps = {s.name: as_dict(s.op.p) for s in plan.steps if type(s.op).__name__ == "SaeAttribution"}
     return {"dictionaries": saes, "steps": steps} if steps else {}
@@ -160,7 +162,7 @@ def _truth_summary(truth: dict) -> dict:
     return {k: short(v) for k, v in truth.items()}
 
 
-def _finite(x):                 # store attrs must be JSON: NaN -> None
+def finite_or_none(x):                 # store attrs must be JSON: NaN -> None
     return float(x) if np.isfinite(x) else None
 
 
@@ -341,18 +343,14 @@ def grade_readings(card: Scorecard, crits, results, truths, refs=None, truth_eff
 
 def in_dtype(org: Organism, dtype: str) -> Organism:
     """``org`` with its model cast to ``dtype`` (the same weights, rounded; ``org`` itself when already in it)."""
-    from dataclasses import replace
-
-    from ..models.loading import _DTYPES, wrap_model
-    if dtype not in _DTYPES:
-        raise SpecError("dtype", f"unknown dtype {dtype!r}.", value=dtype, options=list(_DTYPES))
+    if dtype not in DTYPES:
+        raise SpecError("dtype", f"unknown dtype {dtype!r}.", value=dtype, options=list(DTYPES))
     lm = org.lm
     if str(lm.dtype) == dtype:
         return org
     if getattr(lm, "signal", None) is not None or type(lm).__name__ != "LoadedModel" or lm.head.gate is not None:
         raise SpecError("dtype", f"organism kind {org.kind!r} is graded in float32 only.",
                         fix="calibrate a classifier organism (planted, planted_head, ...) in another dtype.")
-    import copy                                       # a copy: organisms may be shared (cached) in float32
     return replace(org, lm=wrap_model(lm.name, copy.deepcopy(lm.model), lm.tokenizer, dtype=dtype, device=lm.device,
                                       objectives=lm.head.objectives))
 
@@ -373,19 +371,18 @@ def _grade_one(card: Scorecard, c, results, truths, refs, s, zero, top, planted,
                 source = "cells"
             except (KeyError, ValueError, IndexError):
                 pass
-        card.magnitude[c.name] = {"reading": _finite(got) if got is not None else None,
-                                  "truth": _finite(want) if want is not None else None, "truth_from": source}
+        card.magnitude[c.name] = {"reading": finite_or_none(got) if got is not None else None,
+                                  "truth": finite_or_none(want) if want is not None else None, "truth_from": source}
     fv = float(c.floor_value(results[top], truths[top]))
-    card.readings[c.name] = [_finite(v) for v in vals]
-    card.spearman[c.name] = _finite(rho)
-    card.floors[c.name] = {"value": _finite(fv), "floor": c.floor, "what": c.floor_what,
+    card.readings[c.name] = [finite_or_none(v) for v in vals]
+    card.spearman[c.name] = finite_or_none(rho)
+    card.floors[c.name] = {"value": finite_or_none(fv), "floor": c.floor, "what": c.floor_what,
                            "at_strength": s[top]}
     if c.cells is not None:            # the output's cells against an independent recomputation
-        from .cell_truth import fit
         if organisms is None:          # cells need the organism itself: a reading without one cannot show them
             raise ValueError("cells: no organism to recompute them from")
         by = {v: fit(*gw) for v, gw in c.cells(results[top], organisms[top], obs).items()}
-        card.cells[c.name] = {"fit": _finite(min(by.values())), "by_output": {v: _finite(f) for v, f in by.items()}}
+        card.cells[c.name] = {"fit": finite_or_none(min(by.values())), "by_output": {v: finite_or_none(f) for v, f in by.items()}}
     one = {k: getattr(card, k) for k in ("truth", "spearman", "floors", "magnitude", "cells")}
     card.criteria_passed[c.name] = card_verdict({**one, "readings": {c.name: card.readings[c.name]}},
                                                 check_code=False)[0]

@@ -49,6 +49,7 @@ from .study_doc import COMPARATORS, REDUCTIONS, load_study, predictions, study_h
 import os
 from .pins import design_run, pins
 from ..inputs import load_dataset
+from ..identity import observable_hash
 
 
 def _open(store_url, storage_options=None):
@@ -215,7 +216,6 @@ def check_run(run, store_url: str, *, storage_options=None) -> dict | None:
             raise StoreError(f"{bad}; the study cannot register runs. Fix: freeze the study file again in a "
                              "fresh store, or remove the damaged record.")
         pinned = (match[0].get("pins") or {}).get("observable_spec_hash")
-        from ..identity import observable_hash
         if pinned and pinned != observable_hash(run.observable):
             raise SpecError("observable", f"study '{study['name']}' pinned observable content "
                             f"{pinned[:12]}; this run's '{run.observable.name}' is "

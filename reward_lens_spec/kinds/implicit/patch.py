@@ -19,11 +19,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..errors import SpecError
-from .capture import _first
-from .head import get_module
-from .implicit import _scored, token_logprobs
-from .padding import batches_by_length, pad_batch
+from ...errors import SpecError
+from ...models.head import first_output, get_module
+from .model import scored_positions, token_logprobs
+from ...models.padding import batches_by_length, pad_batch
 
 
 def _module(clm, site: str, layer: int):
@@ -92,7 +91,7 @@ def _batches(lm, encoded, pidx, batch_size, padding_side):
         rows = list(b)
         ids, mask, pos, _ = pad_batch([seqs[r] for r in rows], pad, padding_side)
         ids, mask, pos = ids.to(dev), mask.to(dev), pos.to(dev)
-        cols, valid = _scored(seqs, starts, rows, ids.shape[1], padding_side, dev)
+        cols, valid = scored_positions(seqs, starts, rows, ids.shape[1], padding_side, dev)
         yield rows, ids, mask, pos, cols, ids.gather(1, cols), valid
 
 
@@ -101,7 +100,7 @@ def _reference_pass(lm, targets, ids, mask, pos, cols, toks):
     acts, handles = {}, []
     for t in targets:
         def hook(mod, args, out, t=t):
-            acts[t] = _first(out).detach()
+            acts[t] = first_output(out).detach()
         handles.append(_module(lm.reference, *t).register_forward_hook(hook))
     try:
         lr = token_logprobs(lm.reference, ids, mask, pos, cols, toks).cpu().numpy()
@@ -147,7 +146,7 @@ def attribution_rewards(lm, encoded, targets, pidx, *, batch_size=16, padding_si
         acts, handles = {}, []
         for t in targets:
             def hook(mod, args, out, t=t):
-                acts[t] = _first(out)
+                acts[t] = first_output(out)
             handles.append(_module(lm.policy, *t).register_forward_hook(hook))
         try:
             with torch.enable_grad():

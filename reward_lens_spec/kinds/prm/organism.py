@@ -26,13 +26,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..data import Pair
-from .organism_base import STRENGTHS, WORDS, Organism, pairset  # noqa: F401  (STRENGTHS: the graded grid)
-from ..models.loading import wrap_model
-from ..models.prm import PrmSignal, step_ids
-from ..models.tiny import build_tiny
+from ...data import Pair
+from ...organisms.organism_base import WORDS, Organism, pairset
+from ...models.loading import wrap_model
+from .steps import PrmSignal, step_ids
+from ...models.tiny import build_tiny
 
 FLAW, STEP = "#", "\n"
+PRM_GAMMA = 0.3        # the flaw head's write: readings rise with s over the whole grid (at 4 the norm saturates)
 TEMPLATE = "Problem: {prompt}\nSolution:\n{response}"
 
 
@@ -116,3 +117,11 @@ def located_steps(step_reward: np.ndarray) -> np.ndarray:
     gap = step_reward[:, 1] - step_reward[:, 0]          # rejected − chosen per step
     drop = np.diff(np.concatenate([np.zeros((gap.shape[0], 1)), gap], 1), axis=1)
     return np.nanargmin(drop, 1)
+
+
+def prm_planted(strength: float, **kw) -> Organism:
+    """The ``prm_planted`` organism at ``strength`` (γ = ``PRM_GAMMA`` unless ``kw`` sets ``gamma``; built on
+    ``tiny_llama`` only, so ``base`` is ignored): the builder the kind registers (``kinds.prm.KIND.organisms``)."""
+    kw.pop("base", None)
+    kw.setdefault("gamma", PRM_GAMMA)
+    return prm_organism(strength, **kw)

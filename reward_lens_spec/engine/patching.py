@@ -5,12 +5,12 @@ Heimersheim & Nanda 2024, "How to use and interpret activation patching"):
 run the *base* side with one site's activation at the readout token replaced
 by the *source* side's, and re-read the reward. The readout token is the last
 token, so under causal attention a patch there changes nothing at earlier
-positions: prefixes run once, batched and KV-cached (``models.prefix``; the capture
+positions: prefixes run once, batched and KV-cached (``engine.prefix``; the capture
 pass keeps them, ``capture(keep_prefix=)``), then only copies of the readout token run
 again, one per patched site. Without a sliding window, one forward covers a group of
 pairs: per pair one sequence of copies, all at the readout position, under a 4-D
 attention mask letting each copy see its own prefix and itself only, and layers below a
-copy's patch run copy 0 only (``models.copy_skip``). Models with sliding-window layers
+copy's patch run copy 0 only (``engine.copy_skip``). Models with sliding-window layers
 (their caches drop old keys) run the copies of one pair as rows over a repeated cache
 instead. The first and last copies are unpatched and must reproduce the captured base
 reward — a self-check that also fails if copies could see each other.
@@ -30,22 +30,14 @@ import numpy as np
 import torch
 
 from ..errors import CaptureError
-from .capture import _TOL, _first
+from .capture import TOL
 from .copy_skip import CopySkip, start_layer
 from .prefix import run_prefix, sliding
-from .head import get_module
-from .padding import batches_by_length, pad_batch
-from .placement import input_device
+from ..models.head import first_output, get_module, module_for
+from ..models.padding import batches_by_length, pad_batch
+from ..models.placement import input_device
 from ..errors import SpecError
 from transformers.utils import logging as hf_logging
-
-
-def _module_for(lm, site: str, layer: int):
-    if site == "readout":
-        return lm.norm.module
-    block = get_module(lm.model, lm.family.layers)[layer]
-    return {"resid_post": block, "attn_out": get_module(block, lm.family.attn),
-            "mlp_out": get_module(block, lm.family.mlp)}[site]
 
 
 def _source_act(cap, site, layer, pair, side):
@@ -72,7 +64,7 @@ def patch_readout(lm, encoded, cap, targets, pair_indices, *, mode: str = "denoi
     seqs = {p: list((encoded.rejected if base_side else encoded.chosen)[p]) for p in pair_indices}
     out = np.zeros((len(pair_indices), len(targets), lm.head.n_outputs), np.float64)
     counts = {"forward_passes": 0, "tokens": 0, "copy_layers": 0, "copy_layers_unskipped": 0}
-    for pb, prow, members in _groups(lm, cap, encoded, seqs, pair_indices, group if packed else 1, dev, counts):
+    for pb, prow, members in patch_groups(lm, cap, encoded, seqs, pair_indices, group if packed else 1, dev, counts):
         for start in range(0, len(targets), chunk):
             part = targets[start:start + chunk]
             n = len(part) + 2                            # unpatched copies first and last
@@ -90,14 +82,14 @@ def patch_readout(lm, encoded, cap, targets, pair_indices, *, mode: str = "denoi
             counts["forward_passes"] += 1
             counts["tokens"] += n * len(members)
             for b, (pi, p) in enumerate(members):
-                ref = _base_reward(lm, cap, p, base_side)
+                ref = base_reward(lm, cap, p, base_side)
                 for row in (0, n - 1):
                     check_unpatched(lm, r[b, row], ref, encoded.pair_ids[p])
                 out[pi, start:start + len(part)] = r[b, 1:-1]
     return out, counts
 
 
-def _groups(lm, cap, encoded, seqs, pair_indices, group, dev, counts):
+def patch_groups(lm, cap, encoded, seqs, pair_indices, group, dev, counts):
     """Yield ``(PrefixBatch, its rows, [(output index, pair)])``: kept capture batches first, then
     prefix batches built here for the other pairs, ``group`` pairs each, by length."""
     kept: dict[int, list] = {}
@@ -131,11 +123,11 @@ def _run_packed(lm, part, vals, cache, pmask, lengths, last, n, dtype, dev, coun
     """Copies as one sequence per pair under a 4-D mask, layers below each patch skipped; (pair, copy, output)."""
     B, P = pmask.shape
     skip = CopySkip(lm, np.array([0] + [start_layer(s, l, lm.n_layers) for s, l in part] + [0]), P, B)
-    hooks = [(_module_for(lm, site, layer), _replacer(_local(skip, site, layer, items), packed=True))
+    hooks = [(module_for(lm, site, layer), replacer(local_items(skip, site, layer, items), packed=True))
              for (site, layer), items in vals.items()]
     skip.attach()
     try:
-        r = _patched_rewards(lm, hooks, input_ids=last[:, None].expand(B, n), attention_mask=_copies_mask(
+        r = patched_rewards(lm, hooks, input_ids=last[:, None].expand(B, n), attention_mask=copies_mask(
             pmask, n, dtype), position_ids=torch.as_tensor(lengths - 1, device=dev)[:, None].expand(B, n),
             cache=cache, use_cache=True, packed=True, gate=gate)
     finally:
@@ -149,21 +141,21 @@ def _run_rows(lm, vals, cache, pmask, lengths, last, n, dev, gate=None):
     """Copies as batch rows over a repeated cache (sliding-window models; one pair): (1, copy, output)."""
     cache.batch_repeat_interleave(n)
     mask = torch.cat([pmask, torch.ones((1, 1), dtype=pmask.dtype, device=dev)], 1).expand(n, -1)
-    hooks = [(_module_for(lm, site, layer), _replacer(items)) for (site, layer), items in vals.items()]
-    r = _patched_rewards(lm, hooks, input_ids=last[:, None].expand(n, 1), attention_mask=mask,
+    hooks = [(module_for(lm, site, layer), replacer(items)) for (site, layer), items in vals.items()]
+    r = patched_rewards(lm, hooks, input_ids=last[:, None].expand(n, 1), attention_mask=mask,
                          position_ids=torch.full((n, 1), int(lengths[0]) - 1, device=dev), cache=cache,
                          use_cache=True, gate=gate)
     return r[None]
 
 
-def _local(skip, site, layer, items):
+def local_items(skip, site, layer, items):
     """``items`` with copy indices as the hooked module sees them (active copies only, inside a layer)."""
     if site not in ("attn_out", "mlp_out"):
         return items
     return list(zip(skip.local_rows(layer, [r for r, _ in items]), [v for _, v in items]))
 
 
-def _copies_mask(pmask: torch.Tensor, n: int, dtype) -> torch.Tensor:
+def copies_mask(pmask: torch.Tensor, n: int, dtype) -> torch.Tensor:
     """Additive 4-D mask (B, 1, n, P + n): copy j sees its row's real prefix keys and its own key only."""
     B, P = pmask.shape
     lo = torch.finfo(dtype).min
@@ -175,7 +167,7 @@ def _copies_mask(pmask: torch.Tensor, n: int, dtype) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def _quiet_transformers():
+def quiet_transformers():
     """Silence HF's note that pad detection is off with inputs_embeds: our readout comes from the mask."""
     old = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
@@ -185,14 +177,14 @@ def _quiet_transformers():
         hf_logging.set_verbosity(old)
 
 
-def _replacer(items, packed: bool = False):
+def replacer(items, packed: bool = False):
     """Hook writing ``items`` ((copy, values (pair, width)) pairs) into copies: positions of every
     pair's sequence (``packed``) or rows of one pair (last token)."""
     rows = [r for r, _ in items]
     vals = torch.stack([v for _, v in items], 1)         # (pair, copy, width)
 
     def hook(mod, args, output):
-        x = _first(output).clone()
+        x = first_output(output).clone()
         if packed:
             x[:, rows] = vals.to(x.dtype).to(x.device)
         else:
@@ -208,16 +200,16 @@ def attribution_patch(lm, encoded, cap, targets, pair_indices, *, mode: str = "d
     seqs = [list((encoded.rejected if base_side else encoded.chosen)[p]) for p in pair_indices]
     out = np.zeros((len(pair_indices), len(targets), lm.head.n_outputs), np.float64)
     counts = {"forward_passes": 0, "backward_passes": 0}
-    modules = [(t, _module_for(lm, site, layer)) for t, (site, layer) in enumerate(targets)]
+    modules = [(t, module_for(lm, site, layer)) for t, (site, layer) in enumerate(targets)]
     for rows in batches_by_length([len(s) for s in seqs], batch_size):
         ids, mask, pos, readout = pad_batch([seqs[r] for r in rows], lm.model.config.pad_token_id, "left")
         kept: dict = {}
-        handles = [m.register_forward_hook(lambda mod, a, o, t=t: kept.__setitem__(t, _first(o)))
+        handles = [m.register_forward_hook(lambda mod, a, o, t=t: kept.__setitem__(t, first_output(o)))
                    for t, m in modules]
         head = get_module(lm.model, lm.family.head)        # the model's own head: linear or gated
-        handles.append(head.register_forward_hook(lambda mod, a, o: kept.__setitem__("r", _first(o))))
+        handles.append(head.register_forward_hook(lambda mod, a, o: kept.__setitem__("r", first_output(o))))
         try:
-            with torch.enable_grad(), _quiet_transformers():
+            with torch.enable_grad(), quiet_transformers():
                 emb = lm.model.get_input_embeddings()(ids.to(dev)).detach().requires_grad_(True)
                 lm.model(inputs_embeds=emb, attention_mask=mask.to(dev), position_ids=pos.to(dev), use_cache=False)
                 ridx, ro = torch.arange(len(rows), device=dev), readout.to(dev)
@@ -271,8 +263,8 @@ def patch_all_positions(lm, encoded, cap, targets, pair_indices, *, mode: str = 
         src = list((encoded.chosen if base_side else encoded.rejected)[p])
         T = len(base)
         src_acts: dict = {}
-        hooks = [_module_for(lm, s, l).register_forward_hook(
-            lambda m, a, o, k=(s, l): src_acts.__setitem__(k, _first(o)[0].clone())) for s, l in set(targets)]
+        hooks = [module_for(lm, s, l).register_forward_hook(
+            lambda m, a, o, k=(s, l): src_acts.__setitem__(k, first_output(o)[0].clone())) for s, l in set(targets)]
         try:
             lm.model(input_ids=torch.tensor([src], device=dev), position_ids=torch.arange(T, device=dev)[None])
         finally:
@@ -286,24 +278,24 @@ def patch_all_positions(lm, encoded, cap, targets, pair_indices, *, mode: str = 
             by_module: dict = {}
             for row, key in enumerate(part, start=1):
                 by_module.setdefault(key, []).append(row)
-            hooks = [(_module_for(lm, s, l), _full_replacer(rows, src_acts[(s, l)])) for (s, l), rows in by_module.items()]
-            r = _patched_rewards(lm, hooks, input_ids=torch.tensor([base] * n, device=dev),
+            hooks = [(module_for(lm, s, l), _full_replacer(rows, src_acts[(s, l)])) for (s, l), rows in by_module.items()]
+            r = patched_rewards(lm, hooks, input_ids=torch.tensor([base] * n, device=dev),
                                  position_ids=torch.arange(T, device=dev)[None].expand(n, T),
                                  gate=None if cap.gate is None else cap.gate[p, base_side])
             counts["forward_passes"] += 1
             counts["tokens"] += n * T
-            check_unpatched(lm, r[0], _base_reward(lm, cap, p, base_side), encoded.pair_ids[p])
+            check_unpatched(lm, r[0], base_reward(lm, cap, p, base_side), encoded.pair_ids[p])
             out[pi, start:start + len(part)] = r[1:]
     return out, counts
 
 
-def _patched_rewards(lm, hooks, packed: bool = False, gate=None, **model_kwargs) -> np.ndarray:
+def patched_rewards(lm, hooks, packed: bool = False, gate=None, **model_kwargs) -> np.ndarray:
     """One forward with ``(module, hook)`` pairs attached; rewards read at each row's last position,
     (copy, output), or (``packed``) at every position of every pair's sequence, (pair, copy, output)."""
     hbuf: dict = {}
     handles = [m.register_forward_hook(h) for m, h in hooks]
     handles.append(lm.norm.module.register_forward_hook(
-        lambda m, a, o: hbuf.__setitem__("h", (_first(o) if packed else _first(o)[:, -1]).float().cpu().numpy())))
+        lambda m, a, o: hbuf.__setitem__("h", (first_output(o) if packed else first_output(o)[:, -1]).float().cpu().numpy())))
     try:
         lm.model(**model_kwargs)
     finally:
@@ -312,7 +304,7 @@ def _patched_rewards(lm, hooks, packed: bool = False, gate=None, **model_kwargs)
     return lm.head.rewards(hbuf["h"], gate)          # a context gate frozen at the base side's capture
 
 
-def _base_reward(lm, cap, pair: int, side: int) -> np.ndarray:
+def base_reward(lm, cap, pair: int, side: int) -> np.ndarray:
     """``W·h + b`` (output,) from the captured ``h``: the same float32 read-off as every patched
     reward, so a no-op patch has effect 0 in any model dtype (the model's own bf16/fp16 head
     output differs from it by its rounding, ~|r|·2⁻⁸ in bf16)."""
@@ -323,7 +315,7 @@ def check_unpatched(lm, got, ref, pair_id) -> None:
     """An unpatched copy must reproduce the captured base reward: within 1e-3 (relative to
     1 + |r|) in float32, within the capture self-check's tolerance in bfloat16/float16.
     Raises ``CaptureError`` naming the pair otherwise. (Public: ``ops.steer`` uses it.)"""
-    tol = 1e-3 if lm.dtype == "float32" else _TOL.get(lm.dtype, 1e-3)
+    tol = 1e-3 if lm.dtype == "float32" else TOL.get(lm.dtype, 1e-3)
     if np.abs(got - ref).max() > tol * (1 + np.abs(ref).max()):
         raise CaptureError(f"{lm.name}: the unpatched re-run of pair {pair_id} gives {got} but the capture "
                            f"gave {ref} (tolerance {tol} for {lm.dtype}); patching results would be wrong.")
@@ -333,7 +325,7 @@ def check_unpatched(lm, got, ref, pair_id) -> None:
 
 def _full_replacer(rows, value):
     def hook(mod, args, output):
-        x = _first(output).clone()
+        x = first_output(output).clone()
         x[rows] = value.to(x.dtype)
         return (x,) + tuple(output[1:]) if isinstance(output, tuple) else x
     return hook

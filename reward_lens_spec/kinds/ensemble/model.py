@@ -30,16 +30,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import SpecError
-from .capture import CaptureResult
-from .door import nested
-from .implicit import LINEAR_OPS, _KindConfig, canonical_spec
-from .readout import ReadoutHead
-from .capture import capture
-from .fingerprint import model_fingerprint, tokenizer_dict
-from .loading import load_model
-
-REDUCES = ("mean", "min", "quantile")
+from ...errors import SpecError
+from ...engine.capture import CaptureResult
+from ...models.door import nested
+from ..implicit.settings import KindConfig
+from .settings import check_ensemble, reduce_members
+from ...models.readout import ReadoutHead
+from ...engine.capture import capture
+from ...models.fingerprint import model_fingerprint, tokenizer_dict
+from ...models.loading import load_model
 
 
 @dataclass
@@ -61,7 +60,7 @@ class EnsembleModel:
 
     @property
     def signal(self):
-        return self                  # models.kinds reads ``lm.signal.kind``
+        return self                  # kinds reads ``lm.signal.kind``
 
     @property
     def n_layers(self) -> int:
@@ -84,49 +83,6 @@ class EnsembleModel:
         return CaptureResult(pair_ids=list(encoded.pair_ids), h=np.full((n, 2, self.d_model), np.nan, np.float32),
                              logits=reward[..., None], lengths=encoded.lengths(),
                              sites={"member_rewards": member_rewards}, counts=counts)
-
-
-def reduce_members(r: np.ndarray, how: str, q: float = 0.5) -> np.ndarray:
-    """Reduce member rewards ``r`` (..., member) by ``how`` (see the module doc); float64."""
-    r = np.asarray(r, np.float64)
-    if how == "mean":
-        return r.mean(-1)
-    if how == "min":
-        return r.min(-1)
-    if how == "quantile":
-        return np.quantile(r, q, axis=-1)
-    raise SpecError("model.ensemble.reduce", f"unknown reduce '{how}'.", value=how, options=REDUCES)
-
-
-def check_ensemble(spec) -> None:
-    """Plan-time checks of ``model.members`` / ``model.ensemble`` (configs only)."""
-    e = spec.ensemble
-    if e.reduce not in REDUCES:
-        raise SpecError("model.ensemble.reduce", f"unknown reduce '{e.reduce}'.", value=e.reduce, options=REDUCES)
-    if e.reduce == "quantile" and not 0.0 <= float(e.q) <= 1.0:
-        raise SpecError("model.ensemble.q", f"must be in [0, 1], got {e.q!r}.", fix="e.g. model.ensemble.q=0.25")
-    if len(spec.members) < 2:
-        raise SpecError("model.members", f"an ensemble needs at least two members, got {len(spec.members)}.",
-                        fix="list conf/model options, e.g. model.members=[tiny,tiny_llama].")
-    for i, ref in enumerate(spec.members):
-        m = nested(spec, ref, f"model.members.{i}")
-        if str(getattr(m, "kind", "classifier")) != "classifier":
-            raise SpecError(f"model.members.{i}", f"member '{m.name}' is model.kind={m.kind}; ensemble members are "
-                            "sequence classifiers (one readout each).", fix="list classifier models as members.")
-
-
-def ensemble_settings(spec, base_dir=None) -> dict:
-    """The members' specs, ``reduce`` and ``q``: in the run id (``run.identity.numerics``)."""
-    return {"members": [canonical_spec(nested(spec, r, f"model.members.{i}", base_dir))
-                        for i, r in enumerate(spec.members)],
-            "reduce": spec.ensemble.reduce, "q": float(spec.ensemble.q) if spec.ensemble.reduce == "quantile" else None}
-
-
-def refused_ops(spec) -> dict:
-    """``{op: one-line reason}`` for ``model.kind=ensemble`` (``models.kinds``)."""
-    why = ("an ensemble has no single residual stream or head (each member has its own, and min/quantile are not "
-           "linear); run this instrument per member (model=<member>)")
-    return {op: why for op in LINEAR_OPS}
 
 
 def load_ensemble(spec, base_dir=None) -> EnsembleModel:
@@ -152,7 +108,7 @@ def load_ensemble(spec, base_dir=None) -> EnsembleModel:
         names.append(ms.name)
         fps.append(model_fingerprint(lm.model, lm.tokenizer))
     container = torch.nn.ModuleDict({f"member_{i}": m.model for i, m in enumerate(members)})
-    container.config = _KindConfig({"kind": "ensemble", "members": names, "member_fingerprints": fps,
+    container.config = KindConfig({"kind": "ensemble", "members": names, "member_fingerprints": fps,
                                     "reduce": spec.ensemble.reduce, "q": float(spec.ensemble.q)})
     d = members[0].d_model
     head = ReadoutHead(W=np.full((1, d), np.nan, np.float32), b=np.full(1, np.nan, np.float32), objectives=("reward",))

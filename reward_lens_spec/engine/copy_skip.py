@@ -1,6 +1,6 @@
 """Skip the layers below each patched site when the readout token's copies run as one sequence.
 
-In ``models.patching``'s packed forward every copy of the readout token starts from the same
+In ``engine.patching``'s packed forward every copy of the readout token starts from the same
 embedding, and a copy patched at layer ``l`` is identical to the unpatched copy 0 until that
 layer. So layer ``l`` runs only the *active* copies (copy 0, the last unpatched copy, and copies
 whose patch sits at or below ``l``); every other copy leaves the layer holding copy 0's output,
@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .head import get_module
+from ..models.head import get_module
 
 
 def start_layer(site: str, layer: int, n_layers: int) -> int:

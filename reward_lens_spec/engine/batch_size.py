@@ -18,8 +18,8 @@ import os
 import torch
 
 from ..errors import SpecError
-from .padding import pad_batch
-from .placement import input_device
+from ..models.padding import pad_batch
+from ..models.placement import input_device
 
 AUTO = "auto"
 MAX_START = 256

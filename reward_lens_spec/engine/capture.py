@@ -23,14 +23,14 @@ import numpy as np
 import torch
 
 from ..errors import CaptureError
-from .head import get_module
-from .padding import batches_by_length, pad_batch
+from ..models.head import first_output, get_module
+from ..models.padding import batches_by_length, pad_batch
 from .prefix import run_prefix
-from .placement import input_device
+from ..models.placement import input_device
 
 LAYER_SITES = ("embed", "resid_pre", "resid_post", "attn_out", "mlp_out", "attn_z")
 SIDES = ("chosen", "rejected")
-_TOL = {"float32": 1e-4, "bfloat16": 6e-2, "float16": 1e-2}
+TOL = {"float32": 1e-4, "bfloat16": 6e-2, "float16": 1e-2}
 
 
 @dataclass
@@ -49,12 +49,8 @@ class CaptureResult:
     sites: dict[str, np.ndarray] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     prefixes: dict = field(default_factory=dict)    # token ids (tuple) -> (index into prefix_batches, row)
-    prefix_batches: list = field(default_factory=list)   # models.prefix.PrefixBatch, for patching
+    prefix_batches: list = field(default_factory=list)   # engine.prefix.PrefixBatch, for patching
     gate: np.ndarray | None = None     # context-gated heads (ArmoRM): gate weights, pair × side × objective
-
-
-def _first(x):
-    return x[0] if isinstance(x, tuple) else x
 
 
 class _Recorder:
@@ -138,7 +134,7 @@ class _Recorder:
 
         def hook(mod, args, out):
             if self.active:
-                x = _first(out)
+                x = first_output(out)
                 self.slot[key].copy_(x[self._at(x)])
         self.handles.append(module.register_forward_hook(hook))
 
@@ -175,11 +171,11 @@ def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tok
     ``keep_prefix``: rows (2·pair + side) that activation patching will re-run. They run in their
     own length-sorted, left-padded batches as prefix (all tokens but the last, KV-cached, hooks
     off) then last token; each batch's prefix cache is kept (``prefix_batches``, located by
-    ``prefixes``) so ``models.patching.patch_readout`` need not recompute it (memory: one KV cache
+    ``prefixes``) so ``engine.patching.patch_readout`` need not recompute it (memory: one KV cache
     per kept row, so callers keep this list short).
     Raises ``CaptureError`` on a self-check mismatch or a non-finite score.
     """
-    own = getattr(lm, "capture_pass", None)      # a kind with its own readout (models.implicit, models.ensemble)
+    own = getattr(lm, "capture_pass", None)      # a kind with its own readout (kinds.implicit, kinds.ensemble)
     if own is not None:
         return own(encoded, sites, batch_size=batch_size, max_tokens=max_tokens, padding_side=padding_side)
     sites = tuple(s for s in LAYER_SITES if s in set(sites))
@@ -289,7 +285,7 @@ def _self_check(lm, rows, pair_ids, h, head_out, pooled, agree, gate=None):
     if not finite.all():
         raise CaptureError(f"{lm.name}: non-finite reward for {_names(pair_ids, rows, ~finite)} "
                            f"(dtype {lm.dtype}); nothing was stored. Fix: use model.dtype=float32 or bfloat16.")
-    tol = _TOL.get(lm.dtype, 1e-4)
+    tol = TOL.get(lm.dtype, 1e-4)
     scale = 1.0 + np.abs(head_out)
     # Where HF's pad-id pooling lands on the last attended token (computed from the mask,
     # independently of the capture's readout), its pooled logits are a second reference.

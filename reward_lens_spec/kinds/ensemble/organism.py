@@ -1,4 +1,4 @@
-"""The ``ensemble_planted`` organism: an ensemble (``models.ensemble``) whose members are planted organisms
+"""The ``ensemble_planted`` organism: an ensemble (``kinds.ensemble``) whose members are planted organisms
 (``organisms.organisms.planted_organism``, unit ``mlp_L1``) drawn from seeds 0, 1, 2 at the same strength, reduced
 by the 0.25 quantile (``ENSEMBLE_REDUCE``, ``ENSEMBLE_Q``: neither the mean, the min nor the median, so a wrong
 reduce or a wrong ``q`` reads other numbers). Every member's margin rises with the strength; strength 0 plants
@@ -8,19 +8,19 @@ Truth, from each member alone (its own tokenization of the default plain templat
 of one, the classifier's own pooled logit; none of the capture, ensemble or operator code):
 ``member_reward`` (pair id → [[chosen, rejected] per member]), the member names, ``reduce`` and ``q``. The
 ensemble reward the truth implies is computed by the criteria with a naive order-statistic quantile
-(``trust.kind_criteria``), not by ``models.ensemble.reduce_members``.
+(``trust.kind_criteria``), not by ``kinds.ensemble.settings.reduce_members``.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from .organism_base import Organism
-from ..models.fingerprint import model_fingerprint
-from .organisms import planted_organism
-from ..models.readout import ReadoutHead
-from ..models.ensemble import EnsembleModel
-from ..models.implicit import _KindConfig
+from ...organisms.organism_base import Organism
+from ...models.fingerprint import model_fingerprint
+from ...organisms.organisms import planted_organism
+from ...models.readout import ReadoutHead
+from .model import EnsembleModel
+from ..implicit.settings import KindConfig
 
 ENSEMBLE_REDUCE, ENSEMBLE_Q = "quantile", 0.25
 MEMBER_SEEDS = (0, 1, 2)
@@ -47,7 +47,7 @@ def ensemble_organism(strength: float, *, seed: int = 0, n_pairs: int = 12, base
     per = [_member_rewards(o.lm.model, o.lm.tokenizer, pairs.pairs) for o in orgs]
     fps = [model_fingerprint(m.model, m.tokenizer) for m in members]
     container = torch.nn.ModuleDict({f"member_{i}": m.model for i, m in enumerate(members)})
-    container.config = _KindConfig({"kind": "ensemble", "members": names, "member_fingerprints": fps,
+    container.config = KindConfig({"kind": "ensemble", "members": names, "member_fingerprints": fps,
                                     "reduce": ENSEMBLE_REDUCE, "q": ENSEMBLE_Q})
     first = members[0]
     head = ReadoutHead(W=np.full((1, first.d_model), np.nan, np.float32), b=np.full(1, np.nan, np.float32),

@@ -1,10 +1,10 @@
 """Set activations at the readout token to given values and re-read the reward, batched.
 
-The engine behind head patching, ablations and steering. It is ``models.patching``'s exact
+The engine behind head patching, ablations and steering. It is ``engine.patching``'s exact
 patching with the values supplied by the caller instead of read from the other side: the
-same prefix KV caches (``_groups``), the same packed forward (copies of the readout token as
+same prefix KV caches (``patch_groups``), the same packed forward (copies of the readout token as
 one sequence per pair under a 4-D mask, layers below each copy's intervention skipped,
-``models.copy_skip``), the same rows-over-a-repeated-cache path for sliding-window models and
+``engine.copy_skip``), the same rows-over-a-repeated-cache path for sliding-window models and
 the same self-check (the first and last copies are unpatched and must reproduce the captured
 base reward).
 
@@ -29,14 +29,13 @@ import numpy as np
 import torch
 
 from .attn_heads import n_heads
-from .capture import _first
 from .copy_skip import CopySkip, start_layer
-from .head import get_module
-from .padding import batches_by_length, pad_batch
-from .patching import (_base_reward, check_unpatched, _copies_mask, _groups, _local, _module_for,
-                       _patched_rewards, _quiet_transformers, _replacer)
+from ..models.head import first_output, get_module, module_for
+from ..models.padding import batches_by_length, pad_batch
+from .patching import (base_reward, check_unpatched, copies_mask, local_items, patch_groups, patched_rewards,
+                       quiet_transformers, replacer)
 from .prefix import sliding
-from .placement import input_device
+from ..models.placement import input_device
 
 SITES = ("resid_post", "attn_out", "mlp_out", "head")
 
@@ -70,7 +69,7 @@ def set_readout(lm, encoded, cap, targets, values, pair_indices, *, base_side: i
     out = np.zeros((len(pair_indices), len(targets), lm.head.n_outputs), np.float64)
     counts = {"forward_passes": 0, "tokens": 0, "copy_layers": 0}
     final = np.zeros((len(pair_indices), len(targets), lm.d_model), np.float32) if keep_final else None
-    for pb, prow, members in _groups(lm, cap, encoded, seqs, pair_indices, group if packed else 1, dev, counts):
+    for pb, prow, members in patch_groups(lm, cap, encoded, seqs, pair_indices, group if packed else 1, dev, counts):
         pairs = [p for _, p in members]
         for start in range(0, len(targets), chunk):
             part = targets[start:start + chunk]
@@ -96,7 +95,7 @@ def set_readout(lm, encoded, cap, targets, values, pair_indices, *, base_side: i
             counts["forward_passes"] += 1
             counts["tokens"] += n * len(members)
             for b, (pi, p) in enumerate(members):
-                ref = _base_reward(lm, cap, p, base_side)
+                ref = base_reward(lm, cap, p, base_side)
                 for row in (0, n - 1):
                     check_unpatched(lm, r[b, row], ref, encoded.pair_ids[p])
                 out[pi, start:start + len(part)] = r[b, 1:-1]
@@ -149,7 +148,7 @@ def _hooks(lm, part, vals, skip, packed):
                                                          packed)))
         else:
             pv = [(r, v) for r, v, _ in items]
-            fwd.append((_module_for(lm, site, layer), _replacer(_local(skip, site, layer, pv) if skip else pv,
+            fwd.append((module_for(lm, site, layer), replacer(local_items(skip, site, layer, pv) if skip else pv,
                                                                  packed=packed)))
     return fwd, pre
 
@@ -166,7 +165,7 @@ def _run_packed(lm, part, vals, cache, pmask, lengths, last, n, dtype, dev, coun
     skip.attach()
     handles = [m.register_forward_pre_hook(h) for m, h in pre]
     try:
-        r = _patched_rewards(lm, fwd, input_ids=last[:, None].expand(B, n), attention_mask=_copies_mask(
+        r = patched_rewards(lm, fwd, input_ids=last[:, None].expand(B, n), attention_mask=copies_mask(
             pmask, n, dtype), position_ids=torch.as_tensor(lengths - 1, device=dev)[:, None].expand(B, n),
             cache=cache, use_cache=True, packed=True,
             gate=None if gate is None else np.repeat(gate[:, None], n, 1))
@@ -185,7 +184,7 @@ def _run_rows(lm, part, vals, cache, pmask, lengths, last, n, dtype, dev, counts
     fwd, pre = _hooks(lm, part, vals, None, packed=False)
     handles = [m.register_forward_pre_hook(h) for m, h in pre]
     try:
-        r = _patched_rewards(lm, fwd, input_ids=last[:, None].expand(n, 1), attention_mask=mask,
+        r = patched_rewards(lm, fwd, input_ids=last[:, None].expand(n, 1), attention_mask=mask,
                              position_ids=torch.full((n, 1), int(lengths[0]) - 1, device=dev), cache=cache,
                              use_cache=True, gate=None if gate is None else np.repeat(gate[:1], n, 0))
     finally:
@@ -215,9 +214,9 @@ def head_attribution(lm, encoded, cap, layers, pair_indices, *, mode: str = "den
         handles = [o_proj(lm, l).register_forward_pre_hook(lambda m, a, i=i: kept.__setitem__(i, a[0]))
                    for i, l in enumerate(layers)]
         head = get_module(lm.model, lm.family.head)
-        handles.append(head.register_forward_hook(lambda m, a, o: kept.__setitem__("r", _first(o))))
+        handles.append(head.register_forward_hook(lambda m, a, o: kept.__setitem__("r", first_output(o))))
         try:
-            with torch.enable_grad(), _quiet_transformers():
+            with torch.enable_grad(), quiet_transformers():
                 emb = lm.model.get_input_embeddings()(ids.to(dev)).detach().requires_grad_(True)
                 lm.model(inputs_embeds=emb, attention_mask=mask.to(dev), position_ids=pos.to(dev), use_cache=False)
                 ridx, ro = torch.arange(len(rows), device=dev), readout.to(dev)

@@ -4,10 +4,10 @@ A PRM scores a reasoning response step by step: each step ends with a delimiter 
 e.g. ``"\\n\\n"`` or a special tag token), and the head read at the delimiter's last token is that step's
 reward (a logit; p = σ(r)). The head is the sequence classifier's (``models.loading``) or, with
 ``model.prm.tokens: [good, bad]``, a verdict row ``W_U[good] − W_U[bad]`` through the unembedding
-(Math-Shepherd style; ``models.judge``).
+(Math-Shepherd style; ``kinds.judge``).
 
 Steps are found in the formatted TOKEN ids, never in text offsets (``boundaries``): every occurrence of
-the delimiter's id sequence at or after the side's first response token (``models.per_token.
+the delimiter's id sequence at or after the side's first response token (``engine.per_token.
 response_starts``) ends a step. A last step that does not end with the delimiter — the response's text has
 something other than whitespace after its last ``step_token``, often the final answer — is a step too, read
 at the side's last token (the readout token the head reads), unless ``model.prm.final_step=drop`` (the
@@ -33,10 +33,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..errors import SpecError
+from ...errors import SpecError
+from .settings import AGGREGATES
 
-AGGREGATES = ("last", "min", "prod")
-FINAL_STEPS = ("include", "drop")
 NO_STEP_SEPARATOR = "no_step_separator"         # the pair flag (data.pairs.KIND_FLAGS)
 
 
@@ -51,32 +50,6 @@ class PrmSignal:
     final_step: str = "include"     # include | drop: a last step that does not end with the delimiter
     verdict: object = None          # a JudgeSignal when the head is a verdict row
     kind: str = "prm"
-
-
-def check_prm(spec) -> None:
-    """``model.prm.*`` valid before any model loads (``SpecError`` naming the key)."""
-    p = spec.prm
-    if p.aggregate not in AGGREGATES:
-        raise SpecError("model.prm.aggregate", f"unknown aggregate '{p.aggregate}'.", value=p.aggregate,
-                        options=AGGREGATES)
-    if p.final_step not in FINAL_STEPS:
-        raise SpecError("model.prm.final_step", f"unknown value '{p.final_step}'.", value=p.final_step,
-                        options=FINAL_STEPS)
-    if not isinstance(p.step_token, str) or not p.step_token:
-        raise SpecError("model.prm.step_token", "needs a non-empty delimiter string (or special token).",
-                        fix="e.g. model.prm.step_token='\\n\\n'.")
-    if p.tokens is not None:
-        from .judge import check_tokens
-        check_tokens(list(p.tokens), "model.prm.tokens")
-    if int(spec.num_labels) != 1 or str(getattr(spec.head, "value", spec.head)) != "linear":
-        raise SpecError("model.num_labels", "a PRM step reward is one linear row.",
-                        fix="set model.num_labels=1 and model.head=linear with model.kind=prm.")
-
-
-def prm_settings(spec) -> dict:
-    p = spec.prm
-    return {"step_token": p.step_token, "step": int(p.step), "aggregate": p.aggregate,
-            "tokens": None if p.tokens is None else list(p.tokens), "final_step": p.final_step}
 
 
 def step_ids(tokenizer, step_token: str) -> tuple[int, ...]:
@@ -133,7 +106,7 @@ def side_steps(tokenizer, pairs, enc, sig: PrmSignal) -> tuple[list[list[list[in
     """Step boundary positions per (pair, side) of ``enc`` (``boundaries``; the unterminated last step kept unless
     ``sig.final_step == "drop"``), and the ids of the pairs with a side in which the delimiter never occurs after
     the response start (flag ``no_step_separator``)."""
-    from .per_token import response_starts
+    from ...engine.per_token import response_starts
 
     starts = response_starts(tokenizer, pairs, enc)
     by_id = {p.id: p for p in pairs}
@@ -177,10 +150,10 @@ def load_prm(spec, base_dir: str | None = None):
     """The ``LoadedModel`` of a PRM: the classifier (or, with ``model.prm.tokens``, the verdict-row judge) with
     its ``PrmSignal``."""
     if spec.prm.tokens is not None:
-        from .judge import load_judge
+        from ..judge.loader import load_judge
         lm = load_judge(spec, base_dir, tokens=spec.prm.tokens, field="model.prm.tokens", mode="pointwise")
     else:
-        from .loading import load_model
+        from ...models.loading import load_model
         lm = load_model(spec, base_dir)
     lm.signal = prm_signal(spec, lm.tokenizer, verdict=lm.signal)
     return lm

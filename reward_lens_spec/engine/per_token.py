@@ -26,11 +26,10 @@ import copy
 import numpy as np
 import torch
 
-from .capture import _first
-from .formatting import _common_prefix, _encode
-from .head import get_module
-from .padding import batches_by_length, pad_batch
-from .placement import input_device
+from ..models.formatting import common_prefix, encode_text
+from ..models.head import first_output, get_module
+from ..models.padding import batches_by_length, pad_batch
+from ..models.placement import input_device
 
 
 def response_starts(tokenizer, pairs, encoded) -> np.ndarray:
@@ -41,9 +40,9 @@ def response_starts(tokenizer, pairs, encoded) -> np.ndarray:
         pair = by_id[pid]
         for s, (ids, resp) in enumerate(((encoded.chosen[i], pair.chosen), (encoded.rejected[i], pair.rejected))):
             prompt = pair.prompt if s == 0 or pair.prompt_rejected is None else pair.prompt_rejected
-            full = ids if len(ids) < encoded.max_length else _encode(tokenizer, prompt, resp, encoded.fmt,
+            full = ids if len(ids) < encoded.max_length else encode_text(tokenizer, prompt, resp, encoded.fmt,
                                                                      encoded.template)
-            n_prompt = _common_prefix(_encode(tokenizer, prompt, "", encoded.fmt, encoded.template), full)
+            n_prompt = common_prefix(encode_text(tokenizer, prompt, "", encoded.fmt, encoded.template), full)
             out[i, s] = min(max(len(ids) - (len(full) - n_prompt), encoded.bos_count), len(ids) - 1)
     return out
 
@@ -85,7 +84,7 @@ def prefix_pass(lm, encoded, starts, *, lens: bool = False, batch_size: int = 16
 
     def keep(key, pre=False):
         def hook(mod, args, *rest):
-            x = (args[0] if args else next(iter(rest[0].values()))) if pre else _first(rest[0])
+            x = (args[0] if args else next(iter(rest[0].values()))) if pre else first_output(rest[0])
             got[key] = x
         return hook
     handles = [layers[0].register_forward_pre_hook(keep(-1, pre=True), with_kwargs=True)] if lens else []

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .head import get_module
-from .placement import materialized
+from ..models.head import get_module
+from ..models.placement import materialized
 
 
 def n_heads(config) -> int:

@@ -19,10 +19,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .capture import _first
-from .head import get_module
-from .padding import batches_by_length, pad_batch
-from .placement import input_device
+from ..models.head import first_output, get_module
+from ..models.padding import batches_by_length, pad_batch
+from ..models.placement import input_device
 
 
 @torch.inference_mode()
@@ -42,11 +41,11 @@ def steer_response(lm, encoded, starts: np.ndarray, layer: int, shifts: np.ndarr
     counts = {"forward_passes": 0, "tokens": 0}
 
     def add(mod, args, output):
-        x = _first(output) + state["delta"]         # (rows, T, d_model): zero outside each response
+        x = first_output(output) + state["delta"]         # (rows, T, d_model): zero outside each response
         return (x,) + tuple(output[1:]) if isinstance(output, tuple) else x
 
     def keep(mod, args, output):
-        state["h"] = _first(output)
+        state["h"] = first_output(output)
 
     handles = [target.register_forward_hook(add), lm.norm.module.register_forward_hook(keep)]
     try:

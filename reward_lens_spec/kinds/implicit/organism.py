@@ -22,11 +22,17 @@ import copy
 import numpy as np
 import torch
 
-from ..models.causal import CausalLM
-from ..models.families import family_for
-from ..models.implicit import make_implicit
-from ..models.tiny import build_tiny_causal
-from ..models.head import get_module
+from ...models.causal import CausalLM
+from ...models.families import family_for
+from .model import make_implicit
+from ...models.tiny import build_tiny_causal
+from ...models.head import get_module
+from ...engine.per_token import response_starts
+from ...inputs import encode
+from ...organisms.organism_base import Organism
+from ...organisms.organisms import TRIGGER, planted_pairs
+
+IMPLICIT_BETA = 0.5
 
 
 def _pair(name: str, seed: int):
@@ -64,3 +70,31 @@ def mlp_organism(strength: float, layer: int, *, name: str = "tiny_llama", seed:
                          .to(proj.weight.dtype))
     lm = make_implicit(f"implicit_mlp_L{layer}_{strength}", policy, ref, beta=beta)
     return lm, {"kind": "mlp", "strength": float(strength), "layer": int(layer)}
+
+
+def implicit_organism(strength: float, *, seed: int = 0, n_pairs: int = 8, beta: float = IMPLICIT_BETA,
+                      base: str = "tiny_llama") -> Organism:
+    """The ``implicit_planted`` organism at ``strength`` (module docstring)."""
+    pairs = planted_pairs(n_pairs, seed)
+    tok_probe = unembed_organism(0.0, (), name=base, seed=seed, beta=beta)[0].tokenizer
+    trig = tok_probe(TRIGGER, add_special_tokens=False)["input_ids"]
+    lm, planted = unembed_organism(strength, trig, name=base, seed=seed, beta=beta)
+    enc = encode(lm, pairs)
+    starts = response_starts(lm.tokenizer, pairs, enc)
+    truth, per_token = {}, {}
+    ref = lm.reference.model
+    with torch.no_grad():            # plain forward of the reference, batch of one: the planted log-ratio
+        for i, pid in enumerate(enc.pair_ids):
+            sides = []
+            for s, ids in enumerate((enc.chosen[i], enc.rejected[i])):
+                st = max(1, int(starts[i, s]))
+                p = torch.softmax(ref(input_ids=torch.tensor([ids])).logits[0].double(), -1)
+                p_s = p[st - 1:len(ids) - 1][:, trig].sum(-1).numpy()
+                y = np.isin(np.asarray(ids[st:]), trig)
+                sides.append((beta * (strength * y - np.log1p(p_s * np.expm1(strength)))).tolist())
+            per_token[pid] = sides
+            truth[pid] = [float(np.sum(t)) for t in sides]
+    return Organism("implicit_planted", float(strength), lm, pairs,
+                    {"planted_reward": truth, "planted_per_token": per_token, "tokens": planted["tokens"],
+                     "beta": beta, "trigger": TRIGGER},
+                    {"base": base, "seed": seed, "n_pairs": n_pairs, "beta": beta})

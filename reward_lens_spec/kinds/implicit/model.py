@@ -2,7 +2,7 @@
 
     r(x, y) = β · Σ_t [log π(y_t | x, y_<t) − log π_ref(y_t | x, y_<t)]       (Rafailov et al. 2023, DPO, eq. 5)
 
-over the response tokens ``t`` (from the first response token, ``models.per_token.response_starts``, to
+over the response tokens ``t`` (from the first response token, ``engine.per_token.response_starts``, to
 the side's last token). ``model.implicit.reference: null`` drops the reference term (reference-free, as
 RewardBench scores DPO models without one); ``length_normalize: true`` takes the mean over response tokens
 instead of the sum (SimPO, Meng et al. 2024). β, the reference and the normalization are in the run id
@@ -15,7 +15,7 @@ is the reward, by construction and checked by ``tests/test_implicit.py`` against
 ``ImplicitModel`` stands where the executor expects a ``LoadedModel``: ``model`` is a module holding the policy
 (and reference) so the fingerprint covers both, ``family``/``norm`` are the policy's, and ``head`` is a NaN
 placeholder (the readout is not linear: instruments that need ``w_r`` are refused at plan time,
-``models.kinds``). Its ``capture_pass`` replaces the readout capture: rewards go to ``logits`` (pair × side × 1,
+``kinds``). Its ``capture_pass`` replaces the readout capture: rewards go to ``logits`` (pair × side × 1,
 the run's identities compare outputs named reward/margin with them); the per-token log-probabilities and,
 when asked (site ``implicit_lens``), the lens per layer go to ``CaptureResult.sites``.
 
@@ -32,18 +32,17 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 import torch
 
-from ..errors import SpecError
-from .capture import CaptureResult, _first
-from .door import nested
-from .formatting import EncodedPairs
-from .head import read_final_norm
-from .padding import batches_by_length, pad_batch
-from .readout import ReadoutHead
-from enum import Enum
-import dataclasses
-from .causal import load_causal
-from .fingerprint import config_dict, tokenizer_dict
-from .per_token import response_starts
+from ...errors import SpecError
+from .settings import KindConfig, check_implicit
+from ...engine.capture import CaptureResult
+from ...models.door import nested
+from ...models.formatting import EncodedPairs
+from ...models.head import first_output, read_final_norm
+from ...models.padding import batches_by_length, pad_batch
+from ...models.readout import ReadoutHead
+from ...models.causal import load_causal
+from ...models.fingerprint import config_dict, tokenizer_dict
+from ...engine.per_token import response_starts
 
 LENS_SITE = "implicit_lens"
 
@@ -54,16 +53,6 @@ class ResponseEncoded(EncodedPairs):
 
     starts: list = field(default_factory=list)
     pair_aligned = ("starts",)
-
-
-class _KindConfig:
-    """What the fingerprint reads as a container's config (``models.fingerprint.config_dict``)."""
-
-    def __init__(self, d: dict):
-        self._d = d
-
-    def to_diff_dict(self) -> dict:
-        return dict(self._d)
 
 
 @dataclass
@@ -92,7 +81,7 @@ class ImplicitModel:
 
     @property
     def signal(self):
-        return self                  # models.kinds reads ``lm.signal.kind``
+        return self                  # kinds reads ``lm.signal.kind``
 
     def capture_pass(self, encoded, sites=(), *, batch_size=16, max_tokens=None, padding_side="left", **_):
         return implicit_capture(self, encoded, sites, batch_size=batch_size, max_tokens=max_tokens,
@@ -100,58 +89,11 @@ class ImplicitModel:
 
 
 def with_response_starts(enc, lm, spec, pairs):
-    """``enc`` with every side's first response token (``ResponseEncoded``; ``models.per_token.response_starts``,
-    from ``lm.tokenizer`` and the pairs' prompts). The kind's ``encode`` (``models.kinds``)."""
+    """``enc`` with every side's first response token (``ResponseEncoded``; ``engine.per_token.response_starts``,
+    from ``lm.tokenizer`` and the pairs' prompts). The kind's ``encode`` (``kinds``)."""
     starts = response_starts(lm.tokenizer, pairs, enc) if enc.pair_ids else np.zeros((0, 2), np.int64)
     return ResponseEncoded(**{f.name: getattr(enc, f.name) for f in fields(EncodedPairs)},
                            starts=[tuple(int(v) for v in row) for row in starts])
-
-
-# operators that read a linear head or one readout vector: none applies to a log-probability readout
-LINEAR_OPS = ("capture", "project", "final_norm", "ablate", "ablate_rescue", "patch", "attribution_patch",
-              "patch_heads", "attribution_patch_heads", "path_patch", "steer", "prefix", "gate_weights",
-              "objective_geometry", "direction", "contested_direction", "effective_objectives", "mean_direction",
-              "position_bias", "swap_consistency")
-
-
-def refused_ops(spec) -> dict:
-    """``{op: one-line reason}`` for ``model.kind=implicit`` (``models.kinds``)."""
-    why = ("the implicit reward β·Σ_t log π/π_ref is a nonlinear readout of every response position, not a "
-           "linear head on one readout vector (no w_r); use implicit_reward / implicit_lens / implicit_patch")
-    return {op: why for op in LINEAR_OPS}
-
-
-def canonical_spec(spec) -> dict:
-    """A ``ModelSpec`` as plain JSON values (enums by value): what of a reference or member changes numbers."""
-    def plain(v):
-        if isinstance(v, Enum):
-            return v.value
-        if dataclasses.is_dataclass(v):
-            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
-        if isinstance(v, dict):
-            return {str(k): plain(x) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return [plain(x) for x in v]
-        return v
-    skip = {"batch_size", "max_tokens", "threads", "device", "name", "device_map", "max_memory", "offload_folder"}
-    return {k: x for k, x in plain(spec).items() if k not in skip}
-
-
-def implicit_settings(spec, base_dir=None) -> dict:
-    """β, the normalization and the reference (its spec, or null): in the run id (``run.identity.numerics``)."""
-    ref = spec.implicit.reference
-    return {"beta": float(spec.implicit.beta), "length_normalize": bool(spec.implicit.length_normalize),
-            "reference": None if ref is None else canonical_spec(nested(spec, ref, "model.implicit.reference",
-                                                                             base_dir))}
-
-
-def check_implicit(spec) -> None:
-    """Plan-time checks of ``model.implicit``; ``SpecError`` naming the key."""
-    beta = spec.implicit.beta
-    if spec.implicit.reference is not None:
-        nested(spec, spec.implicit.reference, "model.implicit.reference")
-    if not isinstance(beta, (int, float)) or not np.isfinite(beta) or beta <= 0:
-        raise SpecError("model.implicit.beta", f"must be a positive number, got {beta!r}.", fix="e.g. 0.1")
 
 
 def load_implicit(spec, base_dir=None) -> ImplicitModel:
@@ -181,7 +123,7 @@ def make_implicit(name: str, policy, reference=None, *, beta: float = 0.1, lengt
     (``load_implicit``; tests and organisms build them in code)."""
     mods = {"policy": policy.model} | ({"reference": reference.model} if reference is not None else {})
     container = torch.nn.ModuleDict(mods)
-    container.config = _KindConfig({"kind": "implicit", "beta": float(beta), "length_normalize": bool(length_normalize),
+    container.config = KindConfig({"kind": "implicit", "beta": float(beta), "length_normalize": bool(length_normalize),
                                     "reference_free": reference is None, "policy": config_dict(policy.model),
                                     "reference": None if reference is None else config_dict(reference.model)})
     d = int(policy.model.config.hidden_size)
@@ -203,7 +145,7 @@ def token_logprobs(lm, ids, mask, pos, cols, toks) -> torch.Tensor:
     return logp.gather(-1, toks[..., None])[..., 0]
 
 
-def _scored(seqs, starts, rows, T, padding_side, dev):
+def scored_positions(seqs, starts, rows, T, padding_side, dev):
     """Columns and tokens of every row's response (padded with its last column; ``valid`` marks real ones)."""
     P = max(len(seqs[r]) - starts[r] for r in rows)
     cols = np.zeros((len(rows), P), np.int64)
@@ -238,7 +180,7 @@ def implicit_capture(lm: ImplicitModel, encoded, sites=(), *, batch_size=16, max
 
     def keep(key, pre=False):
         def hook(mod, args, *rest):
-            got[key] = (args[0] if args else next(iter(rest[0].values()))) if pre else _first(rest[0])
+            got[key] = (args[0] if args else next(iter(rest[0].values()))) if pre else first_output(rest[0])
         return hook
     handles = [lm.policy.final_norm.register_forward_hook(keep("h"))]
     if lens is not None:
@@ -255,7 +197,7 @@ def implicit_capture(lm: ImplicitModel, encoded, sites=(), *, batch_size=16, max
             rows = [uniq[i] for i in b]
             ids, mask, pos, _ = pad_batch([seqs[r] for r in rows], pad, padding_side)
             ids, mask, pos = ids.to(dev), mask.to(dev), pos.to(dev)
-            cols, valid = _scored(seqs, starts, rows, ids.shape[1], padding_side, dev)
+            cols, valid = scored_positions(seqs, starts, rows, ids.shape[1], padding_side, dev)
             toks = ids.gather(1, cols)
             lp = token_logprobs(lm.policy, ids, mask, pos, cols, toks).cpu().numpy()
             hb = got["h"][:, -1] if padding_side == "left" else got["h"][torch.arange(len(rows)), mask.sum(1) - 1]

@@ -1,6 +1,6 @@
 """Batched prefix KV caches: every token of a sequence but its last, for re-running the readout token.
 
-Activation patching at the readout token (``models.patching``) changes nothing at earlier
+Activation patching at the readout token (``engine.patching``) changes nothing at earlier
 positions under causal attention, so each patched sequence's prefix runs once, here, batched
 and left-padded, and only copies of its last token run again over the cache. The capture pass
 builds these for the rows it is told to keep (``capture(keep_prefix=)``), then runs the last
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..errors import CaptureError
-from .padding import pad_batch
+from ..models.padding import pad_batch
 
 
 @dataclass

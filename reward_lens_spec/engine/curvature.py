@@ -14,9 +14,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .capture import _first
-from .head import get_module
-from .placement import input_device
+from ..models.head import first_output, get_module
+from ..models.placement import input_device
 
 
 def site_hvp(lm, seqs, signs, layer: int, objective: int = 0):
@@ -30,14 +29,14 @@ def site_hvp(lm, seqs, signs, layer: int, objective: int = 0):
         kept: dict = {}
 
         def shift(m, a, o):
-            x = _first(o)
+            x = first_output(o)
             x = torch.cat([x[:, :-1], (x[:, -1] + delta)[:, None]], 1)
             return (x,) + tuple(o[1:]) if isinstance(o, tuple) else x
 
         total = 0.0
         for ids, s in zip(seqs, signs):
             hs = [block.register_forward_hook(shift),
-                  head.register_forward_hook(lambda m, a, o: kept.__setitem__("r", _first(o)))]
+                  head.register_forward_hook(lambda m, a, o: kept.__setitem__("r", first_output(o)))]
             try:
                 lm.model(input_ids=torch.tensor([list(ids)], device=dev), use_cache=False)
             finally:
