@@ -22,7 +22,7 @@ names to resolved objects (``reg[name]``, ``name in reg``, ``len(reg)``, ``reg.i
 
 Registries (the instances below): ``OPERATORS`` (``ops/``), ``DATASET_READERS`` (``dataset=<name>``),
 ``CRITERIA`` (calibration criteria, ``trust.criteria``), ``COMMANDS`` (``reward-lens-spec <command>``),
-``FAMILIES`` (model family tables), ``TINY_MODELS`` (``builtin:<name>``), ``KINDS`` (``model.kind``).
+``FAMILIES`` (model family tables, ``models.families``), ``KINDS`` (``model.kind``, ``kinds/``).
 """
 from __future__ import annotations
 
@@ -73,8 +73,10 @@ class Registry(Mapping):
     """
 
     def __init__(self, what: str, field: str, *, kind: type | str | None = None, classes: bool = False,
-                 builtins: tuple[str, ...] = (), fix: str = "", group: str | None = None, ordered: bool = False):
+                 builtins: tuple[str, ...] = (), fix: str = "", group: str | None = None, ordered: bool = False,
+                 scan: bool = True):
         self.what, self.field, self.kind, self.classes, self.ordered = what, field, kind, classes, ordered
+        self.scan = scan
         self.builtins, self.fix = builtins, fix
         self.group = group or f"{ENTRY_POINT_PREFIX}{what.replace(' ', '_')}s"
         self._items: dict[str, Any] = {}
@@ -124,7 +126,7 @@ class Registry(Mapping):
         self._loaded = True
         for mod in self.builtins:
             m = importlib.import_module(mod)
-            for sub in pkgutil.iter_modules(getattr(m, "__path__", ())):
+            for sub in pkgutil.iter_modules(getattr(m, "__path__", ()) if self.scan else ()):
                 if not sub.name.startswith("_") and sub.name != "base":
                     importlib.import_module(f"{mod}.{sub.name}")
 
@@ -262,4 +264,11 @@ CRITERIA = Registry("criterion", "criterion", kind="reward_lens_spec.trust.crite
 COMMANDS = Registry("command", "command", kind="reward_lens_spec.commands:Command", ordered=True,
                     builtins=("reward_lens_spec.commands",),
                     fix="reward-lens-spec help lists the commands; a config choice is group=option.")
-REGISTRIES: dict[str, Registry] = {"operators": OPERATORS, "readers": DATASET_READERS, "criteria": CRITERIA}
+FAMILIES = Registry("model family", "model.family", kind="reward_lens_spec.models.families:Family",
+                    builtins=("reward_lens_spec.models.families",), group="reward_lens_spec.families",
+                    fix="add a table under reward_lens_spec/models/families/ (docs/extending.md).")
+KINDS = Registry("kind of reward signal", "model.kind", kind="reward_lens_spec.kinds.base:Kind", ordered=True,
+                 builtins=("reward_lens_spec.kinds",), scan=False, group="reward_lens_spec.kinds",
+                 fix="set model.kind to one of the valid kinds (docs/reward-signals.md).")
+REGISTRIES: dict[str, Registry] = {"operators": OPERATORS, "readers": DATASET_READERS, "criteria": CRITERIA,
+                                   "families": FAMILIES, "kinds": KINDS}

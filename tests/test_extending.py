@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "extending.md"
 FACE = {"Operator", "register", "PlanInfo", "need_dim", "labelled", "RunContext", "DatasetReader", "Criterion",
-        "OPERATORS", "DATASET_READERS", "CRITERIA", "COMMANDS", "Registry"}
+        "Kind", "Lazy", "OPERATORS", "DATASET_READERS", "CRITERIA", "KINDS", "FAMILIES", "COMMANDS", "Registry"}
 
 
 def python_blocks() -> list[tuple[int, str]]:

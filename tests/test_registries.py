@@ -133,3 +133,14 @@ def test_an_unknown_dataset_is_one_line_with_did_you_mean():
         validate(OmegaConf.create({"dataset": {"kind": "jsonll"}}))
     msg = str(e.value)
     assert msg.startswith("dataset.kind: unknown dataset reader 'jsonll'. Did you mean 'jsonl'?") and "\n" not in msg
+
+
+def test_kinds_and_families_are_registries():
+    from reward_lens_spec import kinds
+    from reward_lens_spec.models.families import Family, family_for
+    from reward_lens_spec.registries import FAMILIES, KINDS
+    assert kinds.KINDS is KINDS and list(KINDS) == ["classifier", "judge", "prm", "implicit", "ensemble"]
+    with pytest.raises(SpecError, match=r"^model\.kind: unknown kind of reward signal 'judg'\. Did you mean 'judge'\?"):
+        kinds.get_kind("judg")
+    assert FAMILIES.names() == ["gemma2", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3"]
+    assert all(isinstance(f, Family) for f in FAMILIES.values()) and family_for("qwen2") is FAMILIES["qwen2"]
