@@ -321,8 +321,6 @@ def check_unpatched(lm, got, ref, pair_id) -> None:
                            f"gave {ref} (tolerance {tol} for {lm.dtype}); patching results would be wrong.")
 
 
-
-
 def _full_replacer(rows, value):
     def hook(mod, args, output):
         x = first_output(output).clone()

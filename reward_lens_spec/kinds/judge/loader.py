@@ -34,7 +34,6 @@ is one linear row), ``model.template`` (pairwise without ``{other}``).
 """
 from __future__ import annotations
 
-
 import torch
 
 from ...errors import SpecError
