@@ -13,7 +13,9 @@ import os
 import sys
 import textwrap
 
+from .commands import COMMANDS, LISTING_NOTES
 from .errors import RewardLensError
+from .registries import resolve_ref
 from .overrides import GROUPS, use_config_dirs
 from .run.compose import prepare
 from .store.trust_root import use_words
@@ -40,32 +42,7 @@ from .run.reuse import validate_key
 from .signed_cache import read_signed, write_signed
 from .spec import GROUP_SCHEMAS
 from .run import execute
-from .store.catalog_cli import main as store_main
-from .trust import cli as trust_cli
-from .export import main as export_main
-from .report.cli import main as report_main
 
-COMMANDS = {   # name: (arguments, one line)
-    "run": ("[group=option ...] [group.key=value ...]", "run the composed config (the default command; "
-            "-m for a sweep)"),
-    "validate": ("[overrides ...]", "check the config and the data, print the plan; loads no model"),
-    "ops": ("[NAME]", "registered operators: params, defaults, dims; NAME: its whole docstring"),
-    "store": ("ls|show|diff|export|gc|migrate url=STORE ...", "browse a result store; loads no model"),
-    "compare": ("url=STORE a=RUN b=RUN [vars=...] [paired=...]", "two models' runs: margins, paired accuracy "
-                "tests; directions in a shared frame"),
-    "report": ("url=STORE [run=RUN|all] [out=DIR]", "plots and markdown from a store; loads no model"),
-    "calibrate": ("observable=NAME [organism=...]", "trust scorecard on planted model organisms"),
-    "freeze": ("experiment=NAME", "hash and store a study before any data is read"),
-    "adjudicate": ("experiment=NAME", "score a frozen study's predictions against its runs"),
-    "fit": ("model=... dataset=... out=DIR", "fit a Bradley–Terry head on frozen features"),
-    "export": ("url=STORE run=RUN what=steer|erase|head out=FILE.safetensors", "steering vector, LEACE eraser or "
-               "head as safetensors"),
-    "drift": ("url=STORE observable=NAME [model=NAME]", "a checkpoint sequence's runs over training: "
-              "margins, CKA, directions"),
-    "monitor": ("url=STORE observable=NAME [statistic=margin|accuracy] [alpha=]", "anytime-valid alarm when a "
-                "checkpoint sequence's margin or accuracy moves"),
-    "help": ("", "this list"),
-}
 SUBCOMMANDS = tuple(c for c in COMMANDS if c not in ("run", "help"))
 LAUNCHERS = ("basic", "joblib", "submitit_local", "submitit_slurm", "slurm")
 _HELP_FLAGS = ("--help", "-h")
@@ -73,14 +50,11 @@ _HELP_FLAGS = ("--help", "-h")
 
 def _command_doc(cmd: str) -> str:
     """The argument reference of one command (its module's docstring)."""
-    mod = {"store": "store.catalog_cli", "compare": "compare.cli", "report": "report.cli", "calibrate": "trust.cli",
-           "freeze": "trust.cli", "adjudicate": "trust.cli", "fit": "fit.cli", "export": "export",
-           "drift": "compare.drift", "monitor": "compare.monitor"}.get(cmd)
-    args, line = COMMANDS[cmd]
-    head = f"reward-lens-spec {cmd if cmd != 'run' else ''} {args}".replace("  ", " ") + f"\n  {line}\n"
-    if cmd == "ops":
-        return head + "\nEach operator: first docstring line, params (type = default, or required), inputs, " \
-                      "dims (input → output) and the observable restrictions it honours."
+    c = COMMANDS[cmd]
+    mod = c.doc or None
+    head = f"reward-lens-spec {cmd if cmd != 'run' else ''} {c.args}".replace("  ", " ") + f"\n  {c.description}\n"
+    if cmd in LISTING_NOTES:
+        return head + "\n" + LISTING_NOTES[cmd]
     if mod is None:              # run / validate: the Hydra app
         return head + "\n" + _groups_text() + ("\nvalidate prints the plan (steps, dims, gauge) and the frame; "
                                                "it loads no weights." if cmd == "validate" else "")
@@ -111,8 +85,8 @@ def help_text() -> str:
     lines = ["reward-lens-spec: spec-driven interpretability for Bradley–Terry reward models", "",
              "usage: reward-lens-spec [COMMAND] [key=value ...]   (COMMAND --help: its arguments)",
              "", "commands:"]
-    for name, (args, line) in COMMANDS.items():
-        lines.append(f"  {name if name != 'run' else '(none)':<11} {line}")
+    for name, c in COMMANDS.items():
+        lines.append(f"  {name if name != 'run' else '(none)':<11} {c.description}")
     return "\n".join(lines + ["", _groups_text()])
 
 
@@ -194,7 +168,7 @@ def _validate(run, resolved_yaml: str, base_dir: str) -> None:
         src = f"stored frame {run.frame.id}" if run.frame.id else "fitted at run time or reused from the store"
         say(f"frame={run.frame.name.value} ({src}): outputs expressed in it: {frame_dependent(plan) or 'none'}")
     pairs = load_dataset(run.dataset, base_dir)     # the data refusals of a real run, before any model
-    say(f"data OK: {len(pairs)} pairs from dataset={run.dataset.kind.value}"
+    say(f"data OK: {len(pairs)} pairs from dataset={run.dataset.kind}"
         + (f" ({run.dataset.path})" if run.dataset.path else ""))
     say("plan OK (no model was loaded)")
     if key:
@@ -221,17 +195,6 @@ def _hydra_main(argv: list[str]) -> None:
     sys.argv = [sys.argv[0]] + argv
     app = hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(_task)
     app()
-
-
-def _ops(args: list[str]) -> None:
-    from .registry import describe_operator, list_operators
-
-    if args:
-        print(describe_operator(args[0], full=True))
-        return
-    print("\n".join(describe_operator(n) for n in list_operators()))
-    print("\n`reward-lens-spec ops NAME` prints an operator's whole docstring; "
-          "observables compose them in YAML (docs/observables.md).")
 
 
 def expand_checkpoints(argv: list[str]) -> list[str]:
@@ -283,28 +246,13 @@ def main(argv: list[str] | None = None) -> None:
         argv = use_words(argv)                # store.trust_file=PATH: this reader's trust root (store.trust_root)
         if cmd == "run":
             argv, cmd = argv[1:], None
-        if cmd == "store":
-            raise SystemExit(store_main(argv[1:]))
-        if cmd in ("calibrate", "freeze", "adjudicate"):
-            raise SystemExit(getattr(trust_cli, f"{cmd}_main")(use_config_dirs(argv[1:])[0]))
-        if cmd == "fit":
-            from .fit.cli import main as fit_main
-            raise SystemExit(fit_main(argv[1:]))
-        if cmd == "export":
-            raise SystemExit(export_main(argv[1:]))
-        if cmd == "compare":
-            from .compare.cli import main as compare_main
-            raise SystemExit(compare_main(argv[1:]))
-        if cmd == "drift":
-            from .compare.drift import main as drift_main
-            raise SystemExit(drift_main(argv[1:]))
-        if cmd == "monitor":
-            from .compare.monitor import main as monitor_main
-            raise SystemExit(monitor_main(argv[1:]))
-        if cmd == "report":
-            raise SystemExit(report_main(argv[1:]))
-        if cmd == "ops":
-            return _ops(argv[1:])
+        command = COMMANDS.get(cmd) if cmd in COMMANDS else None
+        if command is not None and command.main:     # a subcommand: its own entry function (commands.Command)
+            args = use_config_dirs(argv[1:])[0] if command.config_dirs else argv[1:]
+            code = resolve_ref(command.main)(args)
+            if cmd in LISTING_NOTES:                  # the listings print and return (no exit code)
+                return
+            raise SystemExit(code)
         if cmd == "validate":
             argv = argv[1:] + ["mode=validate"]
         argv = expand_checkpoints(argv)       # model.checkpoint=all: one multirun over the sequence

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from .data import load_pairs
 from .data.readers import CONVERSATIONAL
 from .errors import SpecError
+from .registries import DATASET_READERS
 from .models.formatting import encode_pairs
 from .kinds import encode_kind, kind_settings, load_kind
 
@@ -22,8 +23,11 @@ _DATASET_LIMIT = object()
 
 def load_dataset(ds, base_dir: str | None = None, *, limit=_DATASET_LIMIT):
     """The ``PairSet`` a ``DatasetSpec`` names (every key honoured: kind, path, fields, limit, dimensions,
-    subset). ``limit`` replaces ``dataset.limit`` (a frame's ``reference_limit``). Raises ``SpecError``."""
-    return load_pairs(ds.kind.value, path=ds.path, fields=dict(ds.fields) or None,
+    subset), read by the dataset reader ``dataset.kind`` names (``registries.DATASET_READERS``; a third-party
+    reader's ``rows`` meet the ``jsonl`` rules). ``limit`` replaces ``dataset.limit`` (a frame's
+    ``reference_limit``). Raises ``SpecError`` (an unknown kind: "did you mean")."""
+    reader = DATASET_READERS.get(ds.kind, "dataset.kind")
+    return load_pairs(reader.reads_as, rows=reader.rows, path=ds.path, fields=dict(ds.fields) or None,
                       limit=ds.limit if limit is _DATASET_LIMIT else limit, dimensions=ds.dimensions,
                       base_dir=base_dir, subset=ds.subset, chat_template=ds.chat_template,
                       step_separator=ds.step_separator)

@@ -1,4 +1,4 @@
-"""Name → operator class, and observable spec → validated plan (a DAG of steps).
+"""Operators by name (``registries.OPERATORS``), and observable spec → validated plan (a DAG of steps).
 
 ``build_plan`` checks, before any model loads: unknown operators and params
 (with "did you mean"), missing required params, inputs naming no earlier step,
@@ -8,52 +8,32 @@ of range. Every error names the observable, the step and the fix.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import pkgutil
+import inspect
+import sys
 from dataclasses import dataclass, field
 
 from omegaconf import OmegaConf
 
 from .errors import SpecError
 from .ops.base import Operator, PlanInfo
-import inspect
-import sys
-from . import ops
+from .registries import OPERATORS
 
-OPERATORS: dict[str, type[Operator]] = {}
-
-
-def register(cls: type[Operator]) -> type[Operator]:
-    """Class decorator: make an operator available under ``cls.name``."""
-    OPERATORS[cls.name] = cls
-    return cls
-
-
-_LOADED = False
+register = OPERATORS.register       # class decorator: make an operator available under ``cls.name``
 
 
 def _load_builtin_ops() -> None:
-    global _LOADED
-    if _LOADED:
-        return
-    _LOADED = True
-    for mod in pkgutil.iter_modules(ops.__path__):
-        if mod.name != "base":
-            importlib.import_module(f"{ops.__name__}.{mod.name}")
+    """Import the built-in operator modules (``ops/``), which register themselves."""
+    OPERATORS.names()
 
 
 def get_operator(name: str, where: str = "observable.steps") -> type[Operator]:
-    _load_builtin_ops()
-    if name not in OPERATORS:
-        raise SpecError(where, f"unknown operator '{name}'.", value=name, options=OPERATORS,
-                        fix="`reward-lens-spec ops` lists the registered operators.")
-    return OPERATORS[name]
+    """The operator class registered as ``name``; ``SpecError`` on ``where`` with "did you mean"."""
+    return OPERATORS.get(name, where)
 
 
 def list_operators() -> dict[str, str]:
     """Registered operator names → first docstring line."""
-    _load_builtin_ops()
-    return {n: (c.__doc__ or "").strip().splitlines()[0] for n, c in sorted(OPERATORS.items())}
+    return OPERATORS.describe()
 
 
 def _param_line(f) -> str:

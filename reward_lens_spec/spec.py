@@ -22,6 +22,7 @@ from .spec_kinds import EnsembleSpec, ImplicitSpec, JudgeSpec, PrmSpec  # noqa: 
 from pathlib import Path
 import yaml
 from .errors import did_you_mean
+from .registries import DATASET_READERS, allow_plugins
 from .models.checkpoints import select_checkpoint
 from .kinds import check_kind
 from .paths import find_config, group_options
@@ -61,6 +62,8 @@ class HeadKind(str, Enum):
 
 
 class DatasetKind(str, Enum):
+    """The built-in dataset readers' names, for Python callers (``dataset.kind`` itself is any name
+    ``registries.DATASET_READERS`` knows, built-in or an allowed plugin's; a test keeps the two equal)."""
     diagnostic = "diagnostic"
     jsonl = "jsonl"
     hh_rlhf = "hh_rlhf"
@@ -152,7 +155,7 @@ class DatasetSpec:
     """
 
     name: str = "diagnostic"
-    kind: DatasetKind = DatasetKind.diagnostic
+    kind: str = "diagnostic"          # a dataset reader's name (registries.DATASET_READERS)
     path: Optional[str] = None
     fields: dict[str, str] = field(default_factory=dict)
     limit: Optional[int] = None
@@ -269,6 +272,16 @@ def _find_trust(node, prefix: str = "") -> str | None:
     return None
 
 
+def _plugins_allowed(node) -> list:
+    """``plugins.allow`` of the user's config (a list of distribution names; ``SpecError`` otherwise)."""
+    if node is None:
+        return []
+    if not isinstance(node, dict) or set(node) - {"allow"} or not isinstance(node.get("allow") or [], list):
+        raise SpecError("plugins", f"expects {{allow: [distribution, ...]}}, got {node!r}.",
+                        fix="e.g. +plugins.allow=[my_pkg] (the distributions whose entry points may load).")
+    return list(node.get("allow") or [])
+
+
 def validate(cfg: DictConfig | dict, *, partial: bool = False) -> RunConfig:
     """Merge ``cfg`` into the ``RunConfig`` schema; return the typed object.
 
@@ -279,6 +292,7 @@ def validate(cfg: DictConfig | dict, *, partial: bool = False) -> RunConfig:
     """
     raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     named = _names_model(raw.pop("hydra", None))
+    allow_plugins(_plugins_allowed(raw.pop("plugins", None)))   # third-party code: only what the user allows
     hit = _find_trust(raw)
     if hit:
         raise SpecError(hit, "trust is computed by gates from what the run has, never set in config.",
@@ -342,7 +356,7 @@ def _spec_error(exc) -> SpecError:
     enum_opts = None
     if schema is not None and key in keys_of(schema):
         ftype = {f.name: f.type for f in fields(schema)}[key]
-        for e in (DType, Device, Format, PaddingSide, Mode, DatasetKind, FrameKind, HeadKind):
+        for e in (DType, Device, Format, PaddingSide, Mode, FrameKind, HeadKind):
             if e.__name__ in str(ftype):
                 enum_opts = [m.value for m in e]
     value = getattr(exc, "value", None) if hasattr(exc, "value") else None
@@ -365,6 +379,7 @@ def _check_values(run: RunConfig, partial: bool = False) -> None:
     check_placement_keys(m, partial)            # model.device_map / max_memory / offload_folder, no torch
     if m.max_tokens is not None and m.max_tokens <= 0:
         raise SpecError("model.max_tokens", f"must be positive or null, got {m.max_tokens}.")
+    DATASET_READERS.get(run.dataset.kind, "dataset.kind")      # dataset=<name>: did you mean
     if run.dataset.limit is not None and run.dataset.limit <= 0:
         raise SpecError("dataset.limit", f"must be positive or null, got {run.dataset.limit}.")
     check_kind(m)                               # model.kind and its settings (did you mean)

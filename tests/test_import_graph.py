@@ -120,14 +120,15 @@ def test_the_package_has_no_import_cycle():
 # places it. An import from a lower layer to a
 # higher one is an upward import: at most ``MAX_UPWARD`` of them, each listed in ``UPWARD`` with its reason.
 LAYERS = (
-    ("floor", ("errors", "paths", "spec_kinds", "signed_cache", "result", "stats", "data", "context")),
+    ("floor", ("errors", "paths", "spec_kinds", "signed_cache", "result", "stats", "data", "context",
+               "registries")),
     # the kinds table and a kind's light settings: spec checks model.kind through them before any model loads;
     # the settings of a kind that resolves nested models through models.door sit with the models
     ("config", ("spec", "config_safety", "observables", "models.admission", "kinds", "kinds.*.settings")),
     ("models", ("models", "kinds.implicit.settings", "kinds.ensemble.settings")),
     ("engine", ("engine",)),
     ("kinds", ("kinds.*.*",)),                                  # a kind's loader, model, encode (torch)
-    ("inputs", ("inputs", "overrides")),
+    ("inputs", ("inputs", "overrides", "dataset_readers")),
     ("gates", ("trust",)),
     ("store", ("store",)),
     ("analysis", ("frames", "fit")),
@@ -136,7 +137,7 @@ LAYERS = (
     ("run", ("run", "trust.studies", "trust.pins", "report.summary", "report.summary_stats")),
     ("workflows", ("trust.scorecard", "trust.reference", "trust.recompute", "trust.cell_truth", "trust.drift_card",
                    "trust.cli", "fit.cli", "store.verify", "store.catalog_cli", "report", "compare", "api")),
-    ("face", ("cli", "__main__", "")),
+    ("face", ("cli", "commands", "extend", "__main__", "")),
 )
 # A ratchet at what the package has now (2026-12-04, after the models/ carve); issue 38's targets are 4 and 6:
 # spec's three model checks (checkpoints, artifacts, placement) wait for the registry, and the cell criteria carry

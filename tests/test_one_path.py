@@ -18,7 +18,7 @@ from reward_lens_spec.run.identity import declared_fields
 
 PKG = Path(__file__).resolve().parents[1] / "reward_lens_spec"
 # the one module allowed to call each, besides where it is defined
-ALLOWED = {"load_pairs": {"inputs.py", "data/loaders.py", "data/readers.py"},   # readers: open_dataset
+ALLOWED = {"load_pairs": {"inputs.py", "data/loaders.py"},
            "encode_pairs": {"inputs.py", "models/formatting.py"},
            "from_pretrained": {"models/hub.py"}}
 

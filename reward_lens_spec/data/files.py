@@ -79,15 +79,25 @@ def file_info(name: str, raw: bytes) -> dict[str, Any]:
     return {"name": name, "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
 
 
-def read_text(resolved: Path, given: Any) -> tuple[str, dict[str, Any]]:
-    """``(text, file_info)`` of a UTF-8 (optionally gzipped) file; ``given`` is the path as configured."""
+def read_bytes(resolved: Path, given: Any) -> bytes:
+    """The bytes of the file ``resolved`` as stored; ``given`` is the path as configured. Raises ``SpecError``
+    (``dataset.path``) when it is no readable file."""
     if not resolved.is_file():
         what = "is a directory, not a file" if resolved.is_dir() else "does not exist"
         raise SpecError("dataset.path", f"{resolved} {what} (given {str(given)!r}).",
                         fix="set dataset.path to an existing .jsonl or .json file; relative paths "
                             "resolve against the directory you started in.")
     try:
-        raw = resolved.read_bytes()
+        return resolved.read_bytes()
+    except OSError as e:
+        raise SpecError("dataset.path", f"cannot read {resolved}: {e}.",
+                        fix="check the file's permissions and compression.") from None
+
+
+def read_text(resolved: Path, given: Any) -> tuple[str, dict[str, Any]]:
+    """``(text, file_info)`` of a UTF-8 (optionally gzipped) file; ``given`` is the path as configured."""
+    raw = read_bytes(resolved, given)
+    try:
         info = file_info(resolved.name, raw)
         if resolved.name.lower().endswith(".gz"):
             raw = gzip.decompress(raw)

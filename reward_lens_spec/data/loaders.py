@@ -53,12 +53,12 @@ from enum import Enum
 from importlib import resources
 from pathlib import Path
 from dataclasses import replace
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from ..errors import SpecError, did_you_mean
 from .checksum import dataset_checksum, effective_sample_size, pair_hash
 from .files import (check_dimension_names, check_limit, file_info, file_stem, json_list_records, jsonl_records,
-                    read_text, resolve_path)
+                    read_bytes, read_text, resolve_path)
 from .pairs import FLAG_REASONS, Pair, PairSet, make_meta
 from .readers import CONVERSATIONAL, STEPWISE, preference_reader
 
@@ -75,11 +75,13 @@ DIAGNOSTIC_FILE = "diagnostic.jsonl"
 def load_pairs(kind: str, *, path: str | None = None, fields: Mapping[str, str] | None = None,
                limit: int | None = None, dimensions: Iterable[str] | None = None,
                base_dir: str | None = None, subset: str | None = None, chat_template: str | None = None,
-               step_separator: str = "\n") -> PairSet:
+               step_separator: str = "\n", rows: Callable[[Path], Iterable[Mapping]] | None = None) -> PairSet:
     """Load, check and filter preference pairs; see the module docstring for the rules.
 
     ``rewardbench``/``rewardbench2`` (and ``subset``, the subset of rows without one) are read by
-    ``data.rewardbench.load_rewardbench``.
+    ``data.rewardbench.load_rewardbench``. ``rows`` (kind ``jsonl``): a reader's parser of the resolved file
+    into records (a third-party ``DatasetReader``), used instead of JSON; the records then meet every rule
+    above, and ``source_file`` is the file's bytes as stored.
     """
     kind = _check_kind(kind)
     if kind in ("rewardbench", "rewardbench2"):
@@ -118,11 +120,13 @@ def load_pairs(kind: str, *, path: str | None = None, fields: Mapping[str, str] 
         resolved = resolve_path(path, base_dir)
         file_label = str(resolved)
         name = file_stem(resolved)
-        text, source_file = read_text(resolved, path)
-        if resolved.name.lower().endswith((".json", ".json.gz")):
-            records = json_list_records(text, file_label)
+        if rows is not None and kind == "jsonl":      # a reader's own parser (inputs.DatasetReader.rows)
+            source_file = file_info(resolved.name, read_bytes(resolved, path))
+            records = ((i, f"record {i + 1}", row) for i, row in enumerate(rows(resolved)))
         else:
-            records = jsonl_records(text, file_label)
+            text, source_file = read_text(resolved, path)
+            records = (json_list_records if resolved.name.lower().endswith((".json", ".json.gz")) else
+                       jsonl_records)(text, file_label)
 
     pairs: list[Pair] = []
     seen: dict[str, str] = {}

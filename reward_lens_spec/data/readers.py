@@ -2,7 +2,8 @@
 
 Every reader has ``name``, ``description``, ``url`` (where the shape is defined), ``open_dataset_parameters``,
 ``guess_can_open(filename_or_obj)`` (a path, whose first record is looked at, or one record) and
-``open_dataset(filename_or_obj, **kw)`` (the ``PairSet`` of a file, through ``data.load_pairs``), plus
+``open_dataset(filename_or_obj, **kw)`` (the ``PairSet`` of a file, through the one loading path,
+``inputs.load_dataset``, by the dataset reader of the shape's kind), plus
 ``read_row(row, where, mapping)``: one record as a ``Pair`` (id left ``None`` for ``load_pairs`` to make), a
 ``SpecError`` naming the row (``line N`` / ``item N``) and the field otherwise. ``READERS`` lists them; the
 ``trl`` dataset kind picks the first preference reader whose ``guess_can_open`` takes the file's first record,
@@ -46,6 +47,7 @@ import json
 from typing import Any, Mapping
 
 from ..errors import SpecError
+from ..registries import DATASET_READERS
 from .pairs import Pair, make_meta
 
 TRL_URL = "https://huggingface.co/docs/trl/dataset_formats"
@@ -90,9 +92,9 @@ class _Reader:
         return isinstance(row, Mapping) and self.matches(row, {})
 
     def open_dataset(self, filename_or_obj, **kw):
-        """The ``PairSet`` of a file of this shape (``data.load_pairs`` with this reader's kind)."""
-        from . import load_pairs         # the package's reader (data.loaders), which imports this module
-        return load_pairs(self.kind, path=str(filename_or_obj), **kw)
+        """The ``PairSet`` of a file of this shape, read by the dataset reader of its kind (``trl`` or
+        ``trl_stepwise``, ``registries.DATASET_READERS``) through the one loading path (``inputs.load_dataset``)."""
+        return DATASET_READERS.get(self.kind).open_dataset(filename_or_obj, **kw)
 
     def matches(self, row: Mapping, mapping: dict) -> bool:
         raise NotImplementedError
@@ -165,23 +167,39 @@ class StandardExplicit(_Reader):
         return self.pair(row, mapping, {self.key(mapping, n) for n in self.names}, p, c, r)
 
 
-class StandardImplicit(_Reader):
-    name = "standard_implicit"
-    description = "chosen, rejected: strings that both hold the prompt (split at the implicit-prompt rule)"
+class _Implicit(_Reader):
+    """An implicit-prompt shape: ``chosen``/``rejected`` both hold the prompt, split at ``implicit_prompt``."""
+
     names = ("chosen", "rejected")
+    value_type: type = str
 
     def matches(self, row, mapping):
-        return self.key(mapping, "prompt") not in row and all(isinstance(row.get(self.key(mapping, n)), str)
+        return self.key(mapping, "prompt") not in row and all(isinstance(row.get(self.key(mapping, n)), self.value_type)
                                                                 for n in self.names)
+
+    def side(self, row, where, mapping, name):
+        raise NotImplementedError
+
+    def as_text(self, part):
+        return part
 
     def read_row(self, row, where, mapping):
         if self.key(mapping, "prompt") in row:
             raise SpecError("dataset.fields.prompt", f"{where} has a '{self.key(mapping, 'prompt')}' key, but the "
                             "file's first row made it implicit-prompt (no prompt key).",
                             fix="make every row of the file one shape (TRL's dataset formats).")
-        c, r = (self.text(row, where, mapping, n) for n in self.names)
+        c, r = (self.side(row, where, mapping, n) for n in self.names)
         k = implicit_prompt(c, r)
-        return self.pair(row, mapping, {self.key(mapping, n) for n in self.names}, c[:k], c[k:], r[k:])
+        return self.pair(row, mapping, {self.key(mapping, n) for n in self.names},
+                         self.as_text(c[:k]), self.as_text(c[k:]), self.as_text(r[k:]))
+
+
+class StandardImplicit(_Implicit):
+    name = "standard_implicit"
+    description = "chosen, rejected: strings that both hold the prompt (split at the implicit-prompt rule)"
+
+    def side(self, row, where, mapping, name):
+        return self.text(row, where, mapping, name)
 
 
 class ConversationalExplicit(_Reader):
@@ -198,25 +216,17 @@ class ConversationalExplicit(_Reader):
                          messages_text(p), messages_text(c), messages_text(r))
 
 
-class ConversationalImplicit(_Reader):
+class ConversationalImplicit(_Implicit):
     name = "conversational_implicit"
     description = ("chosen, rejected: whole conversations (message lists); the prompt is their longest common "
                    "message prefix")
-    names = ("chosen", "rejected")
+    value_type = list
 
-    def matches(self, row, mapping):
-        return self.key(mapping, "prompt") not in row and all(isinstance(row.get(self.key(mapping, n)), list)
-                                                                for n in self.names)
+    def side(self, row, where, mapping, name):
+        return self.messages(row, where, mapping, name)
 
-    def read_row(self, row, where, mapping):
-        if self.key(mapping, "prompt") in row:
-            raise SpecError("dataset.fields.prompt", f"{where} has a '{self.key(mapping, 'prompt')}' key, but the "
-                            "file's first row made it implicit-prompt (no prompt key).",
-                            fix="make every row of the file one shape (TRL's dataset formats).")
-        c, r = (self.messages(row, where, mapping, n) for n in self.names)
-        k = implicit_prompt(c, r)
-        return self.pair(row, mapping, {self.key(mapping, n) for n in self.names},
-                         messages_text(c[:k]), messages_text(c[k:]), messages_text(r[k:]))
+    def as_text(self, part):
+        return messages_text(part)
 
 
 class Stepwise(_Reader):

@@ -2,7 +2,7 @@
 
 Each kind is one ``Kind`` object (``kinds.base``) in its own folder, ``kinds/<kind>/__init__.py``, carrying its
 loader, settings check, encode, refused operators, settings in the run identity, organisms, criteria,
-exactness identities and code files; ``KINDS`` below registers each with one line. This table imports
+exactness identities and code files; the table below registers each in ``registries.KINDS`` with one line. This table imports
 nothing heavy: ``spec`` checks ``model.kind`` through it before any model loads.
 
 Kinds: ``classifier`` (the sequence classifier with a linear or gated head, the default), ``judge``, ``prm``,
@@ -20,7 +20,7 @@ Adding a kind (``tests/test_kinds.py`` follows this on a scratch folder, through
 """
 from __future__ import annotations
 
-from ..errors import SpecError
+from ..registries import KINDS
 from .base import Kind, Lazy  # noqa: F401  (what a kind's folder builds its KIND from)
 
 # The registration table: one line per kind, in this order (``model.kind``'s options, docs, did-you-mean).
@@ -30,7 +30,8 @@ from .prm import KIND as PRM
 from .implicit import KIND as IMPLICIT
 from .ensemble import KIND as ENSEMBLE
 
-KINDS: dict[str, Kind] = {k.name: k for k in dict(globals()).values() if isinstance(k, Kind)}
+for _kind in [k for k in dict(globals()).values() if isinstance(k, Kind)]:
+    KINDS.register(_kind)           # registries.KINDS: model.kind's options (did you mean), plugins' kinds after
 
 
 def kind_of(spec) -> str:
@@ -40,10 +41,7 @@ def kind_of(spec) -> str:
 
 def get_kind(name: str) -> Kind:
     """The ``Kind`` named ``name``; ``SpecError`` (``model.kind``) naming the closest kind."""
-    if name not in KINDS:
-        raise SpecError("model.kind", f"unknown kind of reward signal '{name}'.", value=name, options=KINDS,
-                        fix="set model.kind to one of the valid kinds (docs/reward-signals.md).")
-    return KINDS[name]
+    return KINDS.get(name, "model.kind")
 
 
 def check_kind(spec) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from ._grid import choice, first_pairs, grid_layers, need_site, objective_dims, result
 from .base import INVARIANT, Operator
 
@@ -47,7 +47,7 @@ def resample_donors(n_pairs: int, seed: int) -> np.ndarray:
     return np.stack([donor, rng.integers(0, 2, size=(n_pairs, 2))], -1)
 
 
-@register
+@OPERATORS.register
 class Ablate(Operator):
     """Zero, mean or resample ablation at the readout token; effect on the margin (pair × layer × component|head)."""
 

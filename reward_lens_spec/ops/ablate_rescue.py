@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from ._grid import choice, first_pairs, grid_layers, need_site, reward_direction, result
 from .ablate import COMPONENT_SITES, Ablate, AblateParams
 from .project import check_objective
@@ -93,7 +93,7 @@ def orthonormal(M: np.ndarray) -> np.ndarray:
     return vt[s > s.max() * 1e-10].T if s.size and s.max() > 0 else np.zeros((M.shape[-1], 0))
 
 
-@register
+@OPERATORS.register
 class AblateRescue(Ablate):
     """Ablation then rescue of a declared part (a subspace, or a downstream site) at the readout token."""
 

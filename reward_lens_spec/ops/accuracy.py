@@ -16,7 +16,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from ._bootstrap import by_group
 from ._grid import choice
 from .base import Operator, need_dim, without
@@ -53,7 +53,7 @@ class GroupStat(Operator):
                         f"{self.p.ci:g} cluster-bootstrap interval")
 
 
-@register
+@OPERATORS.register
 class Accuracy(GroupStat):
     """Pairwise accuracy P(Δ > 0) + ½P(Δ = 0), per group, with a cluster-bootstrap CI and effective n."""
 

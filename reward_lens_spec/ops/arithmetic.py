@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from .base import Operator
 
 # point ± vector is a point, point − point a vector, vector ± vector a vector (frames.express)
@@ -28,7 +28,7 @@ class CombineParams:
     units: str = ""
 
 
-@register
+@OPERATORS.register
 class Combine(Operator):
     """Element-wise input (add|sub|mul|div) another step, broadcasting by dim name."""
 
@@ -63,7 +63,7 @@ class ScaleParams:
     units: str = ""
 
 
-@register
+@OPERATORS.register
 class Scale(Operator):
     """Divide by a constant or by the model's n_layers."""
 

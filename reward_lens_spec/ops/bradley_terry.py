@@ -13,7 +13,7 @@ import numpy as np
 from scipy.special import expit, log_expit
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from .base import INVARIANT, Operator, labelled
 
 _Q = {"p": ("probability", lambda d: expit(d)), "loss": ("nats", lambda d: -log_expit(d)),
@@ -30,7 +30,7 @@ class BradleyTerryParams:
     quantity: str = "p"
 
 
-@register
+@OPERATORS.register
 class BradleyTerry(Operator):
     """Bradley–Terry p = σ(Δ), loss softplus(−Δ) (nats) or gradient −σ(−Δ) of a margin."""
 

@@ -20,7 +20,7 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from .base import Operator, labelled
 
 _SITES = ("readout", "resid", "components", "heads", "resid_pre", "resid_post", "attn_out", "mlp_out")
@@ -34,7 +34,7 @@ class CaptureParams:
     site: str
 
 
-@register
+@OPERATORS.register
 class Capture(Operator):
     """Activations at the readout token at one site (pair × side × [layer ×] d_model)."""
 

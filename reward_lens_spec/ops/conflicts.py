@@ -22,7 +22,7 @@ import xarray as xr
 from scipy.stats import rankdata
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from .base import INVARIANT, Operator, labelled, without
 
 STATISTICS = {"sign_disagreement": "fraction", "pearson": "correlation", "spearman": "correlation"}
@@ -54,7 +54,7 @@ def pairwise(v: np.ndarray, statistic: str) -> np.ndarray:
     return out
 
 
-@register
+@OPERATORS.register
 class Conflicts(Operator):
     """Objective × objective sign disagreement (or margin correlation) over pairs."""
 

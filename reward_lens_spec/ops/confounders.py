@@ -38,7 +38,7 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from .base import INVARIANT, Operator, labelled, need_dim
 from ..data.checksum import prompt_cluster_key
 from ..stats import accuracy, bootstrap_ci, correct, mean_with_ci, n_eff, spearman
@@ -114,7 +114,7 @@ class PairFeatureParams:
     min_prompt_words: int = 30
 
 
-@register
+@OPERATORS.register
 class PairFeature(Operator):
     """A per-pair confounder feature (length, prompt overlap, presentation position)."""
 
@@ -157,7 +157,7 @@ def _margin_dims(in_dims, where):
     return ("objective",) if "objective" in in_dims[0] else ()
 
 
-@register
+@OPERATORS.register
 class Confound(Operator):
     """Margin vs a per-pair feature: baseline accuracy, Spearman ρ, matched-bin accuracy, with CIs."""
 
@@ -199,7 +199,7 @@ class Confound(Operator):
         return out
 
 
-@register
+@OPERATORS.register
 class PositionBias(Operator):
     """Label position bias and accuracy by the chosen response's presentation position, with CIs."""
 
@@ -249,7 +249,7 @@ class SwapParams:
     limit: Optional[int] = None
 
 
-@register
+@OPERATORS.register
 class SwapConsistency(Operator):
     """Δ(c, r) + Δ(r, c) per pair, both orders re-scored (exactly 0 when scoring is per side)."""
 

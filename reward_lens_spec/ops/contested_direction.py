@@ -41,7 +41,7 @@ import xarray as xr
 
 from ..errors import SpecError
 from ..spec import check_shrinkage
-from ..registry import register
+from ..registries import OPERATORS
 from .base import Operator, labelled, need_readout_sides
 from .contested_margin import check_unanimous, record_classes
 from ..frames.compare import compare_directions
@@ -122,7 +122,7 @@ def _fit(ctx, p, h):
     return {"stats": stats, "v": v, "frame": frame, "objective": "gated (mean g(h)ᵀW)" if gated else head.objectives[k]}
 
 
-@register
+@OPERATORS.register
 class ContestedDirection(Operator):
     """Direction separating contested from unanimous pairs in whitened h_c − h_r; |cos| to w_r with nulls."""
 

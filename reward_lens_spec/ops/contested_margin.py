@@ -24,7 +24,7 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from .base import INVARIANT, Operator, labelled, need_dim
 from .pair_labels import pair_agreement
 from ..data.checksum import prompt_cluster_key
@@ -69,7 +69,7 @@ def record_classes(ctx, unanimous: float):
     return rec, cont, groups
 
 
-@register
+@OPERATORS.register
 class ContestedMargin(Operator):
     """Mean |margin| on contested vs unanimous pairs (annotator votes/agreement), gap with CI."""
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..registry import register
+from ..registries import OPERATORS
 from .base import Operator, need_dim
 
 
@@ -12,7 +12,7 @@ class CumsumParams:
     dim: str = "layer"
 
 
-@register
+@OPERATORS.register
 class Cumsum(Operator):
     """Cumulative sum along a dim."""
 

@@ -41,7 +41,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from ._grid import choice, first_pairs, result
 from .base import INVARIANT, Operator
 
@@ -64,7 +64,7 @@ class CurvatureParams:
     seed: int = 0
 
 
-@register
+@OPERATORS.register
 class Curvature(Operator):
     """Top-k Hessian eigenvalues / SLQ spectral density / effective dimension of the reward at a residual site."""
 

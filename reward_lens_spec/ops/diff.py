@@ -6,11 +6,11 @@ still in the activations' frame).
 """
 from __future__ import annotations
 
-from ..registry import register
+from ..registries import OPERATORS
 from .base import NoParams, Operator, need_dim, without
 
 
-@register
+@OPERATORS.register
 class Diff(Operator):
     """Chosen − rejected over the side dim (side dim dropped)."""
 

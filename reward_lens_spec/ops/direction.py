@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import xarray as xr
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from .base import Operator, labelled
 from .project import check_objective, head_rows
 
@@ -26,7 +26,7 @@ class DirectionParams:
     direction: str = "head"
 
 
-@register
+@OPERATORS.register
 class Direction(Operator):
     """The reward direction w_r (head rows) as a d_model vector, in the model's native frame."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..registry import register
+from ..registries import OPERATORS
 from .accuracy import GroupStat
 
 
@@ -20,7 +20,7 @@ def d_z(d: np.ndarray) -> float:
     return float(d.mean() / sd) if sd > 0 else float("nan")
 
 
-@register
+@OPERATORS.register
 class EffectSize(GroupStat):
     """Standardized effect size d_z = mean(Δ)/sd(Δ), per group, with a cluster-bootstrap CI and effective n."""
 

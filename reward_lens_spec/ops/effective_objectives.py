@@ -24,7 +24,7 @@ import xarray as xr
 
 from ..errors import SpecError
 from ..spec import check_shrinkage
-from ..registry import register
+from ..registries import OPERATORS
 from .base import Operator, labelled
 from .objective_geometry import FRAMES, readout_frame
 
@@ -46,7 +46,7 @@ def participation_ratio(U: np.ndarray) -> tuple[float, float]:
     return float(tot * tot / (lam * lam).sum()), float(lam.max() / tot)
 
 
-@register
+@OPERATORS.register
 class EffectiveObjectives(Operator):
     """Effective number of objectives: participation ratio of the head rows' Gram spectrum (whitened)."""
 

@@ -25,7 +25,7 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from .base import INVARIANT, Operator, labelled, need_dim
 
 _QUANTITIES = ("reward", "member_reward", "member_margin")
@@ -37,7 +37,7 @@ class EnsembleRewardParams:
     quantity: str = "reward"
 
 
-@register
+@OPERATORS.register
 class EnsembleReward(Operator):
     """An ensemble's reduced reward per side, or each member's reward or margin."""
 
@@ -88,7 +88,7 @@ class MemberAgreementParams:
     quantity: str = "sign"
 
 
-@register
+@OPERATORS.register
 class MemberAgreement(Operator):
     """Agreement between ensemble members' margins across pairs (sign agreement or Spearman correlation)."""
 

@@ -19,7 +19,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from .base import Operator, need_dim
 
 
@@ -29,7 +29,7 @@ class FinalNormParams:
     reference: Optional[str] = None
 
 
-@register
+@OPERATORS.register
 class FinalNorm(Operator):
     """Apply the final norm, or freeze its scale at the readout token (linear attribution)."""
 

@@ -21,7 +21,7 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from .base import INVARIANT, Operator, labelled, need_dim, without
 
 
@@ -35,7 +35,7 @@ class FirstCrossingParams:
 _UNITS = {"coordinate": None, "depth_fraction": "fraction"}
 
 
-@register
+@OPERATORS.register
 class FirstCrossing(Operator):
     """First coordinate along a dim reaching `fraction` of the final value (sign-aware)."""
 

@@ -12,11 +12,11 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from .base import INVARIANT, Operator, labelled
 
 
-@register
+@OPERATORS.register
 class GateWeights(Operator):
     """A gated head's weights over objectives, per side (pair × side × objective)."""
 

@@ -42,7 +42,7 @@ import scipy.linalg
 import xarray as xr
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from .base import INVARIANT, Operator, labelled, need_dim
 from .pair_labels import pair_agreement, pair_groups
 
@@ -167,7 +167,7 @@ def _row(energy, null_energy, graphs) -> dict:
             "n_comparisons": sum(g.n_comparisons for g in graphs), "n_groups": len(graphs)}
 
 
-@register
+@OPERATORS.register
 class HodgeRank(Operator):
     """Gradient / curl / harmonic split of label and model preference flows per comparison group."""
 

@@ -29,7 +29,7 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from .base import INVARIANT, Operator, labelled
 from .implicit_reward import implicit_model
 
@@ -110,7 +110,7 @@ class _Base(Operator):
         return out
 
 
-@register
+@OPERATORS.register
 class ImplicitPatch(_Base):
     """Exact patching of a DPO policy's sites from its reference, on the implicit margin (pair × layer × component)."""
 
@@ -125,7 +125,7 @@ class ImplicitPatch(_Base):
         return (patched[:, 0] - patched[:, 1]) - margin[:, None], margin
 
 
-@register
+@OPERATORS.register
 class ImplicitAttributionPatch(_Base):
     """Attribution patching (first order) of a DPO policy's sites from its reference, on the implicit margin."""
 

@@ -27,7 +27,7 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from .base import INVARIANT, Operator, labelled
 
 _QUANTITIES = ("reward", "per_token", "policy_logp", "reference_logp")
@@ -53,7 +53,7 @@ class ImplicitRewardParams:
     quantity: str = "reward"
 
 
-@register
+@OPERATORS.register
 class ImplicitReward(Operator):
     """DPO-implicit reward per side, per response token, or the log-probabilities behind it."""
 
@@ -100,7 +100,7 @@ class ImplicitLensParams:
     pass
 
 
-@register
+@OPERATORS.register
 class ImplicitLens(Operator):
     """Implicit reward with the policy read at every layer through its unembedding (approximate)."""
 

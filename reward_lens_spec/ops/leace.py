@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from ._grid import choice, first_pairs, need_site, result
 from ._leace import FIELDS, check_concept, erase, fit_leace, in_split, labels, one_hot
 from .base import INVARIANT, Operator, need_dim
@@ -84,7 +84,7 @@ def fitted_eraser(ctx, p, X: np.ndarray, pair_ids):
     return fit, y, mu, E
 
 
-@register
+@OPERATORS.register
 class Leace(Operator):
     """LEACE concept erasure at a site, fitted on one split, applied to the other: Δ_erased − Δ per pair."""
 

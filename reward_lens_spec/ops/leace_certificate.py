@@ -23,7 +23,7 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from ._leace import FIELDS, erase, in_split, probe_auc, macro_auc
 from .base import INVARIANT, Operator, labelled
 from .leace import check_readout_input, readout_eraser
@@ -42,7 +42,7 @@ class LeaceCertificateParams:
     resamples: int = 1000
 
 
-@register
+@OPERATORS.register
 class LeaceCertificate(Operator):
     """A fresh linear probe's held-out AUC for the concept before and after LEACE erasure (stage × bound)."""
 

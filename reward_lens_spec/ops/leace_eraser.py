@@ -19,7 +19,7 @@ from typing import Optional
 import numpy as np
 import xarray as xr
 
-from ..registry import register
+from ..registries import OPERATORS
 from ._grid import choice
 from ._leace import FIELDS
 from .base import Operator, labelled
@@ -36,7 +36,7 @@ class LeaceEraserParams:
     part: str = "projection"          # projection | mean
 
 
-@register
+@OPERATORS.register
 class LeaceEraser(Operator):
     """The LEACE eraser fitted on one split: its projection E (d_out × d_in) or its mean μ (d_in)."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..registry import register
+from ..registries import OPERATORS
 from ._bootstrap import by_group
 from .accuracy import GroupStat
 
@@ -18,7 +18,7 @@ def mean(d: np.ndarray) -> float:
     return float(d.mean()) if d.size else float("nan")
 
 
-@register
+@OPERATORS.register
 class MeanCI(GroupStat):
     """Mean over pairs of a per-pair value, per group, with a cluster-bootstrap CI and effective n."""
 

@@ -17,7 +17,7 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from .base import Operator, labelled, need_dim, without
 
 
@@ -27,7 +27,7 @@ class MeanDirectionParams:
     normalize: bool = False
 
 
-@register
+@OPERATORS.register
 class MeanDirection(Operator):
     """Mean of x_chosen − x_rejected over pairs (optionally per group): a d_model direction."""
 

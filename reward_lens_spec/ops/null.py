@@ -28,7 +28,7 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from ._grid import choice, reward_direction
 from .base import INVARIANT, Operator, labelled, need_dim, without
 from .project import check_objective
@@ -51,7 +51,7 @@ def statistic(proj: np.ndarray, how: str) -> np.ndarray:
     return d.mean(-1) if how == "mean" else ((d > 0).mean(-1) + 0.5 * (d == 0).mean(-1))
 
 
-@register
+@OPERATORS.register
 class Null(Operator):
     """Null draws of a readout effect: random directions, shuffled sides or shuffled pairs (draw × …)."""
 

@@ -22,7 +22,7 @@ import xarray as xr
 
 from ..errors import SpecError
 from ..spec import check_shrinkage
-from ..registry import register
+from ..registries import OPERATORS
 from .base import Operator, labelled
 
 FRAMES = ("native", "whitened")
@@ -57,7 +57,7 @@ def readout_frame(ctx, shrinkage):
     return ctx.memo[key]
 
 
-@register
+@OPERATORS.register
 class ObjectiveGeometry(Operator):
     """Cosines between the head's objective rows (objective × objective_b), native or whitened."""
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from ._grid import choice
 from .base import INVARIANT, Operator, labelled, need_dim
 
@@ -39,7 +39,7 @@ def benjamini_hochberg(p: np.ndarray) -> np.ndarray:
     return out.reshape(np.shape(p))
 
 
-@register
+@OPERATORS.register
 class PValue(Operator):
     """Monte-Carlo p-value of an effect against a step's null draws (two-sided/greater/less; BH option)."""
 

@@ -21,7 +21,7 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from .base import INVARIANT, Operator, labelled
 
 _COMP = {"resid": "resid_post", "attn": "attn_out", "mlp": "mlp_out"}
@@ -130,7 +130,7 @@ class _PatchBase(Operator):
         return out
 
 
-@register
+@OPERATORS.register
 class Patch(_PatchBase):
     """Exact activation patching at the readout token (pair × layer × component)."""
 
@@ -150,7 +150,7 @@ class Patch(_PatchBase):
         return patch_readout(ctx.lm, ctx.encoded, ctx.capture, targets, pidx, mode=self.p.mode)
 
 
-@register
+@OPERATORS.register
 class AttributionPatch(_PatchBase):
     """Attribution patching (gradient × activation difference; approximate)."""
 

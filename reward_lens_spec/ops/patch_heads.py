@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..registry import register
+from ..registries import OPERATORS
 from ._grid import choice, first_pairs, grid_layers, need_site, objective_dims, result
 from .base import INVARIANT, Operator
 
@@ -82,7 +82,7 @@ class _HeadPatchBase(Operator):
                       "approximate: gradient × activation difference" if self.approximate else "exact")
 
 
-@register
+@OPERATORS.register
 class PatchHeads(_HeadPatchBase):
     """Exact activation patching of each head's o_proj input at the readout token (pair × layer × head)."""
 
@@ -106,7 +106,7 @@ class PatchHeads(_HeadPatchBase):
         return r.reshape(len(pidx), len(layers), H, -1), counts
 
 
-@register
+@OPERATORS.register
 class AttributionPatchHeads(_HeadPatchBase):
     """Attribution patching per head (gradient × o_proj-input difference; approximate)."""
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..registry import register
+from ..registries import OPERATORS
 from ._grid import choice, first_pairs, grid_layers, need_site, objective_dims, result
 from .base import INVARIANT, Operator
 
@@ -35,7 +35,7 @@ class PathPatchParams:
     components: tuple = ("attn", "mlp")
 
 
-@register
+@OPERATORS.register
 class PathPatch(Operator):
     """Direct vs indirect path of each attn/mlp sender's patch effect on the reward (pair × layer × component × path)."""
 

@@ -41,7 +41,7 @@ from scipy.optimize import minimize
 from scipy.special import expit, log_expit
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from .base import INVARIANT, Operator, labelled, need_readout_sides
 from ..data.checksum import prompt_cluster_key
 from ..fit.split import split_by_prompt
@@ -152,7 +152,7 @@ def _fit(ctx, p: PreferenceRankParams, h: xr.DataArray) -> dict:
             "split": split.summary()}
 
 
-@register
+@OPERATORS.register
 class PreferenceRank(Operator):
     """Transitive vs rank-2k skew-symmetric pair model on readout h: held-out cyclic_gain with CI."""
 

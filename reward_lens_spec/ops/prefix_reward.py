@@ -26,7 +26,7 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from .base import INVARIANT, Operator, labelled
 
 
@@ -36,7 +36,7 @@ class PrefixParams:
     batch_size: int = 16
 
 
-@register
+@OPERATORS.register
 class Prefix(Operator):
     """Per-token reward over the response (reward, aligned margin, or lens over layers × positions)."""
 

@@ -35,7 +35,7 @@ import xarray as xr
 
 from ..data.readers import STEP_LABELS
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from ._grid import choice
 from .base import INVARIANT, Operator, labelled
 from ..kinds.prm.steps import PrmSignal, step_ids, side_steps
@@ -50,7 +50,7 @@ class PrmLabelsParams:
     batch_size: int = 16
 
 
-@register
+@OPERATORS.register
 class PrmLabels(Operator):
     """A model's reward at every step of a stepwise row, the row's step labels, the first-error steps."""
 
@@ -161,7 +161,7 @@ class PrmGradeParams:
     quantity: str = "accuracy"
 
 
-@register
+@OPERATORS.register
 class PrmGrade(Operator):
     """Per-step accuracy, AUC and first-error accuracy of step rewards against step labels, over every row."""
 

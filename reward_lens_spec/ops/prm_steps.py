@@ -30,7 +30,7 @@ import xarray as xr
 
 from ..errors import SpecError
 from ..kinds.prm.steps import PrmSignal, aggregate, default_signal, side_steps
-from ..registry import register
+from ..registries import OPERATORS
 from .base import INVARIANT, Operator, labelled
 
 _Q = ("reward", "margin", "aggregate", "aggregate_margin")
@@ -42,7 +42,7 @@ class PrmStepsParams:
     batch_size: int = 16
 
 
-@register
+@OPERATORS.register
 class PrmSteps(Operator):
     """Per-step rewards of a PRM (pair × side × step), per-step margins, the recorded aggregate."""
 

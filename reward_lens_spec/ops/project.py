@@ -22,7 +22,7 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from .base import INVARIANT, Operator, labelled, need_dim, without
 
 
@@ -47,7 +47,7 @@ class ProjectParams:
     bias: bool = False
 
 
-@register
+@OPERATORS.register
 class Project(Operator):
     """Project on the reward direction (head rows, one objective, or a stored vector)."""
 

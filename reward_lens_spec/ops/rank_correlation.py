@@ -16,7 +16,7 @@ import xarray as xr
 from scipy.stats import spearmanr
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from .base import INVARIANT, Operator, labelled, need_dim
 
 
@@ -34,7 +34,7 @@ def _rho(a, b):
     return float(spearmanr(a[ok], b[ok]).statistic)
 
 
-@register
+@OPERATORS.register
 class RankCorrelation(Operator):
     """Spearman rank correlation of two variables over dims, per pair or pooled."""
 

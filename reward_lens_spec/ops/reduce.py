@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from .base import Operator, need_dim, without
 
 _HOW = ("mean", "sum", "median", "quantile")
@@ -24,7 +24,7 @@ class ReduceParams:
     by: Optional[str] = None
 
 
-@register
+@OPERATORS.register
 class Reduce(Operator):
     """Reduce over a dim (mean/sum/median/quantile), optionally grouped by a coordinate."""
 

@@ -40,7 +40,7 @@ import numpy as np
 import xarray as xr
 
 from ..errors import CaptureError, SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from .base import INVARIANT, Operator, labelled, need_dim
 from .rewardbench_ties import TERMS, item_stats, split_id, ties_bounds
 from ..data.checksum import prompt_cluster_key
@@ -143,7 +143,7 @@ def _pair_groups(ctx, ids):
     return [by_id[i] for i in ids], np.array([prompt_cluster_key(by_id[i].prompt) for i in ids], dtype=object)
 
 
-@register
+@OPERATORS.register
 class RewardBench(Operator):
     """RewardBench accuracy per subset / per section / the leaderboard score, with cluster-bootstrap CIs."""
 
@@ -204,7 +204,7 @@ class RewardBench(Operator):
         return out
 
 
-@register
+@OPERATORS.register
 class BestOfN(Operator):
     """RewardBench 2: candidates' rewards per item, best-of-N correctness, and accuracy per subset."""
 

@@ -64,7 +64,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from ._grid import choice, first_pairs, need_site, result
 from .base import INVARIANT, Operator
 from ..engine.sae import load_sae, rows_of, train_sae
@@ -177,7 +177,7 @@ def _train_stored(p, ctx):
     return sae, stats, da.attrs.get("gauge")
 
 
-@register
+@OPERATORS.register
 class SaeAttribution(Operator):
     """Margin attribution to TopK SAE features at the readout (exact, + error term), and feature patching."""
 

@@ -27,7 +27,7 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from .base import INVARIANT, Operator, labelled
 from .conflicts import pairwise
 from ..data.checksum import prompt_cluster_key
@@ -59,7 +59,7 @@ def cost_statistics(D: np.ndarray, s: np.ndarray) -> dict:
                 "mean_pairwise_disagreement": float(pairwise(D, "sign_disagreement")[np.triu_indices(K, 1)].mean())}
 
 
-@register
+@OPERATORS.register
 class ScalarCost(Operator):
     """Per-objective preference a scalar loses: sign disagreement (plain, margin-weighted), overruled mass."""
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from .base import Operator, need_dim, without
 
 
@@ -16,7 +16,7 @@ class SelectParams:
     values: Optional[list] = None    # coordinate labels to keep
 
 
-@register
+@OPERATORS.register
 class Select(Operator):
     """Select along a dim by position (dim dropped) or by labels (dim kept)."""
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from ._grid import choice, first_pairs, objective_dims, result, reward_direction
 from .base import INVARIANT, Operator
 from .project import check_objective
@@ -43,7 +43,7 @@ class SteerParams:
     batch_size: int = 16
 
 
-@register
+@OPERATORS.register
 class Steer(Operator):
     """Add α·ρ·û to resid_post at the readout token; the margin per α (pair × alpha) or its slope."""
 

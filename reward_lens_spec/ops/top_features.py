@@ -19,7 +19,7 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
-from ..registry import register
+from ..registries import OPERATORS
 from .base import Operator, need_dim, without
 
 
@@ -30,7 +30,7 @@ class TopFeaturesParams:
     by: Optional[str] = "dimension"    # a non-index coordinate of pair; None: all pairs as one group
 
 
-@register
+@OPERATORS.register
 class TopFeatures(Operator):
     """Top-k entries of ``dim`` by mean |value| over pairs, per group (``by``): (by ×) rank, signed means."""
 

@@ -59,7 +59,7 @@ def _versions() -> dict:
 
 def dataset_files(ds, base_dir: str | None) -> list[Path] | None:
     """The files ``load_pairs`` reads for a ``DatasetSpec`` (``None``: not a local file, or not there)."""
-    if ds.kind.value == "diagnostic":
+    if ds.kind == "diagnostic":
         from ..data.loaders import DIAGNOSTIC_FILE
         return [Path(__file__).resolve().parent.parent / "data" / DIAGNOSTIC_FILE]
     if not ds.path:

@@ -1,10 +1,12 @@
 """Which outputs a scorecard can grade, and why the others cannot be: every output variable of every shipped
-observable (``conf/observable/**``) and of ``drift`` is either read by a criterion (``trust.criteria.CRITERIA``,
+observable (``conf/observable/**``) and of ``drift`` is either read by a criterion (``registries.CRITERIA``,
 by name, on the organism kinds the criterion names) or has a reason here (``WHY_NOT``), which a card stores
 (``Scorecard.why_not``) and prints beside each ungraded output. ``tests/test_calibration_coverage.py`` fails on an
 output in neither set. An ungraded output keeps a run ``exploratory`` for that variable (``trust.evidence``).
 """
 from __future__ import annotations
+
+from ..registries import CRITERIA
 
 _FN_OF_MARGIN = ("a fixed function of `margin` ({}); its truth would be that function of the planted margin, but no "
                  "criterion reads it yet, so a wrong value here is not caught")
@@ -127,8 +129,7 @@ WHY_NOT = {
 
 def graded_by(name: str) -> list[tuple[str, tuple]]:
     """``[(criterion, organism kinds)]`` that read output ``name`` (kinds ``()``: any organism)."""
-    from .criteria import CRITERIA
-    return [(c.name, tuple(c.kinds)) for c in CRITERIA if name in c.needs]
+    return [(c.name, tuple(c.kinds)) for c in CRITERIA.values() if name in c.needs]
 
 
 def why_not(name: str, kind: str | None = None) -> str:

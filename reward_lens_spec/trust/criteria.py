@@ -1,9 +1,11 @@
 """Calibration criteria: what a scorecard reads on an organism, and the floor it must clear.
 
 One ``Criterion`` per reading (the table in ``trust.scorecard``'s docstring): ``reading`` per
-strength (Spearman against the planted strength), ``floor_value`` at full strength (against
-``trust.evidence.FLOORS``), and ``magnitude`` — the planted unit's reading in reward units,
-compared with the planted effect — where the reading has a planted reward-unit counterpart.
+strength (Spearman against the planted strength), ``floor_value`` at full strength against the
+criterion's own ``floor``, and ``magnitude`` — the planted unit's reading in reward units,
+compared with the planted effect within the criterion's ``rtol`` — where the reading has a planted
+reward-unit counterpart. Each criterion carries its numbers beside it and is registered in
+``registries.CRITERIA``, which the gate (``trust.evidence.card_verdict``) reads.
 """
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ import numpy as np
 import xarray as xr
 
 from . import cell_truth
-from .evidence import FLOORS
-from .kind_criteria import kind_criteria
+from ..registries import CRITERIA as REGISTRY
+from .kind_criteria import KIND_FLOORS, kind_criteria
 from .sae_criteria import sae_criteria
 from .drift_criteria import drift_criteria
 
@@ -110,6 +112,16 @@ def _lens_step(ds, t) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Criterion:
+    """One calibration criterion: what it reads on an organism and the numbers it must clear.
+
+    ``floor``: ``floor_value`` at full strength must be ≥ it (units of that value, stated in ``floor_what``);
+    ``rtol``: where a planted reward-unit magnitude exists, ``|reading − truth| ≤ rtol·|truth|`` (``None``: no
+    magnitude check); ``exact``: an exact instrument, whose magnitude truth is the same cells from a plain
+    forward, compared at ``trust.evidence.MAG_RTOL_EXACT``; ``cells``: a cell-by-cell recomputation
+    (``trust.cell_truth``) whose fit must be ≥ ``trust.evidence.CELL_FLOOR``. A missing ``floor`` is a
+    ``TypeError``.
+    """
+
     name: str
     needs: tuple
     reading: object          # (Dataset, truth) -> per-pair array
@@ -121,10 +133,19 @@ class Criterion:
     kinds: tuple = ()        # organism kinds it grades (empty: any, subject to needs_unit)
     cells: object = None     # (Dataset at strength 1, Organism, ObservableSpec) -> (got, want): the output's
                              # cells beside an independent recomputation (trust.cell_truth), fit ≥ CELL_FLOOR
+    floor: float | None = None
+    rtol: float | None = None
+    exact: bool = False
 
-    @property
-    def floor(self) -> float:
-        return FLOORS[self.name]
+    def __post_init__(self):
+        if self.floor is None:
+            raise TypeError(f"criterion '{self.name}' needs its floor (floor=...)")
+
+
+def _floored(floors: dict):
+    """``Criterion`` with ``floor`` taken from ``floors`` by name (for rows whose module keeps its floors in a
+    table beside them: ``trust.kind_criteria.KIND_FLOORS``)."""
+    return lambda name, *a, **kw: Criterion(name, *a, floor=floors[name], **kw)
 
 
 def _mean(f):
@@ -155,63 +176,73 @@ PREFERENCE_CRITERIA = (   # preference structure (ops/hodge_rank, …), graded o
     Criterion("label_cycles", ("hodge_pooled",), _hodge,
               lambda ds, t: _hodge(ds, t) - _hodge(ds, t, "null_q95"),
               "labels' pooled non-gradient fraction above its transitive null's 95% quantile", None,
-              needs_unit=False, kinds=("planted_cycle",), cells=cell_truth.hodge_cells),
+              needs_unit=False, kinds=("planted_cycle",), cells=cell_truth.hodge_cells, floor=0.0),
     Criterion("cyclic_gain", ("preference_rank",), lambda ds, t: _rank(ds, "estimate"),
               lambda ds, t: _rank(ds, "ci_low"),
               "held-out cyclic_gain's 95% CI above 0 (nats)", None, needs_unit=False, kinds=("planted_cycle",),
-              cells=cell_truth.rank_identity_cells),
+              cells=cell_truth.rank_identity_cells, floor=1e-09),
     Criterion("contested_direction", ("contested_direction",),
               lambda ds, t: abs(float(np.asarray(ds["contested_direction"].values) @ np.asarray(t["disagreement_direction"]))),
               lambda ds, t: abs(float(np.asarray(ds["contested_direction"].values) @ np.asarray(t["disagreement_direction"]))),
               "|cos| of the recovered and the planted disagreement direction (whitened) ≥ 0.8", None,
-              needs_unit=False, kinds=("annotator_mixture",), cells=cell_truth.unit_direction_cells),
+              needs_unit=False, kinds=("annotator_mixture",), cells=cell_truth.unit_direction_cells, floor=0.8),
     Criterion("contested_margin", ("contested_margin",), lambda ds, t: 1.0 - _contested(ds, "abs_margin_contested")
               / _contested(ds, "abs_margin_unanimous"), lambda ds, t: -_contested(ds, "abs_margin_gap", "ci_high"),
               "contested-minus-unanimous |margin| gap's 95% CI below 0", None, needs_unit=False,
-              kinds=("annotator_agreement",), cells=cell_truth.contested_margin_cells),
+              kinds=("annotator_agreement",), cells=cell_truth.contested_margin_cells, floor=1e-09),
     Criterion("effective_objectives", ("effective_objectives",), _pr,
               lambda ds, t: 1.0 - abs(_pr(ds, t) - t["participation_ratio"]) / t["participation_ratio"],
-              "participation ratio within 1% of the planted one", None, needs_unit=False, kinds=("multi_objective",)),
+              "participation ratio within 1% of the planted one", None, needs_unit=False, kinds=("multi_objective",),
+              floor=0.99),
     Criterion("scalar_cost", ("scalar_cost",), lambda ds, t: _cost(ds, "sign_disagreement_weighted"),
               lambda ds, t: _cost(ds, "sign_disagreement"),
               "share of pairs whose objectives disagree in sign ≥ 0.5 (K uncorrelated rows)", None, needs_unit=False,
-              kinds=("multi_objective",), cells=cell_truth.scalar_cost_cells),
+              kinds=("multi_objective",), cells=cell_truth.scalar_cost_cells, floor=0.5),
 )
 
 CRITERIA = (
     Criterion("dla_share", ("dla",), lambda ds, t: _share(ds["dla"], t), _mean(lambda ds, t: _share(ds["dla"], t)),
-              "planted unit's signed DLA share ≥ 0.5", _unit_value("dla")),
+              "planted unit's signed DLA share ≥ 0.5", _unit_value("dla"), floor=0.5, rtol=0.1, exact=True),
     Criterion("patch_share", ("patch_effect",), lambda ds, t: _share(ds["patch_effect"], t, ("attn", "mlp")),
               _mean(lambda ds, t: _share(ds["patch_effect"], t, ("attn", "mlp"))),
-              "planted unit's signed share of |patch effect| over attn/mlp units ≥ 0.5", _unit_value("patch_effect")),
+              "planted unit's signed share of |patch effect| over attn/mlp units ≥ 0.5", _unit_value("patch_effect"),
+              floor=0.5, rtol=0.1, exact=True),
     Criterion("attribution_share", ("attribution_patch_effect",),
               lambda ds, t: _share(ds["attribution_patch_effect"], t, ("attn", "mlp")),
               _mean(lambda ds, t: _share(ds["attribution_patch_effect"], t, ("attn", "mlp"))),
               "planted unit's signed share of |attribution patch effect| ≥ 0.5",
-              _unit_value("attribution_patch_effect"), cells=cell_truth.attribution_cells),
+              _unit_value("attribution_patch_effect"), cells=cell_truth.attribution_cells, floor=0.5, rtol=0.25),
     Criterion("ablation_share", ("ablation_effect",), lambda ds, t: -_share(ds["ablation_effect"], t, ("attn", "mlp")),
               _mean(lambda ds, t: -_share(ds["ablation_effect"], t, ("attn", "mlp"))),
-              "planted unit's share of |ablation effect| over attn/mlp units (removing it lowers Δ) ≥ 0.5", None),
+              "planted unit's share of |ablation effect| over attn/mlp units (removing it lowers Δ) ≥ 0.5", None,
+              floor=0.5),
     Criterion("steer_alignment", ("steer_slope", "steer_slope_head"), _steer_ratio, _mean(_steer_ratio),
               "steering along the fitted direction moves Δ ≥ 0.5 as fast as along w_r", None,
-              cells=cell_truth.steer_cells),
+              cells=cell_truth.steer_cells, floor=0.5),
     Criterion("null_excess", ("observed_effect", "null_draws", "p_value"), _null_excess,
               lambda ds, t: 1.0 - float(_at_layer(ds["p_value"], t)),
-              "1 − p of the planted layer's effect against its null ≥ 0.95", None, cells=cell_truth.null_cells),
+              "1 − p of the planted layer's effect against its null ≥ 0.95", None, cells=cell_truth.null_cells,
+              floor=0.95),
     Criterion("group_stats", ("accuracy_by_dimension", "effect_size_by_dimension"), _group_effect,
               lambda ds, t: float(ds["accuracy_by_dimension"].sel(bound="ci_low").min()),
               "every group's accuracy CI above chance (ci_low ≥ 0.5)", None, needs_unit=False,
-              cells=cell_truth.group_cells),
+              cells=cell_truth.group_cells, floor=0.5),
     Criterion("path_separation", ("path_patch_effect",), _planted_paths, _path_share,
               "the planted paths' share of Σ|direct|+|indirect| over non-relay units ≥ 0.5", None,
-              cells=cell_truth.path_cells),
+              cells=cell_truth.path_cells, floor=0.5),
     Criterion("lens_jump", ("lens",), _lens_jump, _mean(_lens_jump),
-              "share of the normed lens' total movement made at the planted layer ≥ 0.5", _lens_step),
+              "share of the normed lens' total movement made at the planted layer ≥ 0.5", _lens_step,
+              floor=0.5, rtol=0.15, exact=True),
     Criterion("crystallization", ("lens", "crystallization_layer"), _lens_jump,
               lambda ds, t: float((np.asarray(ds["crystallization_layer"].values) >= t["layer"]).mean()),
-              "fraction of pairs crystallizing at or after the planted layer ≥ 0.8", _lens_step),
+              "fraction of pairs crystallizing at or after the planted layer ≥ 0.8", _lens_step,
+              floor=0.8, rtol=0.15, exact=True),
     Criterion("score", ("margin",), lambda ds, t: 1.0 / (1.0 + np.exp(-np.asarray(ds["margin"].values, float))),
               _auc, "detection AUC P(Δ>0) + ½P(Δ=0) ≥ 0.8",
-              lambda ds, t: np.asarray(ds["margin"].values, np.float64), needs_unit=False),
-) + PREFERENCE_CRITERIA + kind_criteria(Criterion) + sae_criteria(Criterion) + drift_criteria(Criterion)   # judge, PRM, implicit, LEACE, curvature
+              lambda ds, t: np.asarray(ds["margin"].values, np.float64), needs_unit=False,
+              floor=0.8, rtol=0.1, exact=True),
+) + PREFERENCE_CRITERIA + kind_criteria(_floored(KIND_FLOORS)) + sae_criteria(Criterion) \
+    + drift_criteria(Criterion)   # judge, PRM, implicit, LEACE, curvature
 # (trust.kind_criteria); sparse features (trust.sae_criteria); drift (trust.drift_criteria, trust.drift_card)
+for _c in CRITERIA:
+    REGISTRY.register(_c)

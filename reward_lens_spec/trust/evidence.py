@@ -56,10 +56,9 @@ import json
 
 from .certificate import held_out_ok
 from .code_identity import CODE_MODULES, code_changes, code_hash  # noqa: F401  (re-exported)
-from .kind_criteria import KIND_FLOORS     # judge / PRM / implicit / LEACE / curvature criteria
 from .sae_gate import sae_caps              # SAE attribution: exploratory below the reconstruction floor
-from .sae_criteria import SAE_FLOORS
-from .drift_criteria import DRIFT_FLOORS, UNDOSED
+from .drift_criteria import UNDOSED
+from ..registries import CRITERIA
 from .study_doc import COMPARATORS, predictions, study_hash
 
 LEVELS = ("exploratory", "calibrated", "registered", "adjudicated")
@@ -72,28 +71,14 @@ MIN_SPEARMAN = 0.9
 # ρ over n strengths is a multiple of 6 / (n (n² − 1)) in exact arithmetic (one adjacent swap of 5: exactly 0.9),
 # but scipy returns 0.8999999999999998 for it: the floor forgives float rounding only, never a rank
 RHO_ROUNDING = 1e-9
-FLOORS = {"dla_share": 0.5, "patch_share": 0.5, "attribution_share": 0.5, "lens_jump": 0.5,
-          "crystallization": 0.8, "score": 0.8,
-          # interventions (no planted reward-unit magnitude: ratios, shares of effects, 1 − p)
-          "ablation_share": 0.5, "steer_alignment": 0.5, "null_excess": 0.95, "group_stats": 0.5,
-          "path_separation": 0.5,
-          # preference structure (graded only on their own organism kinds)
-          "label_cycles": 0.0, "cyclic_gain": 1e-9, "contested_direction": 0.8, "contested_margin": 1e-9,
-          "effective_objectives": 0.99, "scalar_cost": 0.5, **KIND_FLOORS, **SAE_FLOORS,
-          **DRIFT_FLOORS}
-# |reading − planted truth| ≤ MAG_RTOL · |planted truth| (reward units, at full strength)
-MAG_RTOL = {"dla_share": 0.1, "patch_share": 0.1, "attribution_share": 0.25, "lens_jump": 0.15,
-            "crystallization": 0.15, "score": 0.1}
-# exact instruments (DLA, exact patching, the lens, the margin) are compared with the same cells from a
-# plain HF forward (magnitude "truth_from": "cells"): float error only. Attribution patching (first order)
-# and a truth that is only the planted margin change keep the MAG_RTOL band.
+# Each criterion's floor (its floor value must be ≥ it), magnitude band ``rtol`` (|reading − planted truth| ≤
+# rtol · |planted truth|, reward units, at full strength) and exactness sit beside it (``trust.criteria``,
+# ``registries.CRITERIA``). Exact instruments (DLA, exact patching, the lens, the margin) are compared with the
+# same cells from a plain HF forward (magnitude "truth_from": "cells"): float error only. Attribution patching
+# (first order) and a truth that is only the planted margin change keep the ``rtol`` band.
 MAG_RTOL_EXACT = 1e-3
-EXACT_CRITERIA = ("dla_share", "patch_share", "lens_jump", "crystallization", "score")
-# criteria that also read their output cell by cell against an independent recomputation (trust.cell_truth):
-# the card's ``cells[c]["fit"]`` = 1 − max |err| / RMS(truth) must be ≥ CELL_FLOOR
-CELL_CRITERIA = ("steer_alignment", "null_excess", "group_stats", "leace_removal", "leace_specificity",
-                 "curvature_direction", "contested_margin", "scalar_cost", "contested_direction",
-                 "attribution_share", "path_separation", "label_cycles", "cyclic_gain")
+# criteria with ``cells`` also read their output cell by cell against an independent recomputation
+# (trust.cell_truth): the card's ``cells[c]["fit"]`` = 1 − max |err| / RMS(truth) must be ≥ CELL_FLOOR
 CELL_FLOOR = 0.999
 # exactness identities: max |err| ≤ IDENTITY_RTOL[dtype] · margin scale (see trust.identities)
 IDENTITY_RTOL = {"float64": 1e-3, "float32": 1e-3, "bfloat16": 5e-2, "float16": 2e-2}
@@ -173,7 +158,8 @@ def card_verdict(card: dict, *, check_code: bool = True) -> tuple[bool, str]:
         return False, f"the card says dtype {dt} but its identities were computed in {', '.join(wrong)}"
     planted = "layer" in (card.get("truth") or {})
     for c in crits:
-        if c not in FLOORS:
+        crit = CRITERIA.get(c, default=None)
+        if crit is None:
             return False, f"unknown criterion {c!r}"
         if (card.get("reading_errors") or {}).get(c):
             return False, f"{c}: could not read the output: {card['reading_errors'][c]}"
@@ -181,17 +167,17 @@ def card_verdict(card: dict, *, check_code: bool = True) -> tuple[bool, str]:
         if c not in UNDOSED and (rho is None or not rho >= MIN_SPEARMAN - RHO_ROUNDING):   # drift: no strength axis
             return False, f"{c}: Spearman {rho} < {MIN_SPEARMAN}"
         fv = ((card.get("floors") or {}).get(c) or {}).get("value")
-        if fv is None or not fv >= FLOORS[c]:
-            return False, f"{c}: floor value {fv} < {FLOORS[c]}"
-        if c in CELL_CRITERIA:                 # the output's cells against an independent recomputation
+        if fv is None or not fv >= crit.floor:
+            return False, f"{c}: floor value {fv} < {crit.floor}"
+        if crit.cells is not None:                 # the output's cells against an independent recomputation
             fit = ((card.get("cells") or {}).get(c) or {}).get("fit")
             if fit is None or not fit >= CELL_FLOOR:
                 return False, (f"{c}: output cells off the independent recomputation: fit {fit} < {CELL_FLOOR} "
                                "(1 − max |err| / RMS of the recomputed cells)")
-        if planted and c in MAG_RTOL:          # criteria with a planted reward-unit magnitude
+        if planted and crit.rtol is not None:  # criteria with a planted reward-unit magnitude
             m = (card.get("magnitude") or {}).get(c) or {}
             got, want = m.get("reading"), m.get("truth")
-            rtol = MAG_RTOL_EXACT if c in EXACT_CRITERIA and m.get("truth_from") == "cells" else MAG_RTOL[c]
+            rtol = MAG_RTOL_EXACT if crit.exact and m.get("truth_from") == "cells" else crit.rtol
             if got is None or want is None or not abs(got - want) <= rtol * abs(want) or want == 0:
                 return False, (f"{c}: magnitude {got} reward units vs planted {want} "
                                f"(needs within {rtol:.3g} relative, truth from {m.get('truth_from', 'margin')})")
@@ -200,6 +186,14 @@ def card_verdict(card: dict, *, check_code: bool = True) -> tuple[bool, str]:
         if not ok:
             return False, why
     return True, ""
+
+
+def __getattr__(name: str):
+    """``CELL_CRITERIA``: the names of the criteria with a ``cells`` recomputation, read from
+    ``registries.CRITERIA`` (each criterion carries its own)."""
+    if name != "CELL_CRITERIA":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return tuple(n for n in CRITERIA if CRITERIA[n].cells is not None)
 
 
 class Evidence:

@@ -32,9 +32,6 @@ from __future__ import annotations
 
 import numpy as np
 
-SAE_FLOORS = {"sae_contribution": 0.999, "sae_error": 0.999, "sae_patch": 0.999}
-
-
 def _dictionary(ds, var):
     """The run's SAE named by ``ds[var].attrs['sae']`` (its digest re-checked) and the step's params."""
     info = ds.attrs.get("sae") or {}
@@ -161,14 +158,14 @@ def sae_criteria(Criterion) -> tuple:
                                               .sum(1))), _contribution_fit,
                   "every (pair, feature) contribution equals (f_i(h_c) − f_i(h_r))·(w·d_i) rebuilt from the plain "
                   "forward's readout and the run's dictionary (1 − max err / RMS ≥ 0.999)", None, needs_unit=False,
-                  kinds=("sparse_feature",)),
+                  kinds=("sparse_feature",), floor=0.999),
         Criterion("sae_error", ("sae_contribution", "sae_error"),
                   lambda ds, t: float(np.mean(np.asarray(ds["sae_contribution"].sum("feature").values, np.float64)
                                               + _error_values(ds))), _error_fit,
                   "every pair's error term equals w·(e_c − e_r) rebuilt, and Σ contribution + error equals the "
-                  "plain forward's margin (worse fit ≥ 0.999)", None, needs_unit=False, kinds=("sparse_feature",)),
+                  "plain forward's margin (worse fit ≥ 0.999)", None, needs_unit=False, kinds=("sparse_feature",), floor=0.999),
         Criterion("sae_patch", ("sae_patch",), _patch_reading, lambda ds, t: _fit(*_patched_rows(ds, t)),
                   "every patched (pair, feature) effect equals the head applied to the patched readout activation "
                   "minus the unpatched, for the declared mode, sign included (1 − max err / RMS ≥ 0.999)", None,
-                  needs_unit=False, kinds=("sparse_feature",)),
+                  needs_unit=False, kinds=("sparse_feature",), floor=0.999),
     )

@@ -57,18 +57,18 @@ adjacent swap gives 0.9) — AND its floor holds at full strength AND, on a
 planted organism, its *magnitude* matches the truth: the planted unit's reading
 in reward units (DLA, patch effect, attribution effect, lens jump at the planted
 layer, the margin for ``score``), minus the same reading at strength 0. For the
-exact instruments (``EXACT_CRITERIA``) the truth is the same cells recomputed by (``trust.reference``)
+exact instruments (``Criterion.exact``) the truth is the same cells recomputed by (``trust.reference``)
 ``reference_dataset`` — plain HF forwards, batch of one, forward hooks, none of
 the capture or operator code — and the tolerance is float error
 (``MAG_RTOL_EXACT`` = 1e-3 relative); attribution patching (first order) keeps
-its band (``MAG_RTOL``, 25%) against the planted margin change ``Δ(s) − Δ(0)``
+its band (``Criterion.rtol``, 25%) against the planted margin change ``Δ(s) − Δ(0)``
 (``planted_margins``). Every organism run also checks the observable's
 exactness identities (``trust.identities``: outputs named ``reward``/``margin``
 equal the head's own output, Σ dla = margin, …) and every kept cell of a
 ``dla``/``lens``/``lens_raw``/``patch_effect``/``patch_restored`` grid — whole or
 restricted — against the plain-forward cell (``reference_identities``); a
 restricted grid no reference reproduces is refused (``SpecError`` with a Fix).
-Criteria with a ``cells`` recomputation (``evidence.CELL_CRITERIA``; ``trust.cell_truth``) also read their
+Criteria with a ``cells`` recomputation (``Criterion.cells``; ``trust.cell_truth``) also read their
 output cell by cell at full strength against plain HF forwards of the organism: the card's ``cells[criterion]``
 (worst 1 − max |err| / RMS over its outputs) must be ≥ ``CELL_FLOOR`` (0.999), so a reading 5 % off or one
 position shifted fails even where the criterion's summary (a share, a ratio, an AUC) keeps its floor.
@@ -97,8 +97,8 @@ import xarray as xr
 
 from ..errors import SpecError
 from ..organisms.kind_organisms import STRENGTHS, Organism, organism_family   # every organism kind
-from .criteria import CRITERIA
-from .evidence import EXACT_CRITERIA, MIN_SPEARMAN, card_verdict, code_hash, seal
+from ..registries import CRITERIA       # the built-in criteria (trust.criteria) and any registered since
+from .evidence import MIN_SPEARMAN, card_verdict, code_hash, seal
 from ..identity import observable_hash
 from .coverage import why_not
 from .identities import check_identities
@@ -254,12 +254,12 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
     _, outputs = expand_steps(obs, load_observable)
     has_unit = organism in UNIT_KINDS if organisms is None else "layer" in organisms[0].truth
     kind = organism if organisms is None else organisms[0].kind
-    crits = [c for c in CRITERIA if set(c.needs) <= set(outputs) and (has_unit or not c.needs_unit)
+    crits = [c for c in CRITERIA.values() if set(c.needs) <= set(outputs) and (has_unit or not c.needs_unit)
              and (not c.kinds or kind in c.kinds)]
     if not crits:
         raise SpecError("observable", f"'{obs.name}' outputs {outputs}: no calibration criterion reads them on "
                         f"organism '{organism}'.", fix="criteria: " + "; ".join(
-                            f"{c.name} needs {list(c.needs)}" for c in CRITERIA)
+                            f"{c.name} needs {list(c.needs)}" for c in CRITERIA.values())
                         + " (unit criteria need organism=planted; judge/PRM/implicit/LEACE/curvature criteria "
                         "their own organism kinds, trust.kind_criteria).")
     if organisms is None:
@@ -282,7 +282,7 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
     for c in crits:                    # a restricted grid no plain forward reproduces: its identities are off
         for v in c.needs:
             da = results[0][v] if v in results[0] else None
-            if (da is not None and c.name in EXACT_CRITERIA and v != "margin" and v not in refs[0].data_vars and "layer" in da.dims
+            if (da is not None and c.exact and v != "margin" and v not in refs[0].data_vars and "layer" in da.dims
                     and not set(range(n_layers)) <= {int(x) for x in da.layer.values}):
                 raise SpecError("observable", f"'{obs.name}' output '{v}' covers layers "
                                 f"{[int(x) for x in da.layer.values]} of {n_layers} and no independent forward "
@@ -364,7 +364,7 @@ def _grade_one(card: Scorecard, c, results, truths, refs, s, zero, top, planted,
         got = None if zero is None else float(np.mean(c.magnitude(results[top], truths[top])
                                                       - c.magnitude(results[zero], truths[zero])))
         want, source = truth_effect, "cells" if c.name == "score" else "margin"   # Δ: the margin's own cells
-        if c.name in EXACT_CRITERIA and zero is not None:    # exact instrument: the same cells, plain forward
+        if c.exact and zero is not None:    # exact instrument: the same cells, plain forward
             try:
                 want = float(np.mean(c.magnitude(refs[top], truths[top])
                                      - c.magnitude(refs[zero], truths[zero])))

@@ -3,7 +3,8 @@
 A ``Family`` maps the standard site vocabulary (TransformerLens's names:
 ``embed``, ``resid_pre``, ``resid_post``, ``attn_out``, ``mlp_out``) to module
 paths inside a HF ``*ForSequenceClassification`` model. Adding a family is
-adding a table module here and one line in ``FAMILIES``.
+adding a table module here that registers its ``Family`` rows (``FAMILIES.register(Family(...))``);
+``FAMILIES`` (``registries.FAMILIES``) imports every module of this folder on first use.
 
 Conventions
 -----------
@@ -23,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...errors import SpecError
+from ...registries import FAMILIES
 
 SITES = ("embed", "resid_pre", "resid_post", "attn_out", "mlp_out", "attn_z", "final_norm", "readout")
 
@@ -51,17 +53,6 @@ class Family:
         return site in self.sites
 
 
-def _families() -> dict[str, Family]:
-    from . import gemma2, gpt2, gpt_neox, llama
-
-    out: dict[str, Family] = {}
-    for mod in (llama, gemma2, gpt_neox, gpt2):
-        for fam in mod.TABLES:
-            out[fam.name] = fam
-    return out
-
-
-FAMILIES: dict[str, Family] = _families()
 
 
 def family_for(model_type: str) -> Family:

@@ -7,10 +7,11 @@ by sqrt(d_model) inside the embedding module; ``embed`` (= ``resid_pre`` of
 layer 0) already includes it. The final RMSNorm multiplies by ``1 + g``.
 Logit soft-capping applies to the LM head only, not to the reward head.
 """
-from . import Family
+from . import FAMILIES, Family
 
-TABLES = (
+for _family in (
     Family(name="gemma2", model_types=("gemma2",), layers="model.layers",
            attn="post_attention_layernorm", mlp="post_feedforward_layernorm",
            final_norm="model.norm", norm_offset=1.0, attn_post_norm="post_attention_layernorm"),
-)
+):
+    FAMILIES.register(_family)
