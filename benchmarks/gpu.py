@@ -20,13 +20,15 @@ in ``--dtype``) and the battery runs on ``--scale-pairs`` pairs (10,000) whose s
 ``--scale-tokens`` tokens (512) through the user's route (``reward_lens_spec.run``, the command line's
 composition and executor, data from a JSONL file) with ``model.device_map=auto`` and ``model.batch_size=auto``
 (patching on the first ``--patch-pairs`` pairs). It prints pairs per second, peak GPU memory
-(``torch.cuda.max_memory_allocated``), peak RSS, the batch size ``auto`` chose, the map, and the wall time
-against the goal of ``--goal-s`` (600 s: 10 minutes on one H200). ``--smoke`` runs the same route on CPU with
-the tiny shape.
+(``torch.cuda.max_memory_allocated``), peak RSS (of this process; the model is built and saved by a child
+process, so with ``--scale-only`` it is the run's), the batch size ``auto`` chose, the map, and the wall time
+against the goal of ``--goal-s`` (600 s: 10 minutes on one H200); on a GPU the run shows its progress bar, so
+a log cut off by a time limit still shows the rate. ``--smoke`` runs the same route on CPU with the tiny shape.
 """
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import platform
 import sys
 import tempfile
@@ -143,25 +145,33 @@ def bench_model(shape, args, device):
     return {"shape": shape, "pairs": n, "tokens": tokens, "built_s": built, "rows": rows}
 
 
+def save_model(shape: str, dtype: str, device: str, folder: str) -> None:
+    """``build(shape)`` saved as a checkpoint folder (safetensors, in ``dtype``) with its tokenizer."""
+    lm = build(shape, dtype, device)
+    lm.model.save_pretrained(folder)
+    lm.tokenizer.save_pretrained(folder)
+
+
 def bench_scale(args, device: str, cuda: bool) -> dict:
     """The battery at scale through the user's route (see the module doc); returns what the table prints."""
     import json
     import resource
-
-    import torch
 
     import reward_lens_spec as rls
     shape = "llama3.1-8b" if cuda else "smoke"
     n, side = (args.scale_pairs, args.scale_tokens) if cuda else (args.pairs, args.side_tokens)
     work = Path(tempfile.mkdtemp(prefix="rl_gpu_scale_"))
     t0 = time.perf_counter()
-    lm = build(shape, args.dtype, device)
-    lm.model.save_pretrained(work / "model")
-    lm.tokenizer.save_pretrained(work / "model")
-    del lm
-    if cuda:
-        torch.cuda.empty_cache()
+    # built and saved in a child process, so this process's peak RSS is the run's alone (saving copies every
+    # weight to host memory: 16 GB for the 8B shape in bf16)
+    child = multiprocessing.get_context("spawn").Process(target=save_model, args=(shape, args.dtype, device,
+                                                                                  str(work / "model")))
+    child.start()
+    child.join()
+    if child.exitcode != 0:
+        raise SystemExit(f"building and saving the {shape} model failed (exit code {child.exitcode})")
     saved = time.perf_counter() - t0
+    print(f"[gpu.py] {shape} saved in {saved:.0f} s; running the battery on {n} pairs", flush=True)
     with open(work / "pairs.jsonl", "w") as f:
         for p in pairs_of(n, side):
             f.write(json.dumps({"id": p.id, "prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected}) + "\n")
@@ -171,7 +181,7 @@ def bench_scale(args, device: str, cuda: bool) -> dict:
                  f"model.device={'auto' if cuda else 'cpu'}", "model.device_map=auto", "model.batch_size=auto",
                  f"model.max_length={4 * side}", "dataset=jsonl", f"dataset.path={work / 'pairs.jsonl'}",
                  "observable=battery", f"observable.pairs={args.patch_pairs}", f"store.url={work / 'store.zarr'}",
-                 f"store.chunk_pairs={args.chunk_pairs if not cuda else 256}"], progress=False)
+                 f"store.chunk_pairs={args.chunk_pairs if not cuda else 256}"], progress=cuda)
     _sync(device)
     wall = time.perf_counter() - t
     prov = h.provenance

@@ -12,8 +12,8 @@ float32 numbers rounded to the dtype at load, so the drift is the dtype's arithm
 weights: what a user who loads a checkpoint in bf16 sees.
 
 Per output: max |x − x₃₂| over every cell, that over max |x₃₂| (relative to the output's own scale), the median
-|x − x₃₂| / max |x₃₂|, and for the margin the fraction of pairs whose sign agrees and Spearman's ρ (scipy). A
-dtype the CPU cannot run is reported as such. Prints a markdown table (also appended to ``--out``).
+|x − x₃₂| / max |x₃₂|, and for the margin the fraction of pairs whose sign agrees, how large |Δ₃₂| was where it
+does not, and Spearman's ρ (scipy). A dtype the CPU cannot run is reported as such. Prints a markdown table (also appended to ``--out``).
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     folder = smollm2_seed0(args.work / "smollm2_seed0")
     store = Path(tempfile.mkdtemp(prefix="rls_prec_")) / "s.zarr"
     ref, wall32 = run_dtype(folder, Path(args.data), "float32", args, store)
-    rows, walls = [], {"float32": wall32}
+    rows, walls, flips = [], {"float32": wall32}, []
     for dt in [d for d in args.dtypes.split(",") if d]:
         try:
             got, walls[dt] = run_dtype(folder, Path(args.data), dt, args, store)
@@ -76,6 +76,10 @@ def main(argv=None) -> int:
             continue
         m, m32 = got["margin"], ref["margin"]
         sign = float(np.mean(np.sign(m) == np.sign(m32)))
+        flipped = np.abs(m32[np.sign(m) != np.sign(m32)])
+        flips.append(f"{dt}: {flipped.size} pair(s) change sign" + (
+            f", |Δ₃₂| ≤ {flipped.max():.3g} ({flipped.max() / np.abs(m32).max():.3g} of the largest |Δ₃₂|)"
+            if flipped.size else ""))
         rho = float(spearmanr(m, m32).statistic)
         for v in OUTPUTS:
             d = drift(got[v], ref[v])
@@ -90,7 +94,7 @@ def main(argv=None) -> int:
             f"Command: `python benchmarks/precision.py {' '.join(argv if argv is not None else sys.argv[1:])}`", "",
             "| dtype | output | cells | max abs Δ (reward) | max abs Δ / max abs float32 | median abs Δ / max abs float32 "
             "| margin sign agrees | margin Spearman ρ |", "|---|---|---:|---:|---:|---:|---:|---:|"]
-    text = "\n".join(head + rows) + "\n"
+    text = "\n".join(head + rows + ([""] + ["Margin sign changes: " + "; ".join(flips) + "."] if flips else [])) + "\n"
     print(text)
     if args.out:
         with open(args.out, "a") as f:

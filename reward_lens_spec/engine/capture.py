@@ -12,7 +12,9 @@ stored.
 
 Sites (TransformerLens vocabulary): ``resid_pre``/``resid_post`` (layer),
 ``attn_out``/``mlp_out`` (what each component adds to the residual stream),
-``embed`` = ``resid_pre`` of layer 0 (stored with a layer axis of length 1).
+``embed`` = ``resid_pre`` of layer 0 (stored with a layer axis of length 1); ``intervention`` = what the
+model's ``resid_post`` interventions (``model.interventions``) add to each rewritten layer's output, one row per
+such layer (``artifacts.resid_layers``; no row without them).
 """
 from __future__ import annotations
 
@@ -23,12 +25,13 @@ import numpy as np
 import torch
 
 from ..errors import CaptureError
+from ..models.artifacts import resid_layers
 from ..models.head import first_output, get_module
 from ..models.padding import batches_by_length, pad_batch
 from .prefix import run_prefix
 from ..models.placement import input_device
 
-LAYER_SITES = ("embed", "resid_pre", "resid_post", "attn_out", "mlp_out", "attn_z")
+LAYER_SITES = ("embed", "resid_pre", "resid_post", "attn_out", "mlp_out", "attn_z", "intervention")
 SIDES = ("chosen", "rejected")
 TOL = {"float32": 1e-4, "bfloat16": 6e-2, "float16": 1e-2}
 
@@ -65,7 +68,7 @@ class _Recorder:
         self.handles, self.sel, self.active = [], None, True
         self.buf, self.slot, self._by_size = {}, {}, {}
         layers = get_module(lm.model, lm.family.layers)
-        self.shape = {s: (1 if s == "embed" else len(layers), _width(lm, s)) for s in sites}
+        self.shape = {s: (_rows(lm, s), _width(lm, s)) for s in sites}
         self.shape.update(h=(1, lm.d_model), logits=(1, lm.head.n_outputs))
         if "embed" in sites:
             self._pre(layers[0], "embed", 0)
@@ -80,6 +83,9 @@ class _Recorder:
                 self._post(get_module(layer, lm.family.mlp), "mlp_out", layer_idx)
             if "attn_z" in sites:
                 self._pre(get_module(layer, lm.family.o_proj), "attn_z", layer_idx)
+        if "intervention" in sites:
+            for k, layer_idx in enumerate(resid_layers(getattr(lm, "interventions", None))):
+                self._write(layers[layer_idx], k)
         self._post(lm.norm.module, "h", 0)
         self._post(get_module(lm.model, lm.family.head), "logits", 0)
         if lm.head.context_gate:                     # ArmoRM: the gating MLP's output, one row per sequence
@@ -138,9 +144,32 @@ class _Recorder:
                 self.slot[key].copy_(x[self._at(x)])
         self.handles.append(module.register_forward_hook(hook))
 
+    def _write(self, module, k):
+        """Row ``k`` of ``intervention``: ``module``'s output after the interventions' hooks minus before them."""
+        key = ("intervention", k)
+
+        def before(mod, args, out):
+            if self.active:
+                x = first_output(out)
+                self.slot[key].copy_(x[self._at(x)])
+
+        def after(mod, args, out):
+            if self.active:
+                y, into = first_output(out), self.slot[key]
+                into.copy_(y[self._at(y)].to(into) - into)
+        self.handles.append(module.register_forward_hook(before, prepend=True))
+        self.handles.append(module.register_forward_hook(after))
+
     def close(self):
         for h in self.handles:
             h.remove()
+
+
+def _rows(lm, site: str) -> int:
+    """The layer rows ``site`` keeps: 1 (``embed``), one per rewritten layer (``intervention``), else n_layers."""
+    if site == "embed":
+        return 1
+    return len(resid_layers(getattr(lm, "interventions", None))) if site == "intervention" else lm.n_layers
 
 
 def _width(lm, site: str) -> int:
@@ -180,11 +209,11 @@ def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tok
         return own(encoded, sites, batch_size=batch_size, max_tokens=max_tokens, padding_side=padding_side)
     sites = tuple(s for s in LAYER_SITES if s in set(sites))
     seqs = [s for pair in zip(encoded.chosen, encoded.rejected) for s in pair]   # row 2i chosen, 2i+1 rejected
-    n_pairs, L, d, K = len(encoded.pair_ids), lm.n_layers, lm.d_model, lm.head.n_outputs
+    n_pairs, d, K = len(encoded.pair_ids), lm.d_model, lm.head.n_outputs
     out = CaptureResult(pair_ids=list(encoded.pair_ids), h=np.zeros((n_pairs, 2, d), np.float32),
                         logits=np.zeros((n_pairs, 2, K), np.float32),
                         lengths=np.array([len(s) for s in seqs]).reshape(n_pairs, 2),
-                        sites={s: np.zeros((n_pairs, 2, 1 if s == "embed" else L, _width(lm, s)), np.float32)
+                        sites={s: np.zeros((n_pairs, 2, _rows(lm, s), _width(lm, s)), np.float32)
                                for s in sites},
                         counts={"forward_passes": 0, "tokens": 0, "padded_tokens": 0})
     pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else lm.model.config.pad_token_id

@@ -151,6 +151,15 @@ def record(entry, digest: str) -> dict:
             "alpha": float(entry.alpha) if entry.kind == "steer" else None, "sha256": digest}
 
 
+def resid_layers(records) -> tuple[int, ...]:
+    """The layers (ascending, once each) whose output ``resid_post.<l>`` an applied intervention rewrites, from
+    ``LoadedModel.interventions`` (``record``s; ``None`` or empty: none). What such an intervention adds to the
+    residual stream is no block's output: the capture records it as its own DLA component ``intervention``
+    (``models.capture``). Interventions at ``attn_out``/``mlp_out`` are part of what that block wrote."""
+    return tuple(sorted({int(r["site"].split(".")[1]) for r in records or ()
+                         if r["kind"] != "head" and r["site"].startswith("resid_post.")}))
+
+
 def write(out: Path, kind: str, tensors: dict, source: dict) -> tuple[Path, Path]:
     """Write ``out`` (``.safetensors``) and its provenance JSON beside it: ``(file, provenance file)``.
     ``tensors``: name → ndarray (written as they are, dtype kept); ``source``: where they came from."""

@@ -110,6 +110,11 @@ def load_model(spec, base_dir: str | None = None) -> LoadedModel:
         plan = folder = None
         if placed:                                   # the map is planned from the config, before any weight
             plan = plan_map(spec, meta_skeleton(load_config(loc, **common), spec.num_labels), DTYPES[dtype])
+            if gguf and "disk" in plan.values():         # transformers' GGUF loader refuses disk offload
+                raise SpecError("model.max_memory", f"{sum(v == 'disk' for v in plan.values())} modules would go to "
+                                f"disk, and a GGUF checkpoint ({gguf}) cannot be offloaded to disk.",
+                                fix="raise model.max_memory so it fits on the CPU and GPUs, or load a de-quantized "
+                                "safetensors folder (e.g. what `fit` writes: model.source=FOLDER model.gguf_file=null).")
             folder = offload_dir(spec, base_dir)
         model, missing = load_classifier(loc, num_labels=spec.num_labels, dtype=DTYPES[dtype],
                                          allow_pickle=pickle, device_map=plan, offload_folder=folder,

@@ -4,7 +4,11 @@ Sites (TransformerLens vocabulary):
   readout     final-norm output h            pair × side × d_model
   resid       embed, then resid_post[l]      pair × side × layer × d_model   (layer −1 = embedding)
   components  what each component wrote      pair × side × layer × component × d_model
-              (component ∈ {embed, attn, mlp}; NaN where a layer has no such component)
+              (component ∈ {embed, attn, mlp}; NaN where a layer has no such component; a model
+              with ``resid_post`` interventions (``model.interventions``) has a fourth, ``intervention``:
+              what they add to a layer's output, NaN at the layers they leave alone; so the
+              components still sum to the last residual. An ``attn_out``/``mlp_out`` intervention
+              is part of what that block wrote)
   heads       what each attention head wrote pair × side × layer × head × d_model
               (see ``engine.attn_heads``; Σ over heads = attn_out minus any o_proj bias)
   resid_pre | resid_post | attn_out | mlp_out                pair × side × layer × d_model
@@ -20,12 +24,13 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
+from ..models.artifacts import resid_layers
 from ..registries import OPERATORS
 from .base import Operator, labelled
 
 _SITES = ("readout", "resid", "components", "heads", "resid_pre", "resid_post", "attn_out", "mlp_out")
 _WRITES = ("components", "heads", "attn_out", "mlp_out")
-_RUNTIME = {"readout": set(), "resid": {"embed", "resid_post"}, "components": {"embed", "attn_out", "mlp_out"},
+_RUNTIME = {"readout": set(), "resid": {"embed", "resid_post"}, "components": {"embed", "attn_out", "mlp_out", "intervention"},
             "heads": {"attn_z"}}
 
 
@@ -52,7 +57,7 @@ class Capture(Operator):
         if site not in _SITES:
             raise SpecError(where + ".site", f"unknown site '{site}'.", value=site, options=_SITES)
         for s in self.sites(info):
-            if s != "embed" and not info.family.has_site(s):
+            if s not in ("embed", "intervention") and not info.family.has_site(s):
                 raise SpecError(where + ".site", f"model family '{info.family.name}' has no site '{s}'.",
                                 options=info.family.sites)
         if site == "readout":
@@ -79,15 +84,20 @@ class Capture(Operator):
         elif site == "components":
             L = cap.sites["attn_out"].shape[2]
             n, _, _, d = cap.sites["attn_out"].shape
-            data = np.full((n, 2, L + 1, 3, d), np.nan, np.float32)
+            written = resid_layers(getattr(ctx.lm, "interventions", None)) if "intervention" in cap.sites else ()
+            comps = ["embed", "attn", "mlp"] + (["intervention"] if written else [])
+            data = np.full((n, 2, L + 1, len(comps), d), np.nan, np.float32)
             data[:, :, 0, 0] = cap.sites["embed"][:, :, 0]
             data[:, :, 1:, 1] = cap.sites["attn_out"]
             data[:, :, 1:, 2] = cap.sites["mlp_out"]
-            unit = np.array([["embed" if l < 0 else "", "" if l < 0 else f"attn_L{l}", "" if l < 0 else f"mlp_L{l}"]
-                             for l in range(-1, L)], dtype=object).astype(str)
+            for k, l in enumerate(written):
+                data[:, :, l + 1, 3] = cap.sites["intervention"][:, :, k]
+            unit = np.array([[("embed" if l < 0 else "") if c == "embed" else
+                              (f"{c}_L{l}" if l >= 0 and (c != "intervention" or l in written) else "")
+                              for c in comps] for l in range(-1, L)], dtype=object).astype(str)
             arr = xr.DataArray(data, dims=("pair", "side", "layer", "component", "d_model"),
                                coords={**coords, "side": side, "layer": np.arange(-1, L),
-                                       "component": ["embed", "attn", "mlp"], "unit": (("layer", "component"), unit)})
+                                       "component": comps, "unit": (("layer", "component"), unit)})
         elif site == "heads":
             from ..engine.attn_heads import head_contributions
             data = head_contributions(ctx.lm, cap.sites["attn_z"])
