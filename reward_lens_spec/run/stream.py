@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import xarray as xr
 
-from ..context import RunContext
+from ..context import RunContext, take_pairs
 from ..errors import SpecError, StoreError
 from ..planning import data_dims, data_widths, passes, stages
 from ..result import Result
@@ -275,7 +275,8 @@ def _chunk_loop(att, role, p, ks, reduced, sh, progress) -> list:
                     given[i] = open_variable(att.zarr_store(), group, i, labels=sh["labels"](group)).isel(pair=sl).load()
         ds_out, ds_scr, counts, ctx = _pair_chunk(sh["lm"], sh["pairs"], subset(sh["enc"], sl), plan, steps,
                                                   replace(info, pairs=lim), sh["keep"], sh["capture_kw"], sh["frame"],
-                                                  sh["need_h"] and p == 0, given, sh["pads"], first=p == 0)
+                                                  sh["need_h"] and p == 0, given, sh["pads"], first=p == 0,
+                                                  coords=take_pairs(sh["full_coords"], sl))
         check_storable(Result({**ds_out, **ds_scr}), plan.observable, {s.name: s.op.name for s in plan.steps},
                        att.run_id)
         marker = "skeleton" if p == 0 else f"pass{p}.skeleton"
@@ -322,10 +323,12 @@ def _unverified(att, sh, p, marks: dict) -> set:
     return bad
 
 
-def _pair_chunk(lm, pairs, enc_k, plan, steps, info_k, keep, capture_kw, frame, need_h, given, pads, *, first):
+def _pair_chunk(lm, pairs, enc_k, plan, steps, info_k, keep, capture_kw, frame, need_h, given, pads, *, first,
+                coords=None):
     """Capture pass + one pass's pair-stage ``steps`` on one chunk; returns (outputs, scratch, counts,
     context): two ``Result``s. ``given``: inputs computed before this pass. ``pads``: step -> {dim: the run's
-    size} for the steps with a data-dependent dim (kept rows padded to it). The first pass also keeps the
+    size} for the steps with a data-dependent dim (kept rows padded to it). ``coords``: the chunk's pair
+    coords, sliced from the run's (``RunContext.pair_coords``; ``None``: computed from the pairs). The first pass also keeps the
     model's own head logits (and the readout ``h`` when a reduction reads it) as scratch."""
     from ..frames.express import express
     from ..models.capture import capture
@@ -335,7 +338,7 @@ def _pair_chunk(lm, pairs, enc_k, plan, steps, info_k, keep, capture_kw, frame, 
     sites = set().union(*(s.op.sites(info_k) for s in steps)) if steps else set()
     cap = capture(lm, enc_k, sites if not first else plan.sites,
                   keep_prefix=sorted(rows) if len(rows) <= KEEP_PREFIX_MAX else [], **capture_kw)
-    ctx = RunContext(lm=lm, pairs=pairs, encoded=enc_k, capture=cap, info=info_k)
+    ctx = RunContext(lm=lm, pairs=pairs, encoded=enc_k, capture=cap, info=info_k, coords=coords)
     ctx.add_counts("capture" if first else "recapture", cap.counts)
     coords = ctx.pair_coords()
     last = {}
