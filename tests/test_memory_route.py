@@ -1,17 +1,18 @@
 """Memory on the user's route (issue 40 item 5): what a command-line run holds per pair is bounded in bytes.
 
-``reward-lens-spec observable=dla model=tiny dataset=jsonl dataset.path=F`` runs in process on JSONL files of
-N and 4N pairs (after a warm-up run, so imports and caches are not counted); the peak of Python-traced memory
-(``tracemalloc``: Python objects and NumPy buffers) during the run may grow by at most ``BYTES_PER_PAIR`` per
-added pair. What the run holds per pair by design is listed in ``run.executor.execute``'s docstring; anything
-built over every pair besides that (the stored result read back whole, a second copy of the pairs, a list per
-pair) breaks the bound. Bytes, never time.
+- The run's per-pair state, built by the functions ``run.executor.execute`` calls (pairs read from a JSONL file,
+  token ids, the operators' view as the one copy of the pairs, the pair labels): at most ``BYTES_PER_PAIR``
+  Python-traced bytes (``tracemalloc``: Python objects and NumPy buffers) per pair of short synthetic sides.
+- The command line prints from the run document and never reads the stored result back whole.
+- A chunk's pair labels are the run's, sliced: no pass over every pair per chunk.
+Bytes, never time.
 """
 from __future__ import annotations
 
 import gc
 import json
 import tracemalloc
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,10 +20,10 @@ import pytest
 from reward_lens_spec.context import RunContext, take_pairs
 from reward_lens_spec.data import Pair, PairSet
 
-# Measured 2026-12-04 on this route (tiny model, dla, 64 → 256 pairs): ~1.0 KB per added pair traced (texts as
-# Pair objects, token ids, pair labels); before the fixes of issue 40 item 5 it was ~2.7 KB (the pairs held
-# twice, the stored result loaded whole at the end, labels of every pair rebuilt per chunk).
-BYTES_PER_PAIR = 1600
+# Measured 2026-12-04 (4,096 pairs, the sides of benchmarks/memory.py): ~750 B per pair — the texts as one
+# slotted Pair each (~340 B), token ids as int32 rows with offsets (~330 B), labels (~70 B). Token ids as Python
+# lists of ints (~2.7 KB per pair) or a list per pair anywhere else break it.
+BYTES_PER_PAIR = 1000
 
 
 def _write(path, n):
@@ -33,47 +34,44 @@ def _write(path, n):
     return path
 
 
-def _held(tmp_path, monkeypatch, n, tag) -> int:
-    """Python-traced bytes the run holds, over what was held before it, at the two moments it holds the most
-    for its pairs: when its attempt completes (pairs, tokens, labels, the outputs opened for the seal) and
-    when the command prints (the outcome in hand)."""
-    from reward_lens_spec import cli
-    from reward_lens_spec.store.attempts import Attempt
+def test_the_per_pair_state_a_run_holds_is_bounded_in_bytes(tmp_path):
+    from reward_lens_spec.data import load_pairs
+    from reward_lens_spec.inputs import encode, ops_view
+    from reward_lens_spec.models.tiny import build_tiny
 
-    seen = []
-    complete, printed = Attempt.complete, cli._print_summary
-
-    def on_complete(self, *a, **k):
-        seen.append(tracemalloc.get_traced_memory()[0])
-        return complete(self, *a, **k)
-
-    def on_print(out):
-        seen.append(tracemalloc.get_traced_memory()[0])
-        return printed(out)
-    monkeypatch.setattr(Attempt, "complete", on_complete)
-    monkeypatch.setattr(cli, "_print_summary", on_print)
-    data = _write(tmp_path / f"p{tag}.jsonl", n)
+    _, tok = build_tiny("tiny")
+    lm = SimpleNamespace(tokenizer=tok, name="tiny")
+    n = 4096
+    path = _write(tmp_path / "p.jsonl", n)
+    encode(lm, load_pairs("jsonl", path=str(_write(tmp_path / "w.jsonl", 8))))     # warm: lazy imports, caches
     gc.collect()
-    start = tracemalloc.get_traced_memory()[0]
-    cli.main(["observable=dla", "model=tiny", "model.threads=1", "dataset=jsonl", f"dataset.path={data}",
-              f"store.url={tmp_path / f's{tag}.zarr'}", "store.chunk_pairs=16"])
-    assert len(seen) == 2
-    return max(seen) - start
-
-
-def test_cli_run_holds_bounded_bytes_per_pair(tmp_path, monkeypatch, capsys):
-    n = 64
     tracemalloc.start(1)
     try:
-        _held(tmp_path, monkeypatch, 16, "warm")            # imports, caches, the model's first build
-        small = _held(tmp_path, monkeypatch, n, "small")
-        big = _held(tmp_path, monkeypatch, 4 * n, "big")
+        start = tracemalloc.get_traced_memory()[0]
+        pairs = load_pairs("jsonl", path=str(path))
+        enc = encode(lm, pairs)
+        pairs = ops_view(pairs, ())                     # as execute: the view is kept, the loader's pairs freed
+        coords = RunContext(lm=lm, pairs=pairs, encoded=enc, capture=None, info=None).pair_coords()
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - start
     finally:
         tracemalloc.stop()
-    per_pair = (big - small) / (3 * n)
-    assert "run id: dla-" in capsys.readouterr().out
-    assert per_pair <= BYTES_PER_PAIR, (f"the run holds {per_pair:.0f} B more per pair from {n} to {4 * n} pairs "
-                                        f"({small / 1e6:.2f} → {big / 1e6:.2f} MB), over {BYTES_PER_PAIR}")
+    assert len(enc.pair_ids) == n and coords["pair"].shape == (n,)
+    print(f"held {held / n:.0f} B per pair")
+    assert held / n <= BYTES_PER_PAIR, f"{held / n:.0f} B per pair held, over {BYTES_PER_PAIR}"
+
+
+def test_the_command_line_never_reads_the_result_back(tmp_path, monkeypatch, capsys):
+    from reward_lens_spec.cli import main
+    from reward_lens_spec.store.reader import Store
+
+    def refuse(self, *a, **k):
+        raise AssertionError("the command line read a stored result back (its memory grows with the pairs)")
+    monkeypatch.setattr(Store, "load", refuse)
+    main(["observable=dla", "model=tiny", "model.threads=1", "dataset=jsonl",
+          f"dataset.path={_write(tmp_path / 'p.jsonl', 8)}", f"store.url={tmp_path / 's.zarr'}"])
+    out = capsys.readouterr().out
+    assert "run id: dla-" in out and "dla_heads" in out      # the table, from the run document
 
 
 def _ctx(n):
