@@ -7,6 +7,7 @@ with its reason instead of a traceback."""
 from __future__ import annotations
 
 import unittest.mock as um
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -233,13 +234,11 @@ def test_a_certificate_that_does_not_hold_breaks_the_runs_identities(lo, hi, hol
 
 
 @pytest.mark.slow
-def test_leace_card_whose_erasure_leaks_on_held_out_pairs_fails(tmp_path):
+def test_leace_card_whose_erasure_leaks_on_held_out_pairs_fails():
     """After-erasure AUC 0.55 with CI [0.52, 0.58]: 90% of the above-chance AUC removed (the old floor passes),
     but a fresh probe still reads the concept on held-out pairs, so the card cannot pass."""
-    path = tmp_path / "leace_concept.yaml"
-    path.write_text(LEACE_YAML)
     orgs = organism_family("concept", S3, n_pairs=200)
-    honest = grade(str(path), orgs)
+    honest = grade(str(LEACE_YAML), orgs)
     assert honest.passed, honest.describe()
     assert any(r.get("target") == 0.5 for per in honest.identities for r in per)
 
@@ -250,7 +249,7 @@ def test_leace_card_whose_erasure_leaks_on_held_out_pairs_fails(tmp_path):
         c.loc[dict(stage="after")] = [0.55, 0.52, 0.58]
         recs = [r for r in ds.attrs["identities"] if "target" not in r] + [held_out_record("certificate", c)]
         return ds.assign(certificate=c).assign_attrs(identities=recs)
-    card = grade(str(path), orgs, leak)
+    card = grade(str(LEACE_YAML), orgs, leak)
     assert card.floors["leace_removal"]["value"] >= 0.8        # the removal share alone would pass it
     assert not card.passed
     from reward_lens_spec.trust.evidence import identities_ok
@@ -260,15 +259,7 @@ def test_leace_card_whose_erasure_leaks_on_held_out_pairs_fails(tmp_path):
     assert card.cells["leace_removal"]["fit"] < 0.999
 
 
-LEACE_YAML = """name: leace_concept
-version: 1
-steps:
-  - {name: resid, op: capture, site: resid_post}
-  - {name: certificate, op: leace_certificate, input: resid, layer: 2, concept: "field:concept", resamples: 200}
-  - {name: displacement, op: leace, layer: 2, concept: "field:concept", quantity: displacement}
-  - {name: unplanted_displacement, op: leace, layer: 2, concept: "field:label", quantity: displacement}
-outputs: [certificate, displacement, unplanted_displacement]
-"""
+LEACE_YAML = Path(__file__).parent / "data" / "leace_concept.yaml"
 
 
 # -- every criterion: a test that feeds it a reading off by <= 5% or one position, or the reason it has none ----
@@ -384,11 +375,7 @@ def _family(name):
 
 def _leace_obs():
     from reward_lens_spec.observables import load_observable
-    import tempfile
-    from pathlib import Path
-    path = Path(tempfile.mkdtemp()) / "leace_concept.yaml"
-    path.write_text(LEACE_YAML)
-    return load_observable(str(path))
+    return load_observable(str(LEACE_YAML))
 
 
 def _scale(var, k, **sel):

@@ -5,6 +5,8 @@ truth for judges, PRMs, implicit rewards, LEACE and curvature (``organisms.kind_
 when the instrument's reading is deliberately wrong (sign, step, scale, no erasure, wrong direction)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -223,22 +225,12 @@ def test_calibrate_prm_end_to_end_calibrates_the_graded_variables(tmp_path, caps
 
 # -- LEACE: the planted concept removed, the non-planted one left where it was ----------------------------
 
-LEACE_YAML = """name: leace_concept
-version: 1
-steps:
-  - {name: resid, op: capture, site: resid_post}
-  - {name: certificate, op: leace_certificate, input: resid, layer: 2, concept: "field:concept", resamples: 200}
-  - {name: displacement, op: leace, layer: 2, concept: "field:concept", quantity: displacement}
-  - {name: unplanted_displacement, op: leace, layer: 2, concept: "field:label", quantity: displacement}
-outputs: [certificate, displacement, unplanted_displacement]
-"""
+LEACE_YAML = Path(__file__).parent / "data" / "leace_concept.yaml"
 
 
 @pytest.fixture(scope="module")
-def leace_yaml(tmp_path_factory):
-    path = tmp_path_factory.mktemp("obs") / "leace_concept.yaml"
-    path.write_text(LEACE_YAML)
-    return str(path)
+def leace_yaml():
+    return str(LEACE_YAML)
 
 
 def test_leace_card_removes_the_planted_concept_and_spares_the_other(families, leace_yaml):

@@ -26,7 +26,7 @@ from ..errors import SpecError
 from ..registry import register
 from ._grid import choice, first_pairs, need_site, result
 from ._leace import FIELDS, check_concept, erase, fit_leace, in_split, labels, one_hot
-from .base import INVARIANT, Operator
+from .base import INVARIANT, Operator, need_dim
 
 SITES = ("resid_post", "attn_out", "mlp_out")
 
@@ -48,6 +48,27 @@ def check_leace(p, info, where: str) -> None:
     check_concept(p.concept, p.tokens, where)
     if not 0 < p.fit_fraction < 1:
         raise SpecError(where + ".fit_fraction", f"must be in (0, 1), got {p.fit_fraction!r}.")
+
+
+def check_readout_input(p, in_dims, info, where: str) -> None:
+    """Plan check shared by the operators that fit an eraser on an input step: ``pair``, ``side``, ``d_model``
+    present, and ``layer`` valid when the input has that dim (``SpecError`` naming the key otherwise)."""
+    for d in ("pair", "side", "d_model"):
+        need_dim(in_dims, d, where, "readout-token activations of both sides")
+    if "layer" in in_dims:
+        check_leace(p, info, where)
+    elif p.layer is not None:
+        raise SpecError(where + ".layer", "the input has no layer dim.", fix="drop layer:.")
+
+
+def readout_eraser(ctx, p, x):
+    """The input's activations at ``p.layer`` as float64 (pair, side, d_model), and ``fitted_eraser`` on them:
+    ``(X, pair ids, fit, labels, mu, E)``."""
+    if "layer" in x.dims:
+        x = x.sel(layer=p.layer)
+    ids = [str(i) for i in x.coords["pair"].values]
+    X = np.asarray(x.transpose("pair", "side", "d_model").values, np.float64)
+    return (X, ids) + fitted_eraser(ctx, p, X, ids)
 
 
 def fitted_eraser(ctx, p, X: np.ndarray, pair_ids):

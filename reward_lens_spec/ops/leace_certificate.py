@@ -25,8 +25,8 @@ import xarray as xr
 from ..errors import SpecError
 from ..registry import register
 from ._leace import FIELDS, erase, in_split, probe_auc, macro_auc
-from .base import INVARIANT, Operator, labelled, need_dim
-from .leace import check_leace, fitted_eraser
+from .base import INVARIANT, Operator, labelled
+from .leace import check_readout_input, readout_eraser
 from ..stats import bootstrap_ci
 
 
@@ -52,12 +52,7 @@ class LeaceCertificate(Operator):
     pair_fields = FIELDS
 
     def out_dims(self, in_dims, info, where):
-        for d in ("pair", "side", "d_model"):
-            need_dim(in_dims[0], d, where, "readout-token activations of both sides")
-        if "layer" in in_dims[0]:
-            check_leace(self.p, info, where)
-        elif self.p.layer is not None:
-            raise SpecError(where + ".layer", "the input has no layer dim.", fix="drop layer:.")
+        check_readout_input(self.p, in_dims[0], info, where)
         if set(in_dims[0]) - {"pair", "side", "layer", "d_model"}:
             raise SpecError(where + ".input", f"needs pair × side × [layer ×] d_model, got {in_dims[0]}.")
         if not 0 < self.p.ci < 1 or not (isinstance(self.p.resamples, int) and self.p.resamples >= 2):
@@ -69,11 +64,7 @@ class LeaceCertificate(Operator):
 
     def run(self, ctx, x):
         p = self.p
-        if "layer" in x.dims:
-            x = x.sel(layer=p.layer)
-        ids = [str(i) for i in x.coords["pair"].values]
-        X = np.asarray(x.transpose("pair", "side", "d_model").values, np.float64)
-        fit, y, mu, E = fitted_eraser(ctx, p, X, ids)
+        X, ids, fit, y, mu, E = readout_eraser(ctx, p, x)
         held = np.flatnonzero(~fit)
         tr = held[in_split([ids[i] for i in held], f"probe:{p.seed}", 0.5)]
         te = np.setdiff1d(held, tr)

@@ -19,12 +19,11 @@ from typing import Optional
 import numpy as np
 import xarray as xr
 
-from ..errors import SpecError
 from ..registry import register
 from ._grid import choice
 from ._leace import FIELDS
-from .base import Operator, labelled, need_dim
-from .leace import check_leace, fitted_eraser
+from .base import Operator, labelled
+from .leace import check_readout_input, readout_eraser
 
 
 @dataclass(frozen=True)
@@ -47,12 +46,7 @@ class LeaceEraser(Operator):
     pair_fields = FIELDS
 
     def out_dims(self, in_dims, info, where):
-        for d in ("pair", "side", "d_model"):
-            need_dim(in_dims[0], d, where, "readout-token activations of both sides")
-        if "layer" in in_dims[0]:
-            check_leace(self.p, info, where)
-        elif self.p.layer is not None:
-            raise SpecError(where + ".layer", "the input has no layer dim.", fix="drop layer:.")
+        check_readout_input(self.p, in_dims[0], info, where)
         choice(self.p.part, ("projection", "mean"), where + ".part")
         return ("d_out", "d_in") if self.p.part == "projection" else ("d_in",)
 
@@ -61,11 +55,7 @@ class LeaceEraser(Operator):
 
     def run(self, ctx, x):
         p = self.p
-        if "layer" in x.dims:
-            x = x.sel(layer=p.layer)
-        ids = [str(i) for i in x.coords["pair"].values]
-        X = np.asarray(x.transpose("pair", "side", "d_model").values, np.float64)
-        fit, y, mu, E = fitted_eraser(ctx, p, X, ids)
+        _, _, fit, y, mu, E = readout_eraser(ctx, p, x)
         if p.part == "projection":
             out = labelled(xr.DataArray(E, dims=("d_out", "d_in")), "fraction", x.attrs.get("gauge", ctx.info.native_frame),
                            f"LEACE projection E of '{p.concept}' (r(x) = x − (x − μ)Eᵀ)")
