@@ -20,7 +20,7 @@ import pytest
 from reward_lens_spec.context import RunContext, take_pairs
 from reward_lens_spec.data import Pair, PairSet
 
-# Measured 2026-12-04 (4,096 pairs, the sides of benchmarks/memory.py): ~750 B per pair — the texts as one
+# Measured 2026-12-04 (2,048 and 4,096 pairs, the sides of benchmarks/memory.py): ~750 B per pair — the texts as one
 # slotted Pair each (~340 B), token ids as int32 rows with offsets (~330 B), labels (~70 B). Token ids as Python
 # lists of ints (~2.7 KB per pair) or a list per pair anywhere else break it.
 BYTES_PER_PAIR = 1000
@@ -37,11 +37,10 @@ def _write(path, n):
 def test_the_per_pair_state_a_run_holds_is_bounded_in_bytes(tmp_path):
     from reward_lens_spec.data import load_pairs
     from reward_lens_spec.inputs import encode, ops_view
-    from reward_lens_spec.models.tiny import build_tiny
+    from reward_lens_spec.models.tiny_tokenizer import build_tiny_tokenizer
 
-    _, tok = build_tiny("tiny")
-    lm = SimpleNamespace(tokenizer=tok, name="tiny")
-    n = 4096
+    lm = SimpleNamespace(tokenizer=build_tiny_tokenizer(), name="tiny")      # what encoding reads of a model
+    n = 2048
     path = _write(tmp_path / "p.jsonl", n)
     encode(lm, load_pairs("jsonl", path=str(_write(tmp_path / "w.jsonl", 8))))     # warm: lazy imports, caches
     gc.collect()
@@ -57,7 +56,6 @@ def test_the_per_pair_state_a_run_holds_is_bounded_in_bytes(tmp_path):
     finally:
         tracemalloc.stop()
     assert len(enc.pair_ids) == n and coords["pair"].shape == (n,)
-    print(f"held {held / n:.0f} B per pair")
     assert held / n <= BYTES_PER_PAIR, f"{held / n:.0f} B per pair held, over {BYTES_PER_PAIR}"
 
 
