@@ -20,9 +20,9 @@ import pytest
 from reward_lens_spec.context import RunContext, take_pairs
 from reward_lens_spec.data import Pair, PairSet
 
-# Measured 2026-12-04 (2,048 and 4,096 pairs, the sides of benchmarks/memory.py): ~750 B per pair — the texts as one
-# slotted Pair each (~340 B), token ids as int32 rows with offsets (~330 B), labels (~70 B). Token ids as Python
-# lists of ints (~2.7 KB per pair) or a list per pair anywhere else break it.
+# Measured 2026-12-04 (2,048 and 4,096 pairs, the sides of benchmarks/memory.py): ~790 B per pair — the texts as
+# one Pair each (~390 B), token ids as int32 rows with offsets (~330 B), labels (~70 B). Token ids as Python lists
+# of ints (~2.7 KB per pair) or a list per pair anywhere else break it.
 BYTES_PER_PAIR = 1000
 
 

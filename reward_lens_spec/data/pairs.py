@@ -51,10 +51,9 @@ def make_meta(extra: Mapping[str, Any]) -> tuple:
     return tuple(sorted((str(k), json_safe(v)) for k, v in extra.items()))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Pair:
-    """One preference pair; ``chosen`` is the response the label prefers. (Slots: no per-pair ``__dict__``, about
-    200 bytes less per pair a run holds.)"""
+    """One preference pair; ``chosen`` is the response the label prefers."""
 
     id: str
     prompt: str
