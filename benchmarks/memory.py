@@ -1,9 +1,10 @@
-"""Peak host memory against the number of pairs: in-memory ``run.compute`` vs the streamed run.
+"""Peak host memory against the number of pairs: in-memory ``run.compute``, the streamed run, and the command line.
 
     python benchmarks/memory.py                                  # battery, 512 and 4096 pairs (long)
     python benchmarks/memory.py --pairs 64 256 --obs dla         # a moderate run
     python benchmarks/memory.py --pairs 64 256 --modes streamed
     python benchmarks/memory.py --model smollm2 --obs dla --pairs 32 256 --max-length 64
+    python benchmarks/memory.py --modes cli --obs dla --d-model 512 --pairs 1024 16384 100000   # the user's route
 
 Model: a random-init Llama sequence classifier, d_model 1024, 8 layers (16 heads, 4 KV heads, MLP
 2816), with the built-in byte tokenizer; short synthetic sides (~20 tokens), so activations dominate
@@ -14,7 +15,13 @@ memory. ``--model smollm2``: SmolLM2-135M-Instruct (30 layers, d 576) with the s
 before. ``in_memory`` is ``run.compute`` (every step's array of every pair held to the end, as runs
 were before streaming); ``streamed`` is ``streaming.stream`` into a fresh local store
 (``--chunk-pairs``, default 64). The battery's patching is limited to ``--patch-pairs`` pairs (8) so
-that it does not dominate the time. Appends a section to ``benchmarks/results_memory.md``.
+that it does not dominate the time. ``cli`` is the user's route, end to end: the model saved once as an HF
+folder under ``--work``, the pairs written to a JSONL file, then ``python -m reward_lens_spec
+observable=OBS model.source=FOLDER dataset=jsonl dataset.path=FILE store.url=NEW_STORE`` in a fresh process
+(the real loaders, identity, checksums, store, seal and summary); its figure is the whole process's peak RSS
+(``ru_maxrss`` of that child from ``os.wait4``: interpreter, imports and model included), so only its growth
+with the pairs compares with the other modes. Each mode prints peak RSS per size, KB per added pair and the
+ratio of the largest size's peak to the smallest's. Appends a section to ``benchmarks/results_memory.md``.
 """
 from __future__ import annotations
 
@@ -57,6 +64,54 @@ def short_pairs(n: int):
     from reward_lens_spec.data import Pair
     return [Pair(id=f"q{i}", prompt=f"Q{i % 97}: {i % 7} + {i % 5}?", chosen=f"It is {i % 7 + i % 5}.",
                  rejected=f"Maybe {i % 11}.") for i in range(n)]
+
+
+def write_jsonl(n: int, path: Path) -> Path:
+    """``short_pairs(n)`` as a JSONL file (one ``{id, prompt, chosen, rejected}`` object per line)."""
+    with open(path, "w") as f:
+        for p in short_pairs(n):
+            f.write(json.dumps({"id": p.id, "prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected}) + "\n")
+    return path
+
+
+def saved_model(args) -> Path:
+    """``build_model(d_model, layers)`` saved once as an HF folder (weights + tokenizer) under ``--work``."""
+    folder = Path(args.work) / f"llama_d{args.d_model}_L{args.layers}"
+    if not (folder / "config.json").exists():
+        lm = build_model(args.d_model, args.layers)
+        lm.model.save_pretrained(folder)
+        lm.tokenizer.save_pretrained(folder)
+    return folder
+
+
+def cli_run(args, n: int) -> dict:
+    """One command-line run on ``n`` pairs in a fresh process; its peak RSS from ``os.wait4``."""
+    if args.model == "smollm2":
+        raise SystemExit("--modes cli runs the random Llama (--d-model/--layers), not --model smollm2")
+    folder = saved_model(args)
+    work = Path(tempfile.mkdtemp(prefix="rl_mem_cli_"))
+    data = write_jsonl(n, work / f"pairs{n}.jsonl")
+    cmd = [sys.executable, "-m", "reward_lens_spec", f"observable={args.obs}", f"model.source={folder}",
+           f"model.name=llama_d{args.d_model}_L{args.layers}", "dataset=jsonl", f"dataset.path={data}",
+           f"store.url={work / 's.zarr'}", f"model.threads={args.threads}", f"model.batch_size={args.batch_size}",
+           f"model.max_length={args.max_length}", f"store.chunk_pairs={args.chunk_pairs}"]
+    if args.obs == "battery":
+        cmd.append(f"observable.pairs={args.patch_pairs}")
+    log = open(work / "log.txt", "w+")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=work)
+    _, status, usage = os.wait4(proc.pid, 0)          # this child's own rusage (ru_maxrss in KiB)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    log.seek(0)
+    text = log.read()
+    log.close()
+    if proc.returncode:
+        return {"mode": "cli", "pairs": n, "error": text[-500:]}
+    import shutil
+    shutil.rmtree(work, ignore_errors=True)
+    return {"mode": "cli", "pairs": n, "rss_before_mb": None, "peak_mb": usage.ru_maxrss / 1024, "wall_s": wall,
+            "n_vars": None}
 
 
 def child(args) -> dict:
@@ -107,11 +162,19 @@ def child(args) -> dict:
             "wall_s": wall, "n_vars": n_vars}
 
 
+def growth_line(a: dict, b: dict) -> str:
+    """Peak at ``a`` → ``b`` (two rows of one mode): ratio, percent and KB per added pair."""
+    kb = (b["peak_mb"] - a["peak_mb"]) * 1024 / (b["pairs"] - a["pairs"])
+    return (f"peak {a['peak_mb']:.1f} → {b['peak_mb']:.1f} MB from {a['pairs']:,} to {b['pairs']:,} pairs "
+            f"(×{b['peak_mb'] / a['peak_mb']:.3f}, {100 * (b['peak_mb'] / a['peak_mb'] - 1):+.1f} %; "
+            f"{kb:.3f} KB per added pair).")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, nargs="+", default=[512, 4096])
     ap.add_argument("--obs", default="battery")
-    ap.add_argument("--modes", nargs="+", default=["in_memory", "streamed"])
+    ap.add_argument("--modes", nargs="+", default=["in_memory", "streamed"], choices=("in_memory", "streamed", "cli"))
     ap.add_argument("--d-model", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--batch-size", type=int, default=16)
@@ -132,6 +195,10 @@ def main() -> None:
     rows = []
     for mode in args.modes:
         for n in args.pairs:
+            if mode == "cli":
+                rows.append(cli_run(args, n))
+                print(rows[-1], flush=True)
+                continue
             cmd = [sys.executable, __file__, "--child", "--mode", mode, "--n", str(n), "--obs", args.obs,
                    "--d-model", str(args.d_model), "--layers", str(args.layers), "--batch-size", str(args.batch_size),
                    "--chunk-pairs", str(args.chunk_pairs), "--patch-pairs", str(args.patch_pairs),
@@ -152,21 +219,22 @@ def main() -> None:
              f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; torch threads {args.threads}; "
              f"batch {args.batch_size}; chunk {args.chunk_pairs} pairs" +
              (f"; patching on the first {args.patch_pairs} pairs" if args.obs == "battery" else "") + ".", "",
-             "| mode | pairs | RSS before compute (MB) | peak RSS while computing (MB) | growth over RSS before (MB) | wall (s) |",
+             "| mode | pairs | RSS before compute (MB) | peak RSS (MB) | growth over RSS before (MB) | wall (s) |",
              "|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['mode']} | {r['pairs']} | failed: {r['error'][-120:]!r} | | | |")
+        elif r["rss_before_mb"] is None:     # cli: the whole process's peak (imports and model included)
+            lines.append(f"| {r['mode']} | {r['pairs']} | — | {r['peak_mb']:.1f} (whole process) | — | {r['wall_s']:.1f} |")
         else:
             lines.append(f"| {r['mode']} | {r['pairs']} | {r['rss_before_mb']:.0f} | {r['peak_mb']:.0f} | "
                          f"{r['peak_mb'] - r['rss_before_mb']:.0f} | {r['wall_s']:.1f} |")
     for mode in args.modes:
         ok = sorted((r for r in rows if r["mode"] == mode and "error" not in r), key=lambda r: r["pairs"])
-        if len(ok) >= 2:
-            a, b = ok[0], ok[-1]
-            per_pair = (b["peak_mb"] - a["peak_mb"]) / (b["pairs"] - a["pairs"])
-            lines.append(f"\n{mode}: peak {a['peak_mb']:.0f} → {b['peak_mb']:.0f} MB from {a['pairs']} to {b['pairs']} "
-                         f"pairs (×{b['peak_mb'] / a['peak_mb']:.2f}; {per_pair:.3f} MB per added pair).")
+        for a, b in zip(ok, ok[1:]):
+            lines.append(f"\n{mode}: {growth_line(a, b)}")
+        if len(ok) > 2:
+            lines.append(f"\n{mode}, smallest to largest: {growth_line(ok[0], ok[-1])}")
     with open(args.out, "a") as f:
         f.write("\n".join(lines) + "\n\n")
     print("\n".join(lines))

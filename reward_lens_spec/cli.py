@@ -116,7 +116,8 @@ def _run_config(cfg, base_dir: str, typed: list[str], url, multirun: bool = Fals
     if run.mode.value == "validate":
         return _validate(run, resolved_yaml, base_dir)
     out = execute(run, resolved_yaml=resolved_yaml, base_dir=base_dir, store_url=url(),
-                  defer_lines=multirun)                   # a multirun's jobs share a console: each prints one block
+                  defer_lines=multirun,                   # a multirun's jobs share a console: each prints one block
+                  open_result=False)                      # the table is the run document's: no array is read
     _print_summary(out)
 
 

@@ -17,6 +17,8 @@ class RunContext:
     info: object           # PlanInfo
     memo: dict = field(default_factory=dict)
     counts: dict = field(default_factory=dict)
+    coords: dict | None = None   # ``pair_coords()`` when already known (``run.stream``: the chunk's rows of the
+                                 # run's, so a chunk costs its own pairs, not a pass over every pair of the run)
     stores: object = None  # store.stored_inputs.StoredInputs: stored inputs (``store:<url>#…``) read through it
 
     def stored(self, ref: str, *, lazy: bool, where: str):
@@ -33,7 +35,9 @@ class RunContext:
     def pair_coords(self, idx=None) -> dict:
         """``pair`` (ids) plus non-index coords ``dimension``, ``prompt_id`` (sha256[:12] of the prompt) and
         one bool coord per flag of ``data.pairs.PAIR_FLAGS`` and per kind flag of the encoding
-        (``data.accounting.pair_flags``)."""
+        (``data.accounting.pair_flags``). ``idx``: positions among the encoded pairs (default: all)."""
+        if self.coords is not None:
+            return take_pairs(self.coords, slice(None) if idx is None else list(idx))
         by_id = {p.id: p for p in self.pairs}
         ids = list(self.encoded.pair_ids)
         if idx is not None:
@@ -46,3 +50,9 @@ class RunContext:
     def add_counts(self, what: str, counts: dict) -> None:
         for k, v in counts.items():
             self.counts[f"{what}.{k}"] = self.counts.get(f"{what}.{k}", 0) + int(v)
+
+
+def take_pairs(coords: dict, idx) -> dict:
+    """``pair_coords``-shaped ``coords`` (``pair``: ids; the rest ``("pair", values)``) at positions ``idx``
+    (a slice or a list of positions) along ``pair``: new arrays, so a caller may keep or change them."""
+    return {k: (np.array(v[idx]) if k == "pair" else (v[0], np.array(v[1][idx]))) for k, v in coords.items()}

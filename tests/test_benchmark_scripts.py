@@ -31,3 +31,13 @@ def test_memory_benchmark_runs_both_modes(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     text = out.read_text()
     assert text.count("| streamed |") == 2 and text.count("| in_memory |") == 2 and "failed" not in text
+
+
+def test_memory_benchmark_measures_the_command_line(tmp_path):
+    out = tmp_path / "mem.md"
+    res = _run(tmp_path, str(BENCH / "memory.py"), "--modes", "cli", "--obs", "score", "--pairs", "4", "8",
+               "--d-model", "64", "--layers", "2", "--chunk-pairs", "4", "--work", str(tmp_path / "w"), "--out", str(out))
+    assert res.returncode == 0, res.stderr[-2000:]
+    text = out.read_text()
+    assert text.count("| cli |") == 2 and "(whole process)" in text and "failed" not in text
+    assert "cli: peak " in text and "KB per added pair" in text

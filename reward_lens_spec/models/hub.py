@@ -134,13 +134,15 @@ def load_tokenizer(loc, *, trust_remote_code: bool, source: str | None = None, g
     kw = _kwargs(trust_remote_code, gguf_file, revision)
     try:
         with no_prompt():
-            return tf.AutoTokenizer.from_pretrained(str(loc), **kw)
+            tok = tf.AutoTokenizer.from_pretrained(str(loc), **kw)
     except (OSError, ValueError) as exc:
         err = remote_code_error(source or loc, exc)
         if err is None and isinstance(exc, ValueError):
             raise
         raise err or SpecError("model.source", f"could not load '{source or loc}' (its tokenizer): "
                                f"{_first_line(exc)}", fix="check model.source (tests never download).") from None
+    from .tiny_tokenizer import no_whole_text_cache
+    return no_whole_text_cache(tok)           # a texts-sized cache that saves nothing (no pre-tokenizer split)
 
 
 def _weights(auto: str, loc, *, trust_remote_code: bool, dtype, allow_pickle: bool, source, gguf_file, revision,

@@ -45,11 +45,20 @@ def build_tiny_tokenizer(*, add_bos: bool = True, pad_token: str | None = "<pad>
         pad_token=pad_token, padding_side=padding_side)
     if chat_template:
         fast.chat_template = CHAT_TEMPLATE
-    # no merges and no pre-tokenizer split: BPE's word cache would hold whole texts, up to 10,000 of them
-    # (37 MB over the pairs of benchmarks/memory.py) and save nothing; off (``tokenizers``' cache resize)
-    resize = getattr(getattr(fast.backend_tokenizer, "model", None), "_resize_cache", None)
-    if callable(resize):
-        resize(0)
+    return no_whole_text_cache(fast)
+
+
+def no_whole_text_cache(fast):
+    """``fast`` (a ``PreTrainedTokenizerFast``) with BPE's word cache off when its pre-tokenizer does not split
+    (none, or ``ByteLevel(use_regex=False)``): the cache would then hold whole texts, up to 10,000 of them
+    (37 MB over the pairs of benchmarks/memory.py), and save nothing (each text of a dataset is new). Token ids
+    are unchanged. A saved tokenizer does not keep the setting, so every load applies it (``models.hub``)."""
+    backend = getattr(fast, "backend_tokenizer", None)
+    pre = getattr(backend, "pre_tokenizer", None)
+    if pre is None or getattr(pre, "use_regex", True) is False:
+        resize = getattr(getattr(backend, "model", None), "_resize_cache", None)
+        if callable(resize):
+            resize(0)
     return fast
 
 

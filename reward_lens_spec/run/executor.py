@@ -148,12 +148,18 @@ def _reused_outcome(run_id, prov, store, progress, defer_lines) -> Outcome:
 
 
 def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress: bool = True,
-            defer_lines: bool = False) -> Outcome:
+            defer_lines: bool = False, open_result: bool = True) -> Outcome:
     """Run one composed, validated config (``RunConfig``) end to end; see the module docstring.
 
     ``progress``: print the pairs line (and a chunk progress bar); ``defer_lines``: keep the pairs line in
     ``Outcome.pairs_line`` instead, for ``report.summary.print_summary`` to print in one block with the rest
-    (a multirun's jobs share one console)."""
+    (a multirun's jobs share one console). ``open_result=False``: ``Outcome.result`` stays ``None`` (the
+    command line prints from the run document, so its memory does not grow with the stored outputs).
+
+    Memory: besides one chunk's work, the run holds per pair its texts (one ``Pair`` each, the copy operators
+    see: ``inputs.ops_view``), its token ids (``TokenRows``, 4 bytes a token) and its labels (id, prompt id,
+    dimension, flags: ``RunContext.pair_coords``); every other per-pair array is written by chunk and read
+    back by chunk (benchmarks/results.md §16)."""
     t0 = time.perf_counter()
     store = store_handle(store_url, dict(run.store.storage_options))   # the run's one store handle, handed down
     study = None
@@ -202,7 +208,11 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
         remember_run(key, run_id)
         return Outcome(run_id, store_url, True, None, plan, pairs_line=deferred, store=store)
     check_layout(store, create=True)
-    pairs = inp.pairs
+    bs = inp.batch_size
+    # what operators see (inputs.ops_view) is the run's one copy of the pairs from here: same checksum, flags and
+    # sizes (run attrs), the loader's Pair objects freed
+    pairs = ops_view(inp.pairs, declared_fields(plan))
+    inp = None
 
     def run_attrs(counts, chunks, result, logits):     # result: the stored outputs, opened lazily
         attrs = {
@@ -216,7 +226,7 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
             "excluded": acc["excluded"], "observable": run.observable.name, "observables": [run.observable.name],
             "observable_version": run.observable.version, "versions": versions(), "git_sha": git_sha(),
             "seed": run.seed, "device": lm.device, "dtype": lm.dtype, "wall_s": round(time.perf_counter() - t0, 3),
-            "torch_threads": torch_threads(), "batch_size": inp.batch_size, "trust_remote_code": bool(m.trust_remote_code),
+            "torch_threads": torch_threads(), "batch_size": bs, "trust_remote_code": bool(m.trust_remote_code),
             "placement": getattr(lm, "placement", None),   # model.device_map: the map used (models.placement)
             "counts": counts, "chunks": chunks, "study_hash": parts["study_hash"],
             "gauge": {v: str(result[v].attrs.get("gauge", "")) for v in result.data_vars},
@@ -231,15 +241,17 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
         return seal_run(run_id, attrs, result, run.observable, run.experiment, store, logits=logits,
                         pair_ids=enc.pair_ids, lm=lm)         # identities, seal, derived trust cache
 
-    done = stream(store, run_id, lm, ops_view(pairs, declared_fields(plan)), enc, plan, info, frame=frame,
+    done = stream(store, run_id, lm, pairs, enc, plan, info, frame=frame,
                   store_spec=run.store, run_attrs=run_attrs, progress=progress and not defer_lines,
-                  capture_kw=dict(batch_size=inp.batch_size, max_tokens=m.max_tokens, padding_side=m.padding_side.value,
+                  capture_kw=dict(batch_size=bs, max_tokens=m.max_tokens, padding_side=m.padding_side.value,
                                   progress=False))
     sh = (run.store.shard, run.store.shards)
     if done.status != "complete":
         return Outcome(run_id, store_url, False, None, plan, status=done.status, shard=sh, missing=done.missing,
                        chunks=done.chunks, pairs_line=deferred, store=store)
     remember_run(key, run_id)
+    if not open_result:
+        return Outcome(run_id, store_url, False, None, plan, shard=sh, pairs_line=deferred, store=store)
     result = open_store(store).load(run_id, run.observable.name)
     if result.nbytes <= RESULT_IN_MEMORY:
         result = result.load()

@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import xarray as xr
 
-from ..context import RunContext
+from ..context import RunContext, take_pairs
 from ..errors import SpecError, StoreError
 from ..planning import data_dims, data_widths, passes, stages
 from ..result import Result
@@ -99,7 +99,8 @@ class _Readout:
 def check_sharding(store_spec) -> None:
     """Plan-time checks of ``store.chunk_pairs`` / ``store.shard`` / ``store.shards``."""
     if store_spec.chunk_pairs < 1:
-        raise SpecError("store.chunk_pairs", f"must be ≥ 1, got {store_spec.chunk_pairs}.", fix="e.g. store.chunk_pairs=64")
+        raise SpecError("store.chunk_pairs", f"must be ≥ 1, got {store_spec.chunk_pairs}.",
+                        fix="e.g. store.chunk_pairs=64")
     if store_spec.shards < 1 or not 0 <= store_spec.shard < store_spec.shards:
         raise SpecError("store.shard", f"shard {store_spec.shard} of {store_spec.shards}: need 0 ≤ store.shard < "
                         "store.shards.", fix="e.g. store.shard=0,1,2,3 store.shards=4 with --multirun")
@@ -180,7 +181,8 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     labels = labels_once(att)
     shared = dict(labels=labels, b=b, stores=StoredInputs(b), lm=lm, pairs=pairs, enc=enc, plan=plan, info=info,
                   st=st, ps=ps, slices=slices, keep=keep, capture_kw=capture_kw, frame=frame, need_h=need_h,
-                  full_coords=full_coords, groups=(out_g, scr_g), size=store_spec.chunk_pairs, keep_context=keep_context,
+                  full_coords=full_coords, groups=(out_g, scr_g), size=store_spec.chunk_pairs,
+                  keep_context=keep_context,
                   pads={name: {d: widths[d] for d in dims} for name, dims in data_dims(plan).items()})
     done = att.chunks_done()
     ours = [k for k in range(len(slices)) if k % store_spec.shards == store_spec.shard]
@@ -273,10 +275,12 @@ def _chunk_loop(att, role, p, ks, reduced, sh, progress) -> list:
                     given[i] = reduced[i]
                 elif ps[i] < p:
                     group = out_g if i in plan.outputs else scr_g
-                    given[i] = open_variable(att.zarr_store(), group, i, labels=sh["labels"](group)).isel(pair=sl).load()
+                    given[i] = open_variable(att.zarr_store(), group, i,
+                                             labels=sh["labels"](group)).isel(pair=sl).load()
         ds_out, ds_scr, counts, ctx = _pair_chunk(sh["lm"], sh["pairs"], subset(sh["enc"], sl), plan, steps,
                                                   replace(info, pairs=lim), sh["keep"], sh["capture_kw"], sh["frame"],
-                                                  sh["need_h"] and p == 0, given, sh["pads"], p == 0, sh["stores"])
+                                                  sh["need_h"] and p == 0, given, sh["pads"], p == 0, sh["stores"],
+                                                  take_pairs(sh["full_coords"], sl))
         check_storable(Result({**ds_out, **ds_scr}), plan.observable, {s.name: s.op.name for s in plan.steps},
                        att.run_id)
         marker = "skeleton" if p == 0 else f"pass{p}.skeleton"
@@ -300,7 +304,7 @@ def _unverified(att, sh, p, marks: dict) -> set:
     records no digests, or records digests their stored regions do not match: recomputed, never adopted."""
     if not marks:
         return set()
-    b, cache, bad = sh["b"], {}, set()
+    cache, bad = {}, set()
     for k, m in sorted(marks.items()):
         want = (m or {}).get("digests")
         if not want or not isinstance(want, dict) or not att.authentic(f"{f'pass{p}.' if p else ''}chunk.{k}", m):
@@ -323,10 +327,12 @@ def _unverified(att, sh, p, marks: dict) -> set:
     return bad
 
 
-def _pair_chunk(lm, pairs, enc_k, plan, steps, info_k, keep, capture_kw, frame, need_h, given, pads, first, stores):
+def _pair_chunk(lm, pairs, enc_k, plan, steps, info_k, keep, capture_kw, frame, need_h, given, pads, first, stores,
+                coords=None):
     """Capture pass + one pass's pair-stage ``steps`` on one chunk; returns (outputs, scratch, counts,
     context): two ``Result``s. ``given``: inputs computed before this pass. ``pads``: step -> {dim: the run's
-    size} for the steps with a data-dependent dim (kept rows padded to it); ``stores``: ``RunContext.stores``.
+    size} for the steps with a data-dependent dim (kept rows padded to it); ``stores``: ``RunContext.stores``;
+    ``coords``: the chunk's pair coords, sliced from the run's (``None``: computed from the pairs).
     The first pass also keeps the model's own head logits (and the readout ``h`` a reduction reads) as scratch."""
     from ..frames.express import express
     from ..engine.capture import capture
@@ -336,7 +342,7 @@ def _pair_chunk(lm, pairs, enc_k, plan, steps, info_k, keep, capture_kw, frame, 
     sites = set().union(*(s.op.sites(info_k) for s in steps)) if steps else set()
     cap = capture(lm, enc_k, sites if not first else plan.sites,
                   keep_prefix=sorted(rows) if len(rows) <= KEEP_PREFIX_MAX else [], **capture_kw)
-    ctx = RunContext(lm=lm, pairs=pairs, encoded=enc_k, capture=cap, info=info_k, stores=stores)
+    ctx = RunContext(lm=lm, pairs=pairs, encoded=enc_k, capture=cap, info=info_k, stores=stores, coords=coords)
     ctx.add_counts("capture" if first else "recapture", cap.counts)
     coords = ctx.pair_coords()
     last = {}
