@@ -32,7 +32,7 @@ from .attn_heads import n_heads
 from .copy_skip import CopySkip, start_layer
 from ..models.head import first_output, get_module, module_for
 from ..models.padding import batches_by_length, pad_batch
-from .patching import (base_reward, check_unpatched, copies_mask, local_items, patch_groups, patched_rewards,
+from .patching import (copies_mask, keep_checked_rows, local_items, patch_groups, patched_rewards,
                        quiet_transformers, replacer)
 from .prefix import sliding
 from ..models.placement import input_device
@@ -92,13 +92,7 @@ def set_readout(lm, encoded, cap, targets, values, pair_indices, *, base_side: i
                 x = x if packed else x[:, -1][None]
                 for b, (pi, _) in enumerate(members):
                     final[pi, start:start + len(part)] = x[b, 1:-1]
-            counts["forward_passes"] += 1
-            counts["tokens"] += n * len(members)
-            for b, (pi, p) in enumerate(members):
-                ref = base_reward(lm, cap, p, base_side)
-                for row in (0, n - 1):
-                    check_unpatched(lm, r[b, row], ref, encoded.pair_ids[p])
-                out[pi, start:start + len(part)] = r[b, 1:-1]
+            keep_checked_rows(lm, cap, encoded, members, r, n, base_side, out, start, counts)
     return (out, counts, final) if keep_final else (out, counts)
 
 

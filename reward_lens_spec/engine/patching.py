@@ -79,14 +79,21 @@ def patch_readout(lm, encoded, cap, targets, pair_indices, *, mode: str = "denoi
                 r = _run_packed(lm, part, vals, cache, pmask, lengths, last, n, dtype, dev, counts, gate)
             else:
                 r = _run_rows(lm, vals, cache, pmask, lengths, last, n, dev, None if gate is None else gate[0])
-            counts["forward_passes"] += 1
-            counts["tokens"] += n * len(members)
-            for b, (pi, p) in enumerate(members):
-                ref = base_reward(lm, cap, p, base_side)
-                for row in (0, n - 1):
-                    check_unpatched(lm, r[b, row], ref, encoded.pair_ids[p])
-                out[pi, start:start + len(part)] = r[b, 1:-1]
+            keep_checked_rows(lm, cap, encoded, members, r, n, base_side, out, start, counts)
     return out, counts
+
+
+def keep_checked_rows(lm, cap, encoded, members, r, n: int, base_side: int, out, start: int, counts) -> None:
+    """One batch of copies done: count it, check each member's two unpatched copies (rows 0 and ``n − 1``)
+    against its captured base reward (``check_unpatched``), and keep the patched rows ``r[b, 1:-1]`` in
+    ``out[pair, start:…]``. ``members``: (row in ``out``, pair index) per batch row."""
+    counts["forward_passes"] += 1
+    counts["tokens"] += n * len(members)
+    for b, (pi, p) in enumerate(members):
+        ref = base_reward(lm, cap, p, base_side)
+        for row in (0, n - 1):
+            check_unpatched(lm, r[b, row], ref, encoded.pair_ids[p])
+        out[pi, start:start + r.shape[1] - 2] = r[b, 1:-1]
 
 
 def patch_groups(lm, cap, encoded, seqs, pair_indices, group, dev, counts):
