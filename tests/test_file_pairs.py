@@ -162,7 +162,7 @@ def test_the_state_a_run_holds_grows_by_a_bounded_number_of_bytes_per_pair(tmp_p
         assert len(enc.pair_ids) == n and coords["pair"].shape == (n,)
         return got
 
-    n = 1024
+    n = 512
     small = held(n)
     large = held(4 * n)
     per_pair = (large - small) / (3 * n)

@@ -41,6 +41,11 @@ flagged on the pairs that are kept.
 ``PairSet.source_file`` records the file read: ``name``, ``bytes`` (its size on disk) and
 ``sha256`` of those bytes.
 
+A plain (uncompressed) JSON-Lines file is read in one pass that keeps ~50 bytes per pair: ``PairSet.pairs``
+is then a ``data.file_pairs.FilePairs``, which re-reads each pair from the file on access and refuses a line
+whose bytes changed since (``dataset.path``). Ids, checksum, flags, sizes, warnings and errors are those of the
+in-memory read (``.gz``, ``.json``, a reader's own ``rows``, the built-in sets), which holds every ``Pair``.
+
 Relative paths resolve against ``base_dir`` (the directory the user started in, which Hydra
 may have changed), else the current directory. Every bad input raises one ``SpecError`` that
 names the config field (``dataset.path``, ``dataset.kind``, ``dataset.fields.<name>``,
