@@ -1,5 +1,5 @@
 """The ``reward-lens-spec`` commands, one ``Command`` each in ``registries.COMMANDS`` (in help order), and the
-listing commands of the registries (``ops``, ``readers``, ``criteria``).
+listing commands of the registries (``ops``, ``readers``, ``criteria``, ``organisms``).
 
 A ``Command`` names its entry function by a lazy reference (``"package.module:function"``, taking the
 arguments after the command word and returning an exit code), so a command's heavy imports stay off every
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .registries import COMMANDS, CRITERIA, DATASET_READERS, first_line
+from .registries import COMMANDS, CRITERIA, DATASET_READERS, ORGANISMS, first_line
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,8 @@ for _c in (
                 "reward_lens_spec.commands:readers_main"),
         Command("criteria", "[NAME]", "calibration criteria: floor, magnitude band, organisms; NAME: its reading",
                 "reward_lens_spec.commands:criteria_main"),
+        Command("organisms", "[NAME]", "model organisms (calibrate organism=NAME): what each plants; NAME: the "
+                "criteria that grade it", "reward_lens_spec.commands:organisms_main"),
         Command("store", "ls|show|diff|export|gc|migrate url=STORE ...", "browse a result store; loads no model",
                 "reward_lens_spec.store.catalog_cli:main", "store.catalog_cli"),
         Command("compare", "url=STORE a=RUN b=RUN [vars=...] [paired=...]", "two models' runs: margins, paired "
@@ -68,6 +70,8 @@ LISTING_NOTES = {
                "honours.",
     "criteria": "Each criterion: floor (its floor value must reach it), magnitude band (rtol, where a planted "
                 "reward-unit truth exists), exact / cells checks, the organism kinds it grades.",
+    "organisms": "Each family of model organisms: name (calibrate organism=NAME) and what it plants, one organism "
+                 "per strength.",
 }
 
 
@@ -113,3 +117,14 @@ def criteria_main(args: list[str]) -> None:
     print("\n".join(_criterion_line(n) for n in CRITERIA))
     print("\n`reward-lens-spec calibrate observable=NAME` grades an observable's outputs by these "
           "(docs/trust.md).")
+
+
+def organisms_main(args: list[str]) -> None:
+    if args:
+        f = ORGANISMS.get(args[0], "organisms")
+        graded = [n for n in CRITERIA if f.name in CRITERIA[n].kinds]
+        print(f"{f.name:<20} {f.description}\n\ngraded by: {', '.join(graded) or 'the criteria for any organism'}")
+        return
+    print("\n".join(f"{n:<20} {ORGANISMS[n].description}" for n in ORGANISMS))
+    print("\n`reward-lens-spec calibrate observable=NAME organism=ORGANISM` builds one organism per strength and "
+          "grades the observable on it (docs/trust.md).")

@@ -22,14 +22,15 @@ names to resolved objects (``reg[name]``, ``name in reg``, ``len(reg)``, ``reg.i
 
 Registries (the instances below): ``OPERATORS`` (``ops/``), ``DATASET_READERS`` (``dataset=<name>``),
 ``CRITERIA`` (calibration criteria, ``trust.criteria``), ``COMMANDS`` (``reward-lens-spec <command>``),
-``FAMILIES`` (model family tables, ``models.families``), ``KINDS`` (``model.kind``, ``kinds/``).
+``FAMILIES`` (model family tables, ``models.families``), ``KINDS`` (``model.kind``, ``kinds/``), ``ORGANISMS``
+(``calibrate organism=<name>``: families of model organisms, ``organisms/``).
 """
 from __future__ import annotations
 
 import importlib
 import pkgutil
 from collections.abc import Mapping
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from .errors import SpecError
 
@@ -270,5 +271,8 @@ FAMILIES = Registry("model family", "model.family", kind="reward_lens_spec.model
 KINDS = Registry("kind of reward signal", "model.kind", kind="reward_lens_spec.kinds.base:Kind", ordered=True,
                  builtins=("reward_lens_spec.kinds",), scan=False, group="reward_lens_spec.kinds",
                  fix="set model.kind to one of the valid kinds (docs/reward-signals.md).")
+ORGANISMS = Registry("organism", "organism", kind="reward_lens_spec.organisms.organism_base:OrganismFamily",
+                     builtins=("reward_lens_spec.organisms",), group="reward_lens_spec.organisms",
+                     fix="`reward-lens-spec organisms` lists them (docs/trust.md).")
 REGISTRIES: dict[str, Registry] = {"operators": OPERATORS, "readers": DATASET_READERS, "criteria": CRITERIA,
-                                   "families": FAMILIES, "kinds": KINDS}
+                                   "families": FAMILIES, "kinds": KINDS, "organisms": ORGANISMS}

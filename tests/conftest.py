@@ -109,7 +109,7 @@ def one_thread():
 @pytest.fixture(scope="module")
 def planted():
     """The planted-DLA organism family (6 pairs each), built once per module."""
-    from reward_lens_spec.organisms.organisms import organism_family
+    from reward_lens_spec.organisms.kind_organisms import organism_family
     return organism_family("planted", n_pairs=6)
 
 

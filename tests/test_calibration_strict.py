@@ -186,7 +186,7 @@ def test_a_faked_code_hash_does_not_calibrate(store, tmp_path, planted):
 
 @pytest.fixture(scope="module")
 def spread():
-    from reward_lens_spec.organisms.organisms import organism_family
+    from reward_lens_spec.organisms.kind_organisms import organism_family
     return organism_family("planted", n_pairs=6, spread=0.2)
 
 

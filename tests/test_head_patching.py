@@ -73,7 +73,7 @@ def test_restricted_head_grid_keeps_one_pair_axis(family_lm):
 
 @pytest.fixture(scope="module")
 def head_organisms():
-    from reward_lens_spec.organisms.organisms import organism_family
+    from reward_lens_spec.organisms.kind_organisms import organism_family
     return organism_family("planted_head")
 
 
@@ -95,7 +95,7 @@ def test_planted_head_is_recovered_and_an_off_by_one_head_grid_fails(head_organi
 
 
 def test_a_head_grid_on_an_organism_without_a_planted_head_fails():
-    from reward_lens_spec.organisms.organisms import organism_family
+    from reward_lens_spec.organisms.kind_organisms import organism_family
     from reward_lens_spec.trust.scorecard import grade
     card = grade("examples/head_patch", organisms=organism_family("planted", (0.0, 1.0), n_pairs=4))
     assert not card.passed and card.readings["patch_share"] == [None, None]

@@ -56,7 +56,7 @@ def test_paths_match_a_naive_forward_and_the_model_s_own_final_norm(family_lm):
 
 
 def test_planted_direct_and_indirect_paths_are_told_apart_and_swapped_labels_fail(monkeypatch):
-    from reward_lens_spec.organisms.organisms import organism_family
+    from reward_lens_spec.organisms.kind_organisms import organism_family
     from reward_lens_spec.ops import path_patch
     from reward_lens_spec.trust.scorecard import grade
     orgs = organism_family("planted_paths", n_pairs=6)

@@ -144,3 +144,27 @@ def test_kinds_and_families_are_registries():
         kinds.get_kind("judg")
     assert FAMILIES.names() == ["gemma2", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3"]
     assert all(isinstance(f, Family) for f in FAMILIES.values()) and family_for("qwen2") is FAMILIES["qwen2"]
+
+
+def test_organism_families_are_one_registry():
+    """Every family the two old if/elif dispatchers knew (the classifier's nine, each kind's own, the three
+    instruments') is one ``OrganismFamily`` in ``ORGANISMS``; a family registered in one line is built by
+    ``organism_family``; a misspelt one is one line with "did you mean"."""
+    from reward_lens_spec import kinds
+    from reward_lens_spec.organisms.kind_organisms import organism_family
+    from reward_lens_spec.organisms.organism_base import OrganismFamily, each_strength
+    from reward_lens_spec.registries import ORGANISMS
+    before = {"planted", "planted_head", "planted_paths", "trained_keyword", "trained_length", "planted_cycle",
+              "annotator_mixture", "annotator_agreement", "multi_objective", "judge_planted", "prm_planted",
+              "implicit_planted", "ensemble_planted", "concept", "curvature", "sparse_feature"}
+    assert set(ORGANISMS) == before
+    assert all(isinstance(ORGANISMS[n], OrganismFamily) and ORGANISMS[n].description for n in ORGANISMS)
+    assert {n for k in kinds.KINDS.values() for n in k.organisms} <= set(ORGANISMS)
+    seen = []
+    ORGANISMS.register(each_strength("scratch", lambda s, n_pairs=3: seen.append((s, n_pairs)) or s, "a test's"))
+    try:
+        assert organism_family("scratch", (0.0, 0.5), n_pairs=5) == [0.0, 0.5] and seen == [(0.0, 5), (0.5, 5)]
+    finally:
+        ORGANISMS.pop("scratch")
+    with pytest.raises(SpecError, match=r"^organism: unknown organism 'planted_hed'\. Did you mean 'planted_head'\?"):
+        organism_family("planted_hed")

@@ -15,7 +15,7 @@ A ``Kind`` carries everything the package knows about one ``model.kind`` (the ta
 ``settings``   ``(spec) -> dict``: what of the kind's settings changes the numbers (run identity, fingerprint cache
                key); None for the classifier, so its run ids are as before.
 ``organisms``  ``{organism family: builder(strength, **kw) -> Organism}``: the kind's model organisms (a planted,
-               known answer; ``organisms.kind_organisms.organism_family`` dispatches to them).
+               known answer; ``organisms.kind_organisms`` registers each in ``registries.ORGANISMS``).
 ``criteria``   names of the trust criteria graded on those organisms (``trust.kind_criteria``).
 ``identities`` the exactness identities a run of the kind checks on its own outputs (``trust.identities``), in words.
 ``other_checkpoints``  the loader reads checkpoints beside ``model.source`` (a reference, members): no

@@ -1,8 +1,8 @@
-"""The one dispatcher over every organism kind, and the organism families of the representation instruments:
-``organism_family(kind, strengths)`` / ``KINDS`` here cover ``organisms.organisms.KINDS`` (classifier organisms,
-preference structure), each kind of reward signal's own organisms (``Kind.organisms``, built in
-``kinds/<kind>/organism.py``: a new kind's organisms join here without a line in this module) and the instruments'
-families below, so ``calibrate organism=<kind>`` (``trust.scorecard``) grades them alike. Every
+"""``organism_family(kind, strengths)``: any family of ``registries.ORGANISMS`` (``KINDS`` here is that registry):
+the classifier's (``organisms.organisms``), the preference structure's (``organisms.preference_organisms``), each
+kind of reward signal's own (``Kind.organisms``, built in ``kinds/<kind>/organism.py``: a new kind's organisms join
+without a line in this module) and the representation instruments' families below, registered here, so
+``calibrate organism=<kind>`` (``trust.scorecard``) grades them alike. Every
 family is built offline in seconds, deterministic, in strength order (``STRENGTHS``; strength 0 plants nothing):
 
 ``judge_planted``     ``kinds.judge.organism``: the planted organism read as a pointwise generative judge
@@ -40,22 +40,15 @@ import numpy as np
 import torch
 
 from ..data import Pair
-from ..errors import SpecError
 from ..inputs import encode
 from ..kinds import KINDS as SIGNAL_KINDS
 from ..models.loading import wrap_model
 from ..models.tiny import build_tiny
-from .organism_base import STRENGTHS, WORDS, Organism, pairset
-from .organisms import KINDS as CLASSIFIER_KINDS
-from .organisms import organism_family as classifier_family
+from .organism_base import STRENGTHS, WORDS, Organism, each_strength, pairset
+from ..registries import ORGANISMS
 from .repr_organisms import curvature_organism
 from .sae_organism import sparse_feature_organism
 
-# each kind's own organisms (``Kind.organisms``, in its folder ``kinds/<kind>/organism.py``), then the instruments'
-KIND_BUILDERS = {name: build for k in SIGNAL_KINDS.values() for name, build in k.organisms.items()}
-INSTRUMENT_FAMILIES = ("concept", "curvature", "sparse_feature")
-KIND_FAMILIES = tuple(KIND_BUILDERS) + INSTRUMENT_FAMILIES
-KINDS = CLASSIFIER_KINDS + KIND_FAMILIES
 
 
 def _with_rayleigh(org: Organism) -> Organism:
@@ -137,16 +130,19 @@ def concept_organism(strength: float, *, seed: int = 0, n_pairs: int = 200, base
 
 
 def organism_family(kind: str = "planted", strengths=STRENGTHS, **kw) -> list[Organism]:
-    """All strengths of one organism kind (``KINDS``), in strength order (``kw``: the builder's arguments)."""
-    if kind not in KINDS:
-        raise SpecError("organism", f"unknown organism kind '{kind}'.", value=kind, options=KINDS)
-    if kind in CLASSIFIER_KINDS:
-        return classifier_family(kind, strengths, **kw)
-    if kind in KIND_BUILDERS:
-        return [KIND_BUILDERS[kind](s, **dict(kw)) for s in strengths]
-    if kind == "concept":
-        return [concept_organism(s, **kw) for s in strengths]
-    kw.pop("base", None)                          # built on tiny_llama only
-    if kind == "sparse_feature":
-        return [_with_readout(sparse_feature_organism(s, **kw)) for s in strengths]
-    return [_with_rayleigh(curvature_organism(s, **kw)) for s in strengths]       # curvature
+    """All strengths of one organism family (``registries.ORGANISMS``), in strength order (``kw``: the builder's
+    keyword arguments). Raises ``SpecError`` (``organism``) naming the registered families for an unknown one."""
+    return ORGANISMS.get(kind, where="organism").build(tuple(strengths), **kw)
+
+
+# each kind of reward signal's own organisms (``Kind.organisms``, in its folder), then the instruments' families
+for _kind in SIGNAL_KINDS.values():
+    for _name, _builder in _kind.organisms.items():
+        ORGANISMS.register(each_strength(_name, _builder, f"the {_kind.name} kind's planted organism "
+                                         f"(kinds/{_kind.name}/organism.py)"))
+ORGANISMS.register(each_strength("concept", concept_organism, "a concept planted in the data, a label no text carries"))
+ORGANISMS.register(each_strength("sparse_feature", sparse_feature_organism, "readouts as sparse sums of known "
+                                 "atoms, the margin on one", then=_with_readout, drop=("base",)))
+ORGANISMS.register(each_strength("curvature", curvature_organism, "planted curvature along v at resid_post[2]",
+                                 then=_with_rayleigh, drop=("base",)))
+KINDS = ORGANISMS

@@ -1,11 +1,10 @@
-"""What every model organism shares: the ``Organism`` record, the strengths, the word list and the
-``PairSet`` builder. ``organisms.organisms`` (planted, trained) and ``organisms.preference_organisms``
-(cycles, annotators, objectives) both build on it, so neither imports the other at module level
-except ``organisms.organism_family``, which dispatches to the preference kinds.
+"""What every model organism shares: the ``Organism`` record, the ``OrganismFamily`` each family registers
+(``registries.ORGANISMS``), the strengths, the word list and the ``PairSet`` builder.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ..data import Pair, PairSet, dataset_checksum, effective_sample_size
 from ..models.loading import LoadedModel
@@ -33,6 +32,27 @@ class Organism:
     @property
     def name(self) -> str:
         return f"{self.kind}@{self.strength:g}"
+
+
+@dataclass(frozen=True)
+class OrganismFamily:
+    """One family of model organisms, as ``registries.ORGANISMS`` holds it (``calibrate organism=<name>``):
+    ``build(strengths, **kw)`` returns one ``Organism`` per strength, in strength order (``kw``: the builder's
+    keyword arguments, e.g. ``n_pairs``, ``seed``, ``base``); ``description``: one line for listings."""
+
+    name: str
+    build: Callable[..., list]
+    description: str = ""
+
+
+def each_strength(name: str, builder: Callable, description: str, *, then: Callable | None = None,
+                  drop: tuple[str, ...] = ()) -> OrganismFamily:
+    """The family that calls ``builder(strength, **kw)`` once per strength (``kw`` without the keys in ``drop``,
+    which this builder does not take) and passes each organism through ``then`` (a truth added afterwards)."""
+    def build(strengths=STRENGTHS, **kw):
+        kw = {k: v for k, v in kw.items() if k not in drop}
+        return [then(builder(s, **kw)) if then else builder(s, **kw) for s in strengths]
+    return OrganismFamily(name, build, description)
 
 
 def pairset(name: str, pairs: list[Pair]) -> PairSet:

@@ -46,21 +46,21 @@ planted unit.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import torch
 
 from ..data import Pair, PairSet
 from ..errors import SpecError
 from ..models.loading import wrap_model
-from .organism_base import STRENGTHS, WORDS, Organism, pairset
+from .organism_base import STRENGTHS, WORDS, Organism, OrganismFamily, each_strength, pairset
 from ..models.tiny import TINY_CONFIGS, build_tiny
-from . import preference_organisms as po
 from ..engine.attn_heads import n_heads
 from ..engine.capture import capture
 from ..inputs import encode
+from ..registries import ORGANISMS
 
-KINDS = ("planted", "planted_head", "planted_paths", "trained_keyword", "trained_length", "planted_cycle",
-         "annotator_mixture", "annotator_agreement", "multi_objective")   # the last four: models/preference_organisms.py
 PLANT_BASES = ("tiny_llama", "tiny_mistral", "tiny_qwen2", "tiny_qwen3")   # gate/up/down MLP, RMSNorm
 TRIGGER, CONTROL, KEYWORD = "!", ".", "please"
 _WORDS = WORDS          # the names this module had before organisms.organism_base
@@ -313,20 +313,11 @@ def trained_organisms(rule: str = "keyword", strengths=STRENGTHS, *, base: str =
     return out
 
 
-def organism_family(kind: str = "planted", strengths=STRENGTHS, **kw) -> list[Organism]:
-    """All strengths of one organism kind (``KINDS``), in strength order."""
-    if kind == "planted":
-        return [planted_organism(s, **kw) for s in strengths]
-    if kind == "planted_head":
-        return [planted_head_organism(s, **kw) for s in strengths]
-    if kind == "planted_paths":
-        return [paths_organism(s, **kw) for s in strengths]
-    if kind in ("trained_keyword", "trained_length"):
-        return trained_organisms(kind.split("_", 1)[1], strengths, **kw)
-    if kind == "planted_cycle":
-        return po.cycle_organisms(strengths, **kw)
-    if kind in po.ANNOTATOR_KINDS:
-        return po.annotator_organisms(kind, strengths, **kw)
-    if kind == "multi_objective":
-        return po.multi_objective_organisms(strengths, **kw)
-    raise SpecError("organism", f"unknown organism kind '{kind}'.", value=kind, options=KINDS)
+for _family in (each_strength("planted", planted_organism, "a unit (mlp_L1 by default) writes s·u at the trigger"),
+                each_strength("planted_head", planted_head_organism, "one attention head writes s·u at the trigger"),
+                each_strength("planted_paths", paths_organism, "a planted two-step path (head to MLP)"),
+                OrganismFamily("trained_keyword", partial(trained_organisms, "keyword"),
+                               "a head trained under Bradley–Terry on labels that follow a keyword with probability s"),
+                OrganismFamily("trained_length", partial(trained_organisms, "length"),
+                               "a head trained under Bradley–Terry on labels that follow length with probability s")):
+    ORGANISMS.register(_family)

@@ -13,6 +13,8 @@ Errors: ``SpecError`` (``organism.*``) for an unknown kind or base model.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import torch
 
@@ -20,11 +22,12 @@ from ..data import Pair, PairSet
 from ..data.pairs import make_meta
 from ..errors import SpecError
 from ..models.loading import wrap_model
-from .organism_base import STRENGTHS, WORDS, Organism, pairset
+from .organism_base import STRENGTHS, WORDS, Organism, OrganismFamily, pairset
 from ..models.tiny import TINY_CONFIGS, build_tiny
 from ..engine.capture import capture
 from ..inputs import encode
 from ..frames.fit import fit_whitened
+from ..registries import ORGANISMS
 
 
 CYCLE = ("rock", "paper", "scissors")
@@ -173,3 +176,13 @@ def multi_objective_organisms(strengths=STRENGTHS, *, base: str = "tiny_llama", 
                              "participation_ratio": planted_participation_ratio(st, n_objectives)},
                             {"base": base, "seed": seed, "n_pairs": n_pairs, "n_objectives": n_objectives}))
     return out
+
+
+ORGANISMS.register(OrganismFamily("planted_cycle", cycle_organisms, "groups of three responses voted in a planted cycle"))
+for _kind in ANNOTATOR_KINDS:
+    ORGANISMS.register(OrganismFamily(_kind, partial(annotator_organisms, _kind),
+                                      "annotator panels that disagree along a planted direction" if _kind.endswith("mixture")
+                                      else "annotator panels that follow the model's margin"))
+ORGANISMS.register(OrganismFamily("multi_objective", multi_objective_organisms,
+                                  "a head of several objectives with a planted participation ratio"))
+

@@ -1,8 +1,7 @@
 """``reward-lens-spec calibrate | freeze | adjudicate`` — key=value arguments, no Hydra.
 
-    calibrate  observable=NAME [organism=planted|trained_keyword|trained_length|... (organisms.kind_organisms.KINDS:
-               also judge_planted, prm_planted, implicit_planted, concept, curvature, ensemble_planted,
-               sparse_feature)] [base=tiny_llama] [n_pairs=12] [seed=0]
+    calibrate  observable=NAME [organism=planted|trained_keyword|... (registries.ORGANISMS;
+               `reward-lens-spec organisms` lists them)] [base=tiny_llama] [n_pairs=12] [seed=0]
                [dtype=float32|bfloat16|float16] [store.url=PATH]
     calibrate  organism=training [read=checkpoint_dynamics] [store.url=PATH]: grade ``drift`` on the training
                organism's checkpoint sequence stored in store.url (``trust.drift_card``); the card goes there
