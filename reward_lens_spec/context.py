@@ -135,3 +135,31 @@ def pair_labels(pairs, encoded, ids: list) -> PairLabels:
     flush()
     text = {k: np.concatenate(blocks[k]) for k in names}
     return PairLabels(text, widths, pair_flags(pairs, encoded, ids))
+
+
+def pair_positions(pairs, ids) -> np.ndarray | None:
+    """Where each of ``ids`` (the encoded pairs, in order) sits among ``pairs``: int64, dims ``pair``; ``None``
+    when ``ids`` are not an ordered subsequence of the pairs' ids. Read from the ids alone (a file's pairs: no
+    re-read)."""
+    all_ids = pairs.ids if hasattr(pairs, "ids") else [p.id for p in pairs]
+    out, j = np.zeros(len(ids), np.int64), 0
+    for k, pid in enumerate(all_ids):
+        if j < len(ids) and pid == ids[j]:
+            out[j] = k
+            j += 1
+    return out if j == len(ids) else None
+
+
+def pairs_at(pairs, positions, sl):
+    """``pairs`` cut to the chunk ``sl`` of the encoded pairs (``positions``: ``pair_positions``), so a chunk's
+    operators read (and a file's pairs re-read) that chunk's pairs only; ``pairs`` whole when ``positions`` is
+    None. A ``PairSet`` keeps its checksum, flags and shape."""
+    if positions is None:
+        return pairs
+    idx = positions[sl]
+    inner = getattr(pairs, "pairs", pairs)
+    cut = inner.take(idx) if hasattr(inner, "take") else tuple(inner[int(i)] for i in idx)
+    if hasattr(pairs, "checksum"):
+        from dataclasses import replace
+        return replace(pairs, pairs=cut)
+    return list(cut)
