@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import SpecError
-from ..spec import check_shrinkage
+from ..spec_checks import check_shrinkage
 
 GRAM_SVD_BELOW = 1e-10      # Gram eigenvalue ratio below which the spectrum is recomputed by SVD of X_c
 
