@@ -143,7 +143,6 @@ def check_placement_keys(m, partial: bool = False) -> None:
 
 
 # ---- checkpoint sequences: model.checkpoints, model.checkpoint (models.checkpoints chains them)
-ALL = "all"
 _FIX = ("model.checkpoints=[folder_a, folder_b, ...] or model.checkpoints={folder: RUN_DIR, steps: [100, 200]} "
         "(RUN_DIR/checkpoint-<step>)")
 

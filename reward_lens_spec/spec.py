@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 from .errors import did_you_mean
 from .registries import allow_plugins
-from .model_checks import default_model_name  # noqa: F401  (spec's public name; models.door names models with it)
+from .model_checks import default_model_name
 from .spec_checks import check_values
 from .paths import find_config, group_options
 

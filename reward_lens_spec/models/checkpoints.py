@@ -7,7 +7,7 @@
   {folder: F, steps: [100, 200, …]}    one training run's folder in the HF Trainer layout:
                                        ``F/checkpoint-100``, ``F/checkpoint-200``, …
 
-``select_checkpoint`` (called by ``spec.validate``; string work only, no file is read) sets
+``select_checkpoint`` (``model_checks``, called by ``spec.validate``; string work only, no file is read) sets
 ``model.source`` to checkpoint i's and names the model ``<name>@step<s>`` (``<name>@<folder name>``
 for a list), so each checkpoint's runs are labelled apart. Without ``model.checkpoint`` a run is
 refused; ``reward-lens-spec -m model=... model.checkpoint=all`` sweeps the whole sequence as one
@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from ..model_checks import select_checkpoint, sequence  # noqa: F401  (select_checkpoint: for callers of this module)
+from ..model_checks import select_checkpoint, sequence  # noqa: F401  (select_checkpoint: this module's public name)
 from .fingerprint_cache import file_sha256
 from .sources import resolve_source
 
