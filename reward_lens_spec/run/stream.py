@@ -46,10 +46,11 @@ from ..errors import SpecError, StoreError
 from ..planning import data_dims, data_widths, passes, stages
 from ..result import Result
 from ..store.attempts import PREFIX, Attempt, list_attempts
-from ..store.digest import KEY as DIGESTS, result_digests, values_digest
+from ..store.digest import KEY as DIGESTS, result_digests
 from ..store.groups import open_variable, open_variables, write_variables
 from ..store.stored_inputs import StoredInputs
 from ..store.writer import check_storable, discard_unstarted, observable_attrs, with_digests
+from .chunk_checks import unverified_chunks
 from .stream_arrays import ensure_skeleton, label_group, labels_once, pad_widths, write_region
 
 SCRATCH = "_stage"           # not a valid observable name (store.writer.check_name), so no clash
@@ -186,7 +187,7 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
                   pads={name: {d: widths[d] for d in dims} for name, dims in data_dims(plan).items()})
     done = att.chunks_done()
     ours = [k for k in range(len(slices)) if k % store_spec.shards == store_spec.shard]
-    bad = _unverified(att, shared, 0, {k: done[k] for k in ours if k in done})   # adopted chunks: re-read
+    bad = unverified_chunks(att, slices, labels, 0, {k: done[k] for k in ours if k in done})   # adopted chunks: re-read
     mine = [k for k in ours if k not in done or k in bad]
     contexts = _chunk_loop(att, role, 0, mine, {}, shared, progress and f"chunks {run_id[:24]}")
     att.release(role)
@@ -203,7 +204,7 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
         raise StoreError(f"store {b.url}: run {run_id} attempt {att.aid} lost chunks or its skeleton while it "
                          "was written (a gc with older_than=0?); not completing it. Fix: run again.")
     checked = set(ours)                        # this job wrote or re-read its own; the others' are re-read now
-    redo = _unverified(att, shared, 0, {k: m for k, m in done.items() if k not in checked})
+    redo = unverified_chunks(att, slices, labels, 0, {k: m for k, m in done.items() if k not in checked})
     if redo:
         contexts = _chunk_loop(att, "reduce", 0, sorted(redo), {}, shared, False) or contexts
         done = att.chunks_done()
@@ -216,7 +217,7 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     for p in range(last_pass + 1):
         if p:                    # a pair stage that reads reductions (e.g. steering along a mean direction)
             marks = {k: att.marker(f"pass{p}.chunk.{k}") for k in range(len(slices))}
-            bad = _unverified(att, shared, p, {k: m for k, m in marks.items() if m is not None})
+            bad = unverified_chunks(att, slices, labels, p, {k: m for k, m in marks.items() if m is not None})
             todo = [k for k in range(len(slices)) if marks[k] is None or k in bad]
             contexts = _chunk_loop(att, "reduce", p, todo, reduced, shared, False)
             for k in range(len(slices)):
@@ -297,34 +298,6 @@ def _chunk_loop(att, role, p, ks, reduced, sh, progress) -> list:
             contexts.append(ctx)
         del ds_out, ds_scr, ctx
     return contexts
-
-
-def _unverified(att, sh, p, marks: dict) -> set:
-    """Chunks among ``marks`` (index -> marker) whose marker is not this user's as written (``Attempt.authentic``),
-    records no digests, or records digests their stored regions do not match: recomputed, never adopted."""
-    if not marks:
-        return set()
-    cache, bad = {}, set()
-    for k, m in sorted(marks.items()):
-        want = (m or {}).get("digests")
-        if not want or not isinstance(want, dict) or not att.authentic(f"{f'pass{p}.' if p else ''}chunk.{k}", m):
-            bad.add(k)
-            continue
-        sl = sh["slices"][k]
-        for key, digest in want.items():
-            path, _, coord = key.partition(":")
-            group, _, name = path.rpartition("/")
-            try:
-                if path not in cache:
-                    cache[path] = open_variable(att.zarr_store(), group, name, labels=sh["labels"](group))
-                v = cache[path].isel(pair=sl)
-                got = values_digest((v.coords[coord] if coord else v).values)
-            except Exception:                    # missing array, a chunk failing its checksum, ...
-                got = None
-            if got != digest:
-                bad.add(k)
-                break
-    return bad
 
 
 def _pair_chunk(lm, pairs, enc_k, plan, steps, info_k, keep, capture_kw, frame, need_h, given, pads, first, stores,
