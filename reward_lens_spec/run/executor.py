@@ -75,14 +75,14 @@ def torch_threads() -> int:
 def compute(lm, pairs, plan, info, *, fmt="plain", template="User: {prompt}\nAssistant: {response}",
             max_length=512, batch_size=16, max_tokens=None, padding_side="left", progress=False, frame=None,
             chunk_pairs=None):
-    """Run ``plan`` on ``pairs`` in memory: the streamed executor into a ``memory://`` store, read back.
+    """Run ``plan`` on ``pairs`` in memory: the streamed executor into a ``memory://`` store, read back (the
+    completing read of the stored outputs, ``Streamed.result``).
 
     ``chunk_pairs`` (default: every pair in one chunk, so the returned context holds the whole capture).
     Frame-dependent outputs are expressed in ``frame`` (``None`` = native). Returns ``(Result of the plan's
     outputs, the last chunk's RunContext (capture, counts of the whole run), EncodedPairs)``.
     Raises ``SpecError`` when no pair is left after exclusions, and the operators' errors.
     """
-    from ..store import open_store
     from ..store.writer import check_layout
     from .identity import declared_fields
     from .stream import stream
@@ -101,7 +101,7 @@ def compute(lm, pairs, plan, info, *, fmt="plain", template="User: {prompt}\nAss
                       run_attrs=lambda counts, chunks, stored, logits: {"observables": [plan.observable],
                                                                         "counts": counts, "chunks": chunks},
                       keep_context=True)
-        result = open_store(b).load("compute", plan.observable, lazy=False)
+        result = done.result.load()          # the outputs as the completion read them from the store
     finally:
         b.fs.rm(b.root, recursive=True)
     return result, done.context, enc

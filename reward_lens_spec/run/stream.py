@@ -48,10 +48,12 @@ from ..result import Result
 from ..store.attempts import PREFIX, Attempt, list_attempts
 from ..store.digest import KEY as DIGESTS, result_digests
 from ..store.groups import open_variable, open_variables, write_variables
+from ..store.published import HIDDEN
 from ..store.stored_inputs import StoredInputs
 from ..store.writer import check_storable, discard_unstarted, observable_attrs, with_digests
 from .chunk_checks import unverified_chunks
-from .stream_arrays import ensure_skeleton, label_group, labels_once, pad_widths, write_region
+from .stream_arrays import (ensure_skeleton, label_group, labels_once, pad_widths, region_digests,
+                            write_region)
 
 SCRATCH = "_stage"           # not a valid observable name (store.writer.check_name), so no clash
 READOUT_H = "readout_h"
@@ -68,6 +70,8 @@ class Streamed:
     computed: int            # chunks this job computed
     context: object = None   # the last chunk's RunContext (``keep_context``; one chunk: the whole run's)
     missing: tuple = ()      # chunks of the run not stored yet (``shard_done``)
+    result: Result | None = None   # the outputs as stored, read at completion (attrs: the published group's);
+                                   # None unless this job completed the run; bigger ones dask-backed (EAGER_BYTES)
 
 
 def chunk_slices(n: int, size: int) -> list[slice]:
@@ -239,8 +243,11 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     att.release("reduce")
     if keep_context and contexts:
         _add(contexts[-1].counts, {k: v for k, v in counts.items() if k not in contexts[-1].counts})
+    if won:                      # the published group's attrs (the same document, store.publish), less bookkeeping
+        group = (b.read_json(f"{att.prefix}/{out_g}/zarr.json") or {}).get("attributes") or {}
+        stored = Result(dict(stored), {k: v for k, v in group.items() if k not in HIDDEN})
     return Streamed("complete", att.aid if won else "", len(slices), len(mine),
-                    contexts[-1] if keep_context and contexts else None)
+                    contexts[-1] if keep_context and contexts else None, result=stored if won else None)
 
 
 def _add(total: dict, counts: dict) -> dict:
@@ -285,11 +292,13 @@ def _chunk_loop(att, role, p, ks, reduced, sh, progress) -> list:
         check_storable(Result({**ds_out, **ds_scr}), plan.observable, {s.name: s.op.name for s in plan.steps},
                        att.run_id)
         marker = "skeleton" if p == 0 else f"pass{p}.skeleton"
-        ensure_skeleton(att, role, b, [(out_g, ds_out, sh["full_coords"]), (scr_g, ds_scr, sh["full_coords"])],
-                         n, sh["size"], run_names, marker=marker, labels=p == 0)
+        filled = ensure_skeleton(att, role, b, [(out_g, ds_out, sh["full_coords"]), (scr_g, ds_scr, sh["full_coords"])],
+                                 n, sh["size"], run_names, marker=marker, labels=p == 0, filled=len(sh["slices"]) == 1)
         digests = {}
         for group, res in ((out_g, ds_out), (scr_g, ds_scr)):
-            if res:
+            if res and filled:                    # a one-chunk run's arrays were written with their data
+                digests.update(region_digests(group, res, run_names))
+            elif res:
                 att.fence(role)
                 digests.update(write_region(att.zstore(role), group, res, sl, run_names))
         att.mark(f"chunk.{k}" if p == 0 else f"pass{p}.chunk.{k}",
