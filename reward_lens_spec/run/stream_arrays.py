@@ -54,17 +54,27 @@ def pad_widths(v: xr.DataArray, widths: dict, where: str) -> xr.DataArray:
     return v
 
 
-def labels_once(b):
+def labels_once(b) -> "GroupLabels":
     """``labels(group)``: the group's stored pair labels (``store.groups.group_labels``), read once per run:
     every later open of the group's variables is given them. ``b``: what holds the groups (an attempt:
     ``store.attempts.Attempt``, whose ``zarr_store()`` is rooted at its prefix)."""
-    memo = {}
+    return GroupLabels(b)
 
-    def labels(group):
-        if group not in memo:
-            memo[group] = group_labels(b.zarr_store(), group)
-        return memo[group]
-    return labels
+
+class GroupLabels:
+    """``labels_once``'s memo: ``labels(group)`` reads a group's pair labels the first time, ``labels.held(group)``
+    gives them only when read already (None: a reader of the group's variables reads them in its own pass)."""
+
+    def __init__(self, b):
+        self._b, self._memo = b, {}
+
+    def __call__(self, group):
+        if group not in self._memo:
+            self._memo[group] = group_labels(self._b.zarr_store(), group)
+        return self._memo[group]
+
+    def held(self, group):
+        return self._memo.get(group)
 
 
 def ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skeleton", labels=True,
