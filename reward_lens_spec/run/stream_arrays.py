@@ -23,7 +23,7 @@ import xarray as xr
 from ..errors import StoreError
 from ..store.digest import values_digest
 from ..store.groups import (VARIABLES, WRITE_KW, group_labels, label_dataset, set_group_attrs, variable_dataset,
-                           write_labels)
+                           with_checksum, write_labels)
 from ..store.zarr_io import plain_region, write_new_groups, write_regions
 
 
@@ -99,9 +99,9 @@ def ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skeleto
         made = {group: _skeleton(res, pair_coords, n, size, run_names, wrote) for group, res, pair_coords in groups}
         if mode == "w-":        # every group and array in one concurrent pass (store.zarr_io), fenced per key
             att.fence(marker)
-            first = {group: label_dataset(pair_coords["pair"], _labels_of(pair_coords))
-                     for group, _, pair_coords in groups} if labels else {}
-            write_new_groups(zs, first, {f"{group}/{name}": variable_dataset(tmpl, name)
+            first = {group: label_dataset(pair_coords["pair"], _labels_of(pair_coords), direct=True)
+                     for group, _, pair_coords in groups} if labels else {}   # (strings made portable as written)
+            write_new_groups(zs, first, {f"{group}/{name}": with_checksum(tmpl.to_dataset(name=name).copy(deep=False))
                                          for group, tmpls in made.items() for name, tmpl in tmpls.items()})
         else:
             for group, res, pair_coords in groups:
