@@ -75,14 +75,14 @@ def torch_threads() -> int:
 def compute(lm, pairs, plan, info, *, fmt="plain", template="User: {prompt}\nAssistant: {response}",
             max_length=512, batch_size=16, max_tokens=None, padding_side="left", progress=False, frame=None,
             chunk_pairs=None):
-    """Run ``plan`` on ``pairs`` in memory: the streamed executor into a ``memory://`` store, read back.
+    """Run ``plan`` on ``pairs`` in memory: the streamed executor into a ``memory://`` store, read back (the
+    completing read of the stored outputs, ``Streamed.result``).
 
     ``chunk_pairs`` (default: every pair in one chunk, so the returned context holds the whole capture).
     Frame-dependent outputs are expressed in ``frame`` (``None`` = native). Returns ``(Result of the plan's
     outputs, the last chunk's RunContext (capture, counts of the whole run), EncodedPairs)``.
     Raises ``SpecError`` when no pair is left after exclusions, and the operators' errors.
     """
-    from ..store import open_store
     from ..store.writer import check_layout
     from .identity import declared_fields
     from .stream import stream
@@ -101,9 +101,11 @@ def compute(lm, pairs, plan, info, *, fmt="plain", template="User: {prompt}\nAss
                       run_attrs=lambda counts, chunks, stored, logits: {"observables": [plan.observable],
                                                                         "counts": counts, "chunks": chunks},
                       keep_context=True)
-        result = open_store(b).load("compute", plan.observable, lazy=False)
-    finally:
-        b.fs.rm(b.root, recursive=True)
+        result = done.result.load()          # the outputs as the completion read them from the store
+    finally:                             # file by file (fsspec's recursive rm of a memory store checks every
+        for key in b.fs.find(b.root):     # path against every key: quadratic), then the folders left
+            b.fs.rm_file(key)
+        b.remove_tree("")
     return result, done.context, enc
 
 
@@ -159,7 +161,7 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     Memory: besides one chunk's work, the run holds per pair where its line lies in a plain JSON-Lines file
     (``data.file_pairs``: ~50 bytes; the texts are re-read where needed; other sources: one ``Pair`` each), its
     token ids (``TokenRows``, 2 or 4 bytes a token) and its labels as bytes (``context.PairLabels``); every other
-    per-pair array is written by chunk and read back by chunk (benchmarks/results.md §16, §20)."""
+    per-pair array is written by chunk and read back by chunk (benchmarks/results.md §16, §21)."""
     t0 = time.perf_counter()
     store = store_handle(store_url, dict(run.store.storage_options))   # the run's one store handle, handed down
     study = None

@@ -46,11 +46,14 @@ from ..errors import SpecError, StoreError
 from ..planning import data_dims, data_widths, passes, stages
 from ..result import Result
 from ..store.attempts import PREFIX, Attempt, list_attempts
-from ..store.digest import KEY as DIGESTS, result_digests, values_digest
+from ..store.digest import KEY as DIGESTS, result_digests
 from ..store.groups import open_variable, open_variables, write_variables
+from ..store.published import HIDDEN
 from ..store.stored_inputs import StoredInputs
 from ..store.writer import check_storable, discard_unstarted, observable_attrs, with_digests
-from .stream_arrays import ensure_skeleton, label_group, labels_once, pad_widths, write_region
+from .chunk_checks import unverified_chunks
+from .stream_arrays import (ensure_skeleton, label_group, labels_once, pad_widths, region_digests,
+                            write_region)
 
 SCRATCH = "_stage"           # not a valid observable name (store.writer.check_name), so no clash
 READOUT_H = "readout_h"
@@ -67,6 +70,8 @@ class Streamed:
     computed: int            # chunks this job computed
     context: object = None   # the last chunk's RunContext (``keep_context``; one chunk: the whole run's)
     missing: tuple = ()      # chunks of the run not stored yet (``shard_done``)
+    result: Result | None = None   # the outputs as stored, read at completion (attrs: the published group's);
+                                   # None unless this job completed the run; bigger ones dask-backed (EAGER_BYTES)
 
 
 def chunk_slices(n: int, size: int) -> list[slice]:
@@ -187,7 +192,7 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
                   pads={name: {d: widths[d] for d in dims} for name, dims in data_dims(plan).items()})
     done = att.chunks_done()
     ours = [k for k in range(len(slices)) if k % store_spec.shards == store_spec.shard]
-    bad = _unverified(att, shared, 0, {k: done[k] for k in ours if k in done})   # adopted chunks: re-read
+    bad = unverified_chunks(att, slices, labels, 0, {k: done[k] for k in ours if k in done})   # adopted chunks: re-read
     mine = [k for k in ours if k not in done or k in bad]
     contexts = _chunk_loop(att, role, 0, mine, {}, shared, progress and f"chunks {run_id[:24]}")
     att.release(role)
@@ -204,7 +209,7 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
         raise StoreError(f"store {b.url}: run {run_id} attempt {att.aid} lost chunks or its skeleton while it "
                          "was written (a gc with older_than=0?); not completing it. Fix: run again.")
     checked = set(ours)                        # this job wrote or re-read its own; the others' are re-read now
-    redo = _unverified(att, shared, 0, {k: m for k, m in done.items() if k not in checked})
+    redo = unverified_chunks(att, slices, labels, 0, {k: m for k, m in done.items() if k not in checked})
     if redo:
         contexts = _chunk_loop(att, "reduce", 0, sorted(redo), {}, shared, False) or contexts
         done = att.chunks_done()
@@ -217,7 +222,7 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     for p in range(last_pass + 1):
         if p:                    # a pair stage that reads reductions (e.g. steering along a mean direction)
             marks = {k: att.marker(f"pass{p}.chunk.{k}") for k in range(len(slices))}
-            bad = _unverified(att, shared, p, {k: m for k, m in marks.items() if m is not None})
+            bad = unverified_chunks(att, slices, labels, p, {k: m for k, m in marks.items() if m is not None})
             todo = [k for k in range(len(slices)) if marks[k] is None or k in bad]
             contexts = _chunk_loop(att, "reduce", p, todo, reduced, shared, False)
             for k in range(len(slices)):
@@ -228,8 +233,8 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     chunk_info = {"n": len(slices), "chunk_pairs": store_spec.chunk_pairs, "shards": store_spec.shards,
                   "by_writer": by_writer, **({"widths": widths} if widths else {})}
     zs = att.zarr_store()     # the outputs as stored: small ones read in one pass, bigger ones block by block
-    stored = open_variables(zs, out_g, plan.outputs, lazy=EAGER_BYTES, labels=labels(out_g))
-    logits = np.asarray(open_variable(zs, scr_g, HEAD_LOGITS, lazy=False, labels=labels(scr_g)).values)
+    stored = open_variables(zs, out_g, plan.outputs, lazy=EAGER_BYTES, labels=labels.held(out_g))  # labels too
+    logits = np.asarray(open_variables(zs, scr_g, [HEAD_LOGITS], lazy=False, labels=labels.held(scr_g))[HEAD_LOGITS])
     attrs = run_attrs(counts, chunk_info, stored, logits)
     if DIGESTS not in attrs:                    # seal_run puts them under the seal; other callers: here
         attrs = with_digests(attrs, {plan.observable: result_digests(stored)})
@@ -239,8 +244,11 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     att.release("reduce")
     if keep_context and contexts:
         _add(contexts[-1].counts, {k: v for k, v in counts.items() if k not in contexts[-1].counts})
+    if won:                      # the published group's attrs (the same document, store.publish), less bookkeeping
+        group = (b.read_json(f"{att.prefix}/{out_g}/zarr.json") or {}).get("attributes") or {}
+        stored = Result(dict(stored), {k: v for k, v in group.items() if k not in HIDDEN})
     return Streamed("complete", att.aid if won else "", len(slices), len(mine),
-                    contexts[-1] if keep_context and contexts else None)
+                    contexts[-1] if keep_context and contexts else None, result=stored if won else None)
 
 
 def _add(total: dict, counts: dict) -> dict:
@@ -286,11 +294,13 @@ def _chunk_loop(att, role, p, ks, reduced, sh, progress) -> list:
         check_storable(Result({**ds_out, **ds_scr}), plan.observable, {s.name: s.op.name for s in plan.steps},
                        att.run_id)
         marker = "skeleton" if p == 0 else f"pass{p}.skeleton"
-        ensure_skeleton(att, role, b, [(out_g, ds_out, sh["full_coords"]), (scr_g, ds_scr, sh["full_coords"])],
-                         n, sh["size"], run_names, marker=marker, labels=p == 0)
+        filled = ensure_skeleton(att, role, b, [(out_g, ds_out, sh["full_coords"]), (scr_g, ds_scr, sh["full_coords"])],
+                                 n, sh["size"], run_names, marker=marker, labels=p == 0, filled=len(sh["slices"]) == 1)
         digests = {}
         for group, res in ((out_g, ds_out), (scr_g, ds_scr)):
-            if res:
+            if res and filled:                    # a one-chunk run's arrays were written with their data
+                digests.update(region_digests(group, res, run_names))
+            elif res:
                 att.fence(role)
                 digests.update(write_region(att.zstore(role), group, res, sl, run_names))
         att.mark(f"chunk.{k}" if p == 0 else f"pass{p}.chunk.{k}",
@@ -299,34 +309,6 @@ def _chunk_loop(att, role, p, ks, reduced, sh, progress) -> list:
             contexts.append(ctx)
         del ds_out, ds_scr, ctx
     return contexts
-
-
-def _unverified(att, sh, p, marks: dict) -> set:
-    """Chunks among ``marks`` (index -> marker) whose marker is not this user's as written (``Attempt.authentic``),
-    records no digests, or records digests their stored regions do not match: recomputed, never adopted."""
-    if not marks:
-        return set()
-    cache, bad = {}, set()
-    for k, m in sorted(marks.items()):
-        want = (m or {}).get("digests")
-        if not want or not isinstance(want, dict) or not att.authentic(f"{f'pass{p}.' if p else ''}chunk.{k}", m):
-            bad.add(k)
-            continue
-        sl = sh["slices"][k]
-        for key, digest in want.items():
-            path, _, coord = key.partition(":")
-            group, _, name = path.rpartition("/")
-            try:
-                if path not in cache:
-                    cache[path] = open_variable(att.zarr_store(), group, name, labels=sh["labels"](group))
-                v = cache[path].isel(pair=sl)
-                got = values_digest((v.coords[coord] if coord else v).values)
-            except Exception:                    # missing array, a chunk failing its checksum, ...
-                got = None
-            if got != digest:
-                bad.add(k)
-                break
-    return bad
 
 
 def _pair_chunk(lm, pairs, enc_k, plan, steps, info_k, keep, capture_kw, frame, need_h, given, pads, first, stores,

@@ -23,7 +23,7 @@ import xarray as xr
 from ..errors import StoreError
 from ..store.digest import values_digest
 from ..store.groups import (VARIABLES, WRITE_KW, group_labels, label_dataset, set_group_attrs, variable_dataset,
-                           write_labels)
+                           with_checksum, write_labels)
 from ..store.zarr_io import plain_region, write_new_groups, write_regions
 
 
@@ -54,23 +54,38 @@ def pad_widths(v: xr.DataArray, widths: dict, where: str) -> xr.DataArray:
     return v
 
 
-def labels_once(b):
+def labels_once(b) -> "GroupLabels":
     """``labels(group)``: the group's stored pair labels (``store.groups.group_labels``), read once per run:
     every later open of the group's variables is given them. ``b``: what holds the groups (an attempt:
     ``store.attempts.Attempt``, whose ``zarr_store()`` is rooted at its prefix)."""
-    memo = {}
-
-    def labels(group):
-        if group not in memo:
-            memo[group] = group_labels(b.zarr_store(), group)
-        return memo[group]
-    return labels
+    return GroupLabels(b)
 
 
-def ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skeleton", labels=True):
+class GroupLabels:
+    """``labels_once``'s memo: ``labels(group)`` reads a group's pair labels the first time, ``labels.held(group)``
+    gives them only when read already (None: a reader of the group's variables reads them in its own pass)."""
+
+    def __init__(self, b):
+        self._b, self._memo = b, {}
+
+    def __call__(self, group):
+        if group not in self._memo:
+            self._memo[group] = group_labels(self._b.zarr_store(), group)
+        return self._memo[group]
+
+    def held(self, group):
+        return self._memo.get(group)
+
+
+def ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skeleton", labels=True,
+                    filled=False) -> bool:
     """Create every run array of one pass once per attempt (full pair length, zarr chunks = run chunks):
     each group holds the run's pair labels once (written with the first pass's skeleton, ``labels``),
-    each variable its own group (``store.groups``) with its own coords; then marker ``marker``."""
+    each variable its own group (``store.groups``) with its own coords; then marker ``marker``.
+    ``filled``: the run is this one chunk (``groups`` hold every pair), so the first holder writes each
+    array with its data in the same pass (the bytes a region write of the whole run would store); returns
+    True when it did (no region write follows), False when the arrays wait for their regions."""
+    wrote = False
     while att.marker(marker) is None:
         if not att.claim(marker):
             att.fence(role)
@@ -80,12 +95,13 @@ def ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skeleto
         # writes into what it left (never deleting: the stalled one may resume, and is fenced out per key)
         mode = "w-" if att.generation(marker) == 0 else "a"
         zs = att.zstore(marker)
-        made = {group: _skeleton(res, pair_coords, n, size, run_names) for group, res, pair_coords in groups}
+        wrote = filled and mode == "w-"
+        made = {group: _skeleton(res, pair_coords, n, size, run_names, wrote) for group, res, pair_coords in groups}
         if mode == "w-":        # every group and array in one concurrent pass (store.zarr_io), fenced per key
             att.fence(marker)
-            first = {group: label_dataset(pair_coords["pair"], _labels_of(pair_coords))
-                     for group, _, pair_coords in groups} if labels else {}
-            write_new_groups(zs, first, {f"{group}/{name}": variable_dataset(tmpl, name)
+            first = {group: label_dataset(pair_coords["pair"], _labels_of(pair_coords), direct=True)
+                     for group, _, pair_coords in groups} if labels else {}   # (strings made portable as written)
+            write_new_groups(zs, first, {f"{group}/{name}": with_checksum(tmpl.to_dataset(name=name).copy(deep=False))
                                          for group, tmpls in made.items() for name, tmpl in tmpls.items()})
         else:
             for group, res, pair_coords in groups:
@@ -98,30 +114,37 @@ def ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skeleto
                                                          **WRITE_KW)
         att.mark(marker, {"writer": att.writer}, marker)
         att.release(marker)
+    return wrote
 
 
 def _labels_of(pair_coords) -> dict:
     return {k: c for k, c in pair_coords.items() if k != "pair"}
 
 
-def _skeleton(res, pair_coords, n, size, run_names) -> dict:
+def _skeleton(res, pair_coords, n, size, run_names, filled=False) -> dict:
     """``{name: template}``: each variable of one chunk's ``res`` as a dask-zeros DataArray of the run's full
     pair length (zarr chunks = the run's chunks), the run's ``pair`` index and the operator's own per-pair
-    coords (dask zeros too: written by region) on it."""
+    coords (dask zeros too: written by region) on it. ``filled``: ``res`` is the whole run (one chunk):
+    its own values instead of the zeros, in one zarr chunk along ``pair`` as the dask zeros would have."""
     out = {}
     for name, v in res.items():
-        shape = tuple(n if d == "pair" else v.sizes[d] for d in v.dims)
-        chunks = tuple(size if d == "pair" else v.sizes[d] for d in v.dims)
         coords = {k: c.variable for k, c in v.coords.items() if "pair" not in c.dims}
         if "pair" in v.dims:
             coords["pair"] = pair_coords["pair"]
         for k in op_pair_coords(v, run_names):      # an operator's own per-pair labels: regions too
-            c = v.coords[k]
-            cshape = tuple(n if d == "pair" else c.sizes[d] for d in c.dims)
-            cchunks = tuple(size if d == "pair" else c.sizes[d] for d in c.dims)
-            coords[k] = xr.Variable(c.dims, _zeros(cshape, cchunks, c.dtype, f"{name}.{k}"), attrs=c.attrs)
-        out[name] = xr.DataArray(_zeros(shape, chunks, v.dtype, name), dims=v.dims, coords=coords, attrs=v.attrs)
+            coords[k] = _template(v.coords[k].variable, n, size, f"{name}.{k}", filled)
+        out[name] = xr.DataArray(_template(v.variable, n, size, name, filled), coords=coords)
     return out
+
+
+def _template(var: xr.Variable, n, size, label, filled) -> xr.Variable:
+    shape = tuple(n if d == "pair" else var.sizes[d] for d in var.dims)
+    chunks = tuple(min(size, n) if d == "pair" else var.sizes[d] for d in var.dims)
+    if not filled:
+        return xr.Variable(var.dims, _zeros(shape, chunks, var.dtype, label), attrs=var.attrs)
+    if var.shape != shape:
+        raise StoreError(f"{label}: {var.shape} is not the run's {shape}; a filled skeleton holds every pair.")
+    return xr.Variable(var.dims, var.data, attrs=var.attrs, encoding={"chunks": chunks})
 
 
 def _zeros(shape, chunks, dtype, label):
@@ -149,21 +172,43 @@ def write_region(zstore, group, res, sl, run_names) -> dict:
     writer's fenced store); return the digest of every region written (``"<group>/<name>"``, and
     ``"<group>/<name>:<coord>"`` for an operator's own per-pair coords) for the chunk's marker."""
     digests, plain = {}, []
-    for name, v in res.items():
-        if "pair" not in v.dims:
-            raise StoreError(f"pair-stage output {name!r} has no pair dim; it cannot be written by chunk.")
-        v = v.drop_vars([k for k in v.coords if k not in op_pair_coords(v, run_names)])
-        v.attrs = {}
+    for name, v in _regions(res, run_names).items():
         own = [(name, v.variable), *((c, v.coords[c].variable) for c in v.coords)]
         if all(plain_region(x) for _, x in own):        # numbers and flags: every array in one pass below
             plain += [(f"{group}/{name}/{k}", tuple(sl if d == "pair" else slice(None) for d in x.dims), x)
                       for k, x in own]
         else:                                           # strings, times, CF-encoded values: xarray's writer
             v.to_dataset(name=name).to_zarr(zstore, group=f"{group}/{name}", region={"pair": sl}, **WRITE_KW)
-        digests[f"{group}/{name}"] = values_digest(v.values)
-        for c in v.coords:
-            if c != "pair":
-                digests[f"{group}/{name}:{c}"] = values_digest(v.coords[c].values)
+        digests.update(_digests(group, name, v))
     if plain:
         write_regions(zstore, plain)
     return digests
+
+
+def region_digests(group, res, run_names) -> dict:
+    """The digests ``write_region`` would record for ``res``, whose rows a filled skeleton
+    (``ensure_skeleton(filled=True)``) has written already."""
+    digests = {}
+    for name, v in _regions(res, run_names).items():
+        digests.update(_digests(group, name, v))
+    return digests
+
+
+def _regions(res, run_names) -> dict:
+    """Each variable of ``res`` as its region is written: its data and the operator's own per-pair coords."""
+    out = {}
+    for name, v in res.items():
+        if "pair" not in v.dims:
+            raise StoreError(f"pair-stage output {name!r} has no pair dim; it cannot be written by chunk.")
+        v = v.drop_vars([k for k in v.coords if k not in op_pair_coords(v, run_names)])
+        v.attrs = {}
+        out[name] = v
+    return out
+
+
+def _digests(group, name, v) -> dict:
+    out = {f"{group}/{name}": values_digest(v.values)}
+    for c in v.coords:
+        if c != "pair":
+            out[f"{group}/{name}:{c}"] = values_digest(v.coords[c].values)
+    return out

@@ -44,7 +44,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import threading
 import time
 import uuid
@@ -52,12 +51,10 @@ import uuid
 from reward_lens_spec.errors import StoreError
 from reward_lens_spec.signed_cache import tagged_by_user, user_tag
 from reward_lens_spec.store._backend import DOC, INTERNAL, RUNS, Backend, group_doc
+from reward_lens_spec.store.leases import HOST, LEASE_S, fenced_store, lease_live
 from reward_lens_spec.store.log import append as append_to_log
 from reward_lens_spec.store.state import run_state
-import asyncio
 
-# a lease whose heartbeat is older than this is dead (env REWARD_LENS_SPEC_LEASE_S: e.g. shorter in tests)
-LEASE_S = float(os.environ.get("REWARD_LENS_SPEC_LEASE_S") or 60.0)
 PREFIX = "attempt-"
 MARKER_TAG = "chunk-marker"     # the kind of a marker's tag (signed_cache.user_tag)
 CTL = "_ctl"
@@ -65,64 +62,11 @@ ATTEMPTS = f"{INTERNAL}/attempts"     # <run_id>/<aid>: every attempt of a run
 PUBLISH = "_publish"           # the run-level lease completion and publication are serialised by
 _LEASE = re.compile(r"^lease\.(?P<role>[A-Za-z0-9-]+)\.(?P<gen>\d+)\.json$")
 _CHUNK = re.compile(r"^chunk\.(?P<k>\d+)\.json$")
-HOST = socket.gethostname()
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:                                          # a zombie (killed, not yet reaped) is dead
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-def lease_live(doc: dict | None, *, lease_s: float | None = None, now: float | None = None) -> bool:
-    """True when a lease document may belong to a live writer (unreleased, fresh heartbeat,
-    and — on this host — its process exists)."""
-    if not doc or doc.get("released"):
-        return False
-    if doc.get("host") == HOST and isinstance(doc.get("pid"), int) and not _pid_alive(doc["pid"]):
-        return False
-    beat = doc.get("beat")
-    return isinstance(beat, (int, float)) and (now or time.time()) - beat < (lease_s or LEASE_S)
 
 
 def list_attempts(b: Backend, run_id: str) -> list[str]:
     """Attempt ids of ``run_id`` (never through a symlink), sorted."""
     return [n for n in b.list_dirs(f"{ATTEMPTS}/{run_id}") if n.startswith(PREFIX)]
-
-
-def fenced_store(zstore, guard):
-    """A zarr store over ``zstore`` that calls ``guard()`` (raising StoreError when this writer no longer
-    holds its role) before every write, and refuses every delete."""
-    from zarr.storage import WrapperStore
-
-    class FencedStore(WrapperStore):
-        async def set(self, key, value):
-            await asyncio.to_thread(guard)
-            await self._store.set(key, value)
-
-        async def set_if_not_exists(self, key, value):
-            await asyncio.to_thread(guard)
-            await self._store.set_if_not_exists(key, value)
-
-        async def _set_many(self, values):
-            for key, value in values:
-                await self.set(key, value)
-
-        async def delete(self, key):
-            raise StoreError(f"refusing to delete {key} from an attempt: stored arrays are write-once")
-
-        async def delete_dir(self, prefix):
-            raise StoreError(f"refusing to delete {prefix} from an attempt: stored arrays are write-once")
-
-    return FencedStore(zstore)
 
 
 class Attempt:

@@ -79,12 +79,15 @@ def write_labels(zstore, group: str, pair, labels: dict, *, mode: str = "w-") ->
     label_dataset(pair, labels).to_zarr(zstore, group=group, mode=mode, **WRITE_KW)
 
 
-def label_dataset(pair, labels: dict) -> xr.Dataset:
+def label_dataset(pair, labels: dict, *, direct: bool = False) -> xr.Dataset:
     """The coords-only Dataset a group's shared pair labels are stored as: the ``pair`` index (when not
-    None) and ``labels`` (name -> DataArray or Variable along ``pair``), strings portable, checksummed."""
+    None) and ``labels`` (name -> DataArray or Variable along ``pair``), strings portable, checksummed.
+    ``direct``: for ``zarr_io.write_new_groups``, which writes fixed-width strings as variable-length ones
+    itself (the same bytes), so they are left as they are here."""
     coords = {"pair": pair} if pair is not None else {}
     coords.update({k: c.variable if isinstance(c, xr.DataArray) else c for k, c in labels.items()})
-    return with_checksum(portable(xr.Dataset(coords=coords)))
+    ds = xr.Dataset(coords=coords)
+    return with_checksum(ds.copy(deep=False) if direct else portable(ds))    # the caller's variables untouched
 
 
 def set_group_attrs(zstore, group: str, attrs: dict) -> None:
@@ -131,7 +134,7 @@ def write_variables(zstore, res, group: str, attrs: dict | None = None, *, label
         from reward_lens_spec.store.zarr_io import write_new_groups
 
         # shallow copies: the caller's variables keep their encoding
-        first = {group: label_dataset(pair, shared)}
+        first = {group: label_dataset(pair, shared, direct=True)}
         then = {f"{group}/{n}": with_checksum(da.to_dataset(name=n).copy(deep=False)) for n, da in own.items()}
         chunks = write_new_groups(zstore, first, then,
                                   attrs_of=None if listing is None else (group, listing))

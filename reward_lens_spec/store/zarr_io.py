@@ -93,16 +93,32 @@ async def _write_group(zstore, path: str, ds: xr.Dataset, write_empty: bool) -> 
     return dict(await asyncio.gather(*(one(kw, data) for kw, data in arrays)))
 
 
-async def _stage(mem, first: dict, then: dict, write_empty: bool, attrs_of) -> dict:
-    out = {}
+async def _stage(staged: dict, first: dict, then: dict, write_empty: bool, attrs_of) -> dict:
+    """Encode each group of ``first``, then of ``then``, into a memory store of its own (rooted at the group, so
+    zarr makes no parent documents per array), its keys put into ``staged`` under the group's path; each
+    parent group above them that is not one of them gets the implicit group document zarr would have made."""
+    import zarr.api.asynchronous as za
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.group import GroupMetadata
+    from zarr.storage import MemoryStore
+
+    out, own = {}, {}
     for batch in (first, then):
-        done = await asyncio.gather(*(_write_group(mem, p, ds, write_empty) for p, ds in batch.items()))
+        own.update({p: {} for p in batch})
+        done = await asyncio.gather(*(_write_group(MemoryStore(store_dict=own[p]), "", ds, write_empty)
+                                      for p, ds in batch.items()))
         out.update(zip(batch, done))
     if attrs_of is not None:
-        import zarr.api.asynchronous as za
-
-        g = await za.open_group(store=mem, path=attrs_of[0], mode="r+", zarr_format=3)
+        g = await za.open_group(store=MemoryStore(store_dict=own[attrs_of[0]]), mode="r+", zarr_format=3)
         await g.update_attributes(attrs_of[1])
+    implicit = GroupMetadata(zarr_format=3).to_buffer_dict(default_buffer_prototype())["zarr.json"]
+    for p in own:
+        parts = p.split("/")[:-1]
+        for parent in ["", *("/".join(parts[:i + 1]) for i in range(len(parts)))]:
+            if parent not in own:
+                staged.setdefault(f"{parent}/zarr.json" if parent else "zarr.json", implicit)
+    for p, keys in own.items():
+        staged.update({f"{p}/{k}": v for k, v in keys.items()})
     return out
 
 
@@ -135,10 +151,9 @@ def write_new_groups(zstore, first: dict, then: dict, *, write_empty: bool = Tru
     exists, before anything is written); never deletes. Returns ``{path: {array: chunk shape}}``.
     """
     from zarr.core.sync import sync
-    from zarr.storage import MemoryStore
 
     staged: dict = {}
-    chunks = sync(_stage(MemoryStore(store_dict=staged), first, then, write_empty, attrs_of))
+    chunks = sync(_stage(staged, first, then, write_empty, attrs_of))
     last = None if attrs_of is None else f"{attrs_of[0]}/zarr.json"
     sync(_upload(zstore, staged, [*first, *then], last))
     return chunks

@@ -1,0 +1,40 @@
+"""Whether a streamed run's stored chunks may be adopted (``run.stream``): each chunk marker's HMAC tag
+(``store.attempts.Attempt.authentic``) and the digest of every region it records, re-read from the store.
+
+A chunk whose marker is forged, edited, copied or unsigned, or whose stored regions no longer match its
+recorded digests (a flipped bit, a missing array, a chunk failing its checksum) is recomputed, never adopted.
+"""
+from __future__ import annotations
+
+from ..store.digest import values_digest
+from ..store.groups import open_variable
+
+
+def unverified_chunks(att, slices, labels, p: int, marks: dict) -> set:
+    """Chunks among ``marks`` (index -> marker) whose marker is not this user's as written (``Attempt.authentic``),
+    records no digests, or records digests their stored regions do not match: recomputed, never adopted.
+    ``slices``: the run's pair chunks (``run.stream.chunk_slices``); ``labels``: ``labels(group)``, the groups'
+    pair labels read once (``run.stream_arrays.labels_once``); ``p``: the pass whose markers these are."""
+    if not marks:
+        return set()
+    cache, bad = {}, set()
+    for k, m in sorted(marks.items()):
+        want = (m or {}).get("digests")
+        if not want or not isinstance(want, dict) or not att.authentic(f"{f'pass{p}.' if p else ''}chunk.{k}", m):
+            bad.add(k)
+            continue
+        sl = slices[k]
+        for key, digest in want.items():
+            path, _, coord = key.partition(":")
+            group, _, name = path.rpartition("/")
+            try:
+                if path not in cache:
+                    cache[path] = open_variable(att.zarr_store(), group, name, labels=labels(group))
+                v = cache[path].isel(pair=sl)
+                got = values_digest((v.coords[coord] if coord else v).values)
+            except Exception:                    # missing array, a chunk failing its checksum, ...
+                got = None
+            if got != digest:
+                bad.add(k)
+                break
+    return bad
