@@ -83,12 +83,12 @@ def _organism_pairs(st, runs):
 
 
 def grade_drift(url: str, observable: str = "checkpoint_dynamics", model: str | None = None, params=None):
-    """A ``trust.scorecard.Scorecard`` of ``drift`` on the training organism sequence in ``url`` (module doc)."""
+    """A ``trust.card.Scorecard`` of ``drift`` on the training organism sequence in ``url`` (module doc)."""
     from ..compare.drift import DriftParams, drift, sequence_runs
     from ..store import open_store
     from .criteria import Criterion
     from .evidence import card_verdict, code_hash
-    from .scorecard import Scorecard, finite_or_none
+    from .card import Scorecard, finite_or_none
 
     t0 = time.perf_counter()
     params = params or DriftParams(n_null=200, n_boot=50)
