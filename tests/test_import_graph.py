@@ -135,14 +135,15 @@ LAYERS = (
     ("operators", ("ops", "registry", "identity", "planning")),
     ("organisms", ("organisms", "kinds.*.organism")),
     ("run", ("run", "trust.studies", "trust.pins", "report.summary", "report.summary_stats")),
-    ("workflows", ("trust.scorecard", "trust.reference", "trust.recompute", "trust.cell_truth", "trust.drift_card",
-                   "trust.cli", "fit.cli", "store.verify", "store.catalog_cli", "report", "compare", "api")),
+    ("workflows", ("trust.scorecard", "trust.reference", "trust.recompute", "trust.cell_truth.reference_cells",
+                   "trust.drift_card", "trust.cli", "fit.cli", "store.verify", "store.catalog_cli", "report", "compare", "api")),
     ("face", ("cli", "commands", "extend", "__main__", "")),
 )
 # A ratchet at what the package has now (2026-12-04, after the models/ carve); issue 38's targets are 4 and 6:
 # spec's three model checks (checkpoints, artifacts, placement) wait for the registry, and the cell criteria carry
-# their recomputation (trust.cell_truth). Lower these as the house moves; never raise them.
-MAX_UPWARD = 5
+# their recomputation (trust.cell_truth.reference_cells, which reads trust.reference). Lower these as the house moves;
+# never raise them.
+MAX_UPWARD = 4
 MAX_LOCAL_PER_1000 = 7.9      # the rest defer torch/xarray/scipy/zarr/fsspec on light paths, are optional extras, are
                               # late-bound for a test's monkeypatch, or wait in store/, run/, data/ (being reworked)
 

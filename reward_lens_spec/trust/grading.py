@@ -13,7 +13,7 @@ import xarray as xr
 
 from ..stats import spearman_rho
 from .card import Scorecard, finite_or_none
-from .cell_truth import fit
+from .cell_truth.common import fit
 from .evidence import card_verdict, code_hash
 
 
