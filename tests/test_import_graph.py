@@ -124,7 +124,8 @@ LAYERS = (
                "registries")),
     # the kinds table and a kind's light settings: spec checks model.kind through them before any model loads;
     # the settings of a kind that resolves nested models through models.door sit with the models
-    ("config", ("spec", "config_safety", "observables", "models.admission", "kinds", "kinds.*.settings")),
+    ("config", ("spec", "config_safety", "config_rules", "config_sources", "observables", "models.admission", "kinds",
+                "kinds.*.settings")),
     ("models", ("models", "kinds.implicit.settings", "kinds.ensemble.settings")),
     ("engine", ("engine",)),
     ("kinds", ("kinds.*.*",)),                                  # a kind's loader, model, encode (torch)
