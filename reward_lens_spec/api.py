@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from .errors import SpecError
 from .run.executor import execute
 from .run.compose import compose_run, store_url
+from .store import open_store
 
 EAGER_BYTES = 64 * 2**20          # per output variable: at most this many bytes are read now, larger ones lazily
 _BARE = re.compile(r"^[\w./:+@-]*$")
@@ -83,7 +84,6 @@ class RunHandle:
 
     @property
     def store(self):
-        from .store import open_store
         return open_store(self._handle if self._handle is not None else self.store_url)
 
     @property

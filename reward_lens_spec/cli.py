@@ -33,7 +33,7 @@ from hydra.utils import get_original_cwd
 from .data.accounting import pairs_limit
 from .data.loaders import FIELD_NAMES, META_FIELDS
 from .errors import SpecError
-from .models.checkpoints import checkpoint_indices
+from .model_checks import checkpoint_indices
 from .paths import group_options, search_dirs
 from .report.summary import print_summary, run_line, table_lines
 from .run.compose import compose_app, compose_run, finish, store_url

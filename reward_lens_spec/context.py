@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from .data.accounting import pair_flags
+from .errors import SpecError
 
 
 @dataclass
@@ -27,7 +28,6 @@ class RunContext:
         ``SpecError`` naming ``where`` when no executor gave this context its stores or ``ref`` is malformed,
         ``StoreError`` / ``KeyError`` for what is not stored."""
         if self.stores is None:
-            from .errors import SpecError
             raise SpecError(where, f"reads the stored variable '{ref}', but this context has no stores.",
                             fix="run the observable through the executor (reward-lens-spec or reward_lens_spec.run).")
         return self.stores.variable(ref, lazy=lazy, where=where)

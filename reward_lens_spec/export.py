@@ -26,6 +26,7 @@ import numpy as np
 from .errors import RewardLensError, SpecError
 from . import __version__
 from .models.artifacts import write
+from .store import open_store
 
 KEYS = ("url", "run", "what", "out", "observable", "var", "layer")
 WHATS = ("steer", "erase", "head")
@@ -94,8 +95,6 @@ def _vector(res, name: str, kv) -> tuple[np.ndarray, dict]:
 
 def export(kv: dict) -> tuple[Path, Path]:
     """Write the artifact ``kv`` asks for (module doc); ``(file, provenance file)``."""
-    from .store import open_store
-
     store = open_store(kv["url"])
     obs = _observable(store, kv)
     res = store.load(kv["run"], obs, lazy=False)

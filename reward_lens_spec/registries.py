@@ -33,6 +33,8 @@ from collections.abc import Mapping
 from typing import Any, Iterator
 
 from .errors import SpecError
+from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, distribution
 
 ENTRY_POINT_PREFIX = "reward_lens_spec."
 
@@ -204,7 +206,6 @@ def _norm(dist: str) -> str:
 
 
 def _entry_points(group: str) -> list:
-    from importlib.metadata import entry_points
     return list(entry_points(group=group))
 
 
@@ -223,8 +224,6 @@ def allow_plugins(dists) -> list[str]:
     ``dists`` (``plugins.allow`` of the user's config) declare; nothing else is ever loaded from entry points.
     Returns ``registry:name`` of each registered member. Raises ``SpecError`` (``plugins.allow``) for a
     distribution that is not installed, or one that declares no entry point of this package."""
-    from importlib.metadata import PackageNotFoundError, distribution
-
     added = []
     for dist in dists or ():
         if not isinstance(dist, str) or not dist:

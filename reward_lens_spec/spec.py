@@ -22,11 +22,10 @@ from .spec_kinds import EnsembleSpec, ImplicitSpec, JudgeSpec, PrmSpec  # noqa: 
 from pathlib import Path
 import yaml
 from .errors import did_you_mean
-from .registries import DATASET_READERS, allow_plugins
-from .models.checkpoints import select_checkpoint
-from .kinds import check_kind
+from .registries import allow_plugins
+from .model_checks import default_model_name
+from .spec_checks import check_values
 from .paths import find_config, group_options
-from .models.placement import check_placement_keys
 
 
 class DType(str, Enum):
@@ -311,23 +310,8 @@ def validate(cfg: DictConfig | dict, *, partial: bool = False) -> RunConfig:
     stamp(obj.model, Admission(key="model", via="config"))      # loaders honour its flags after models.door only
     if not named:
         _name_after_source(obj.model)
-    _check_values(obj, partial)
+    check_values(obj, partial)
     return obj
-
-
-def default_model_name(source: str, gguf_file: str | None = None) -> str:
-    """The label of a model config that gives a ``source`` but no ``name``: the folder's basename or a hub
-    id's last part (``models/smollm2_hh`` -> ``smollm2_hh``); for ``package:<module>``, the GGUF file's
-    stem when ``gguf_file`` is set, else the module; for ``builtin:<name>``, the name."""
-    src = str(source).strip()
-    if src.startswith("builtin:"):
-        return src.split(":", 1)[1] or src
-    if src.startswith("package:"):
-        if gguf_file:
-            stem = str(gguf_file).replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
-            return stem[: -len(".gguf")] if stem.lower().endswith(".gguf") else stem
-        return src.split(":", 1)[1] or src
-    return src.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1] or src
 
 
 def _names_model(hydra_node) -> bool:
@@ -366,82 +350,6 @@ def _spec_error(exc) -> SpecError:
     return SpecError(full or key, f"wrong type: {msg}")
 
 
-def _check_values(run: RunConfig, partial: bool = False) -> None:
-    m = run.model
-    bs = m.batch_size
-    if not (bs == "auto" or (isinstance(bs, int) and not isinstance(bs, bool) and bs >= 1)):
-        raise SpecError("model.batch_size", f"must be a positive integer or auto (wrong type or value: {bs!r}).",
-                        fix="set model.batch_size to a value ≥ 1, or auto (the largest the device holds).")
-    for key in ("max_length", "num_labels"):
-        if getattr(m, key) <= 0:
-            raise SpecError(f"model.{key}", f"must be a positive integer, got {getattr(m, key)}.",
-                            fix=f"set model.{key} to a value ≥ 1.")
-    check_placement_keys(m, partial)            # model.device_map / max_memory / offload_folder, no torch
-    if m.max_tokens is not None and m.max_tokens <= 0:
-        raise SpecError("model.max_tokens", f"must be positive or null, got {m.max_tokens}.")
-    DATASET_READERS.get(run.dataset.kind, "dataset.kind")      # dataset=<name>: did you mean
-    if run.dataset.limit is not None and run.dataset.limit <= 0:
-        raise SpecError("dataset.limit", f"must be positive or null, got {run.dataset.limit}.")
-    check_kind(m)                               # model.kind and its settings (did you mean)
-    if m.interventions:                         # the form of each entry; files are read at the door
-        from .models.artifacts import check_entry
-        if m.kind != "classifier":
-            raise SpecError("model.interventions", f"interventions apply to a classifier's forward pass, not to "
-                            f"kind {m.kind}.", fix="drop model.interventions or use model.kind=classifier.")
-        for i, e in enumerate(m.interventions):
-            check_entry(e, f"model.interventions.{i}")
-    if not partial:
-        select_checkpoint(m)                    # model.checkpoints: source and name of checkpoint i
-    _check_restrictions(run.observable)
-    _check_frame(run.frame, partial)
-    if m.format == Format.plain and "{response}" not in m.template:
-        raise SpecError("model.template", "a plain template must contain {response}.",
-                        fix="e.g. 'User: {prompt}\\nAssistant: {response}'.")
-
-
-def _check_restrictions(obs) -> None:
-    """``observable.pairs`` ≥ 1; ``observable.layers`` / ``components`` non-empty and without repeats
-    (an empty list would select nothing, a repeat would give a coordinate that ``sel`` returns twice)."""
-    if obs.pairs is not None and obs.pairs <= 0:
-        raise SpecError("observable.pairs", f"must be a positive integer or null (all pairs), got {obs.pairs}.",
-                        value=obs.pairs, fix="set observable.pairs=N with N ≥ 1, or drop it.")
-    for key in ("layers", "components"):
-        vals = getattr(obs, key)
-        if vals is None:
-            continue
-        if len(vals) == 0:
-            raise SpecError(f"observable.{key}", "an empty list selects nothing.",
-                            fix=f"list at least one, or drop observable.{key} (null = all).")
-        dup = sorted({v for v in vals if list(vals).count(v) > 1}, key=str)
-        if dup:
-            raise SpecError(f"observable.{key}", f"{dup} listed more than once.", value=list(vals),
-                            fix="list each once.")
-
-
-def _check_frame(f: FrameSpec, partial: bool) -> None:
-    check_shrinkage(f.shrinkage, "frame.shrinkage")
-    if f.reference_limit < 2:
-        raise SpecError("frame.reference_limit", f"must be at least 2, got {f.reference_limit}.",
-                        fix="a frame needs reference activations from at least 2 pairs (both sides); use 256 or more.")
-    if partial:
-        return
-    if f.name == FrameKind.shared and not f.partner and not f.id:
-        raise SpecError("frame.partner", "a shared frame is fitted for two models; the other one is not named.",
-                        fix="add frame.partner=<another conf/model option or a model YAML path> "
-                            "(or frame.id=<stored shared frame id>).")
-    if f.name != FrameKind.shared and f.partner:
-        raise SpecError("frame.partner", f"frame.partner is only used by frame=shared, not frame={f.name.value}.",
-                        fix="drop frame.partner, or use frame=shared.")
-    if f.name == FrameKind.native and (f.id or f.reference):
-        key = "frame.id" if f.id else "frame.reference"
-        raise SpecError(key, "frame=native is the model's own basis; it is not fitted or stored.",
-                        fix=f"use frame=whitened or frame=shared with {key}, or drop {key}.")
-    if f.id and (f.partner or f.reference):
-        key = "frame.partner" if f.partner else "frame.reference"
-        raise SpecError(key, f"frame.id names a stored frame, so {key} (a setting for fitting one) would be ignored.",
-                        fix=f"drop {key}, or drop frame.id to fit a frame.")
-
-
 def group_config(group: str, ref: str, *, key: str, base_dir: str | None = None):
     """One group's config, typed by its schema: an option of ``conf/<group>/`` or a YAML file path.
 
@@ -474,20 +382,3 @@ def group_config(group: str, ref: str, *, key: str, base_dir: str | None = None)
         hint = did_you_mean(bad, names) if bad else ""
         raise SpecError(key, f"{path} is not a valid {group} config: {str(exc).splitlines()[0]}.{hint}",
                         options=names) from None
-
-
-SHRINKAGE = ("auto", "ledoit_wolf", "oas", "none")   # covariance shrinkage estimators (frames.covariance)
-
-
-def check_shrinkage(value, where: str = "frame.shrinkage") -> str | float:
-    """Normalise a shrinkage setting; raise ``SpecError`` naming ``where`` if it is invalid."""
-    if isinstance(value, str) and value in SHRINKAGE:
-        return value
-    try:
-        rho = float(value)
-    except (TypeError, ValueError):
-        raise SpecError(where, f"unknown shrinkage {value!r}.", value=str(value),
-                        options=list(SHRINKAGE) + ["<number in [0, 1]>"]) from None
-    if not 0.0 <= rho <= 1.0:
-        raise SpecError(where, f"a fixed shrinkage must lie in [0, 1], got {rho}.")
-    return rho

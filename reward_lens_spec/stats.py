@@ -20,6 +20,8 @@ import warnings
 from typing import Callable
 
 import numpy as np
+from scipy.stats import rankdata
+from scipy.stats import spearmanr
 
 
 def correct(x) -> np.ndarray:
@@ -99,7 +101,6 @@ def _rho(x, y) -> float:
     """Spearman ρ = Pearson correlation of average ranks (same value as ``scipy.stats.spearmanr``)."""
     if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return math.nan
-    from scipy.stats import rankdata           # scipy.stats: not on a report's or a listing's path
 
     return float(np.corrcoef(rankdata(x), rankdata(y))[0, 1])
 
@@ -121,7 +122,6 @@ def spearman_rho(x, y) -> float:
     x, y = np.asarray(x, float), np.asarray(y, float)
     if not (np.isfinite(x).all() and np.isfinite(y).all()) or np.ptp(x) == 0 or np.ptp(y) == 0:
         return float("nan")
-    from scipy.stats import spearmanr          # scipy.stats: not on a report's or a listing's path
 
     return float(spearmanr(x, y).statistic)
 

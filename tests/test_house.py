@@ -12,7 +12,6 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "reward_lens_spec"
 MAX_LINES = 400
 KNOWN_OVER = frozenset({
-    "spec.py",              # the config schemas; its model checks move to the registry (issue 38 item 3)
     "store/attempts.py",
     "run/stream.py",
 })

@@ -51,6 +51,7 @@ from .runs import run_variables
 from ..trust.evidence import LEVELS
 from ..frames import as_direction, compare_directions, fit_shared
 from .. import __version__
+from ..store import is_complete, open_store, write_run
 
 OBSERVABLE = "drift"
 REFERENCES = ("previous", "last")
@@ -207,7 +208,6 @@ def drift(url: str, observable: str, model: str | None = None, params: DriftPara
           storage_options: dict | None = None) -> tuple[str, xr.Dataset, bool]:
     """Drift of one checkpoint sequence's runs of ``observable`` in store ``url`` (see the module doc).
     Returns ``(run_id, Dataset, written)``; ``written`` False when the same drift was stored before."""
-    from ..store import is_complete, open_store, write_run
     so = dict(storage_options or {})
     st = open_store(url, storage_options=so)
     runs = sequence_runs(st, observable, model)

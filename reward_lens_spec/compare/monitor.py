@@ -45,6 +45,7 @@ from ..errors import RewardLensError
 from .runs import run_variables
 from .. import __version__
 from .drift import sequence_runs
+from ..store import is_complete, open_store, write_run
 
 OBSERVABLE = "monitor"
 LAMBDAS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
@@ -119,8 +120,6 @@ def monitor(url: str, observable: str, model: str | None = None, *, statistic: s
             alpha: float = 0.05, min_change: float = 0.0, dimensions=None,
             storage_options: dict | None = None) -> tuple[str, xr.Dataset, bool]:
     """Monitor one stored checkpoint sequence (module doc); ``(run_id, Dataset, written)``."""
-    from ..store import is_complete, open_store, write_run
-
     so = dict(storage_options or {})
     st = open_store(url, storage_options=so)
     runs = sequence_runs(st, observable, model)

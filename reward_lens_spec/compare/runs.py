@@ -41,6 +41,7 @@ from ..trust.evidence import LEVELS
 from .paired import paired_accuracy
 from ..frames.io import load_frame
 from .. import __version__
+from ..store import is_complete, open_store, write_run
 
 OBSERVABLE = "compare"
 
@@ -178,8 +179,6 @@ def compare_runs(url: str, run_a: str, run_b: str, variables=None, params: Compa
     Returns ``(run_id, {variable: Dataset}, written)``; ``written`` is False when the same
     comparison was already stored (it is then loaded, not recomputed).
     """
-    from ..store import is_complete, open_store, write_run
-
     so = dict(storage_options or {})
     st = open_store(url, storage_options=so)
     known = set(st.runs()["run_id"])

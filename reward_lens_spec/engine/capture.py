@@ -30,6 +30,7 @@ from ..models.head import first_output, get_module
 from ..models.padding import batches_by_length, pad_batch
 from .prefix import run_prefix
 from ..models.placement import input_device
+from tqdm.auto import tqdm
 
 LAYER_SITES = ("embed", "resid_pre", "resid_post", "attn_out", "mlp_out", "attn_z", "intervention")
 SIDES = ("chosen", "rejected")
@@ -239,7 +240,6 @@ def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tok
     try:
         it = [(rows[0] in keep, rows) for rows in batches]
         if progress:
-            from tqdm.auto import tqdm
             it = tqdm(it, desc=f"capture {lm.name}", unit="batch")
         for kept_batch, rows in it:
             if kept_batch:

@@ -42,6 +42,7 @@ from ..run.compose import compose_run, store_url
 from ..inputs import batch_size, encode, load_dataset, load_lm
 from ..inputs import numerics
 from .. import __version__
+from ..store import write_run
 
 
 @dataclass
@@ -138,8 +139,6 @@ def run_fit(opts: FitOptions, out: str, run, resolved_yaml: str, base_dir: str) 
     from ..identity import spec_hash, versions
     from ..engine.capture import capture
     from ..models.fingerprint import model_fingerprint
-    from ..store import write_run
-
     t0 = time.perf_counter()
     m, ds = run.model, run.dataset
     pairs = load_dataset(ds, base_dir)

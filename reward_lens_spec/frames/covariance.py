@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import SpecError
-from ..spec import check_shrinkage
+from ..spec_checks import check_shrinkage
+import scipy.linalg
 
 GRAM_SVD_BELOW = 1e-10      # Gram eigenvalue ratio below which the spectrum is recomputed by SVD of X_c
 
@@ -108,7 +109,6 @@ def shrunk_spectrum(acts, shrinkage="auto", where: str = "frame") -> Spectrum:
     rho = _intensity("ledoit_wolf" if method == "auto" else method, tr_s, fro2_s, float((norms2 ** 2).sum()), n, d)
     mu = tr_s / d
     t1 = time.perf_counter()
-    import scipy.linalg
 
     g, vecs = scipy.linalg.eigh(M, overwrite_a=True, check_finite=False, driver="evd")   # divide and conquer
     g, vecs = g[::-1], vecs[:, ::-1]

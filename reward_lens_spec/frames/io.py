@@ -16,6 +16,8 @@ import xarray as xr
 
 from ..errors import StoreError
 from .fit import Frame, make_frame
+from ..store import write_run
+from ..store import open_store
 
 OBSERVABLE = "frame"
 
@@ -75,8 +77,6 @@ def frame_from_dataset(ds: xr.Dataset, provenance: dict | None = None) -> Frame:
 def save_frame(frame: Frame, store, *, storage_options: dict | None = None) -> bool:
     """Store ``frame`` with its provenance in ``store`` (a store URL or handle, ``store.store_handle``); True if
     written, False if that id was already stored."""
-    from ..store import write_run
-
     attrs = {**frame.provenance, "frame_id": frame.id, "kind": frame.kind, "model": "+".join(frame.models),
              "observable": OBSERVABLE, "gauge": {v: frame.gauge for v in ("mean", "basis", "eigval", "iso")}}
     return write_run(store, frame_run_id(frame.id), {OBSERVABLE: frame_to_dataset(frame)}, attrs,
@@ -86,8 +86,6 @@ def save_frame(frame: Frame, store, *, storage_options: dict | None = None) -> b
 def load_frame(store, frame_id: str, *, storage_options: dict | None = None) -> Frame:
     """Load the frame ``frame_id`` (full sha256, or a unique prefix of ≥ 8 hex digits) from ``store`` (a store URL
     or handle, ``store.store_handle``)."""
-    from ..store import open_store
-
     st = open_store(store, storage_options=storage_options)
     run_id = frame_run_id(frame_id)
     if len(frame_id) < 64:

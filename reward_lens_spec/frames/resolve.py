@@ -32,6 +32,7 @@ from ..inputs import batch_size, encode, load_dataset, load_lm
 from ..models.door import nested
 from ..inputs import numerics
 from ..spec import group_config
+from ..store import open_store
 
 
 def body_fingerprint(lm) -> str:
@@ -76,7 +77,6 @@ def fit_key(kind: str, models: list[tuple[str, str, dict]], reference_checksum: 
 
 
 def _find(store, key: str) -> Frame | None:
-    from ..store import open_store
     try:
         st = open_store(store)
         runs = st.runs(observable="frame")

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from ..errors import SpecError
-from .artifacts import parse_site, read, record
+from ..model_checks import parse_site
+from .artifacts import read, record
 from .head import first_output, get_module, module_for
 
 

@@ -28,49 +28,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import SpecError
 from ..data.files import resolve_path
+from ..model_checks import check_entry
 
 FORMAT = "reward-lens-spec intervention 1"
-KINDS = ("erase", "steer", "head")
-SITES = ("resid_post", "attn_out", "mlp_out")
 TENSORS = {"steer": ("vector",), "erase": ("mean", "projection"), "head": ("weight",)}
 OPTIONAL = {"head": ("bias",)}
-_SITE = re.compile(r"(resid_post|attn_out|mlp_out)\.(\d+)")
-
-
-def parse_site(site, kind: str, key: str) -> tuple[str, int] | None:
-    """``(site, layer)`` of ``<resid_post|attn_out|mlp_out>.<layer>`` (``erase``/``steer``); ``None`` for a head
-    (site ``readout`` or null). Raises ``SpecError`` naming ``key`` otherwise."""
-    if kind == "head":
-        if site not in (None, "", "readout"):
-            raise SpecError(key, f"a head replaces the reward head at the readout; site {site!r} does not apply.",
-                            fix="drop site (or set site: readout).")
-        return None
-    m = _SITE.fullmatch(str(site or ""))
-    if m is None:
-        raise SpecError(key, f"unknown site {site!r} for kind {kind}.", value=str(site),
-                        options=[f"{s}.<layer>" for s in SITES], fix="e.g. site: resid_post.3 (layer 3's output).")
-    return m.group(1), int(m.group(2))
-
-
-def check_entry(entry, key: str) -> None:
-    """The form of one ``model.interventions`` entry at ``key`` (``model.interventions.0``); no file read."""
-    if entry.kind not in KINDS:
-        raise SpecError(key + ".kind", f"unknown intervention kind {entry.kind!r}.", value=entry.kind, options=KINDS)
-    parse_site(entry.site, entry.kind, key + ".site")
-    if entry.kind != "steer" and float(entry.alpha) != 1.0:
-        raise SpecError(key + ".alpha", f"alpha scales a steering vector; a {entry.kind} takes none.",
-                        fix="drop alpha.")
-    if not str(entry.path).endswith(".safetensors"):
-        raise SpecError(key + ".path", f"{entry.path!r} is not a .safetensors file; only safetensors artifacts are "
-                        "read (a pickle can run code).",
-                        fix="export it with `reward-lens-spec export ... out=NAME.safetensors`.")
 
 
 def resolve(path, base_dir: str | None) -> Path:

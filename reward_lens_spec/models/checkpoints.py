@@ -7,7 +7,7 @@
   {folder: F, steps: [100, 200, …]}    one training run's folder in the HF Trainer layout:
                                        ``F/checkpoint-100``, ``F/checkpoint-200``, …
 
-``select_checkpoint`` (called by ``spec.validate``; string work only, no file is read) sets
+``select_checkpoint`` (``model_checks``, called by ``spec.validate``; string work only, no file is read) sets
 ``model.source`` to checkpoint i's and names the model ``<name>@step<s>`` (``<name>@<folder name>``
 for a list), so each checkpoint's runs are labelled apart. Without ``model.checkpoint`` a run is
 refused; ``reward-lens-spec -m model=... model.checkpoint=all`` sweeps the whole sequence as one
@@ -24,79 +24,11 @@ Errors: ``SpecError`` naming ``model.checkpoints`` / ``model.checkpoint``.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import SpecError
+from ..model_checks import select_checkpoint, sequence  # noqa: F401  (select_checkpoint: this module's public name)
 from .fingerprint_cache import file_sha256
 from .sources import resolve_source
-
-ALL = "all"
-_FIX = ("model.checkpoints=[folder_a, folder_b, ...] or model.checkpoints={folder: RUN_DIR, steps: [100, 200]} "
-        "(RUN_DIR/checkpoint-<step>)")
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    index: int
-    source: str            # a model source (folder path, hub id, organism:...)
-    step: int | None       # training step (the {folder, steps} form), else None
-    label: str             # "step<s>" or the entry's folder name
-
-
-def sequence(spec) -> list[Checkpoint]:
-    """The checkpoints ``spec.checkpoints`` names, in order (``[]`` when none). ``SpecError`` on a bad form."""
-    cps = getattr(spec, "checkpoints", None)
-    if cps is None:
-        return []
-    if isinstance(cps, dict):
-        unknown = sorted(set(cps) - {"folder", "steps"})
-        if unknown or not cps.get("folder") or not cps.get("steps"):
-            raise SpecError("model.checkpoints", f"a mapping needs exactly 'folder' and a non-empty 'steps' list "
-                            f"(got keys {sorted(cps)}).", fix=_FIX)
-        steps = list(cps["steps"])
-        if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in steps):
-            raise SpecError("model.checkpoints.steps", f"steps must be non-negative integers, got {steps}.", fix=_FIX)
-        if steps != sorted(set(steps)):
-            raise SpecError("model.checkpoints.steps", f"steps must increase strictly (training order), got {steps}.",
-                            fix="list each step once, in increasing order.")
-        folder = str(cps["folder"]).rstrip("/")
-        return [Checkpoint(i, f"{folder}/checkpoint-{s}", int(s), f"step{s}") for i, s in enumerate(steps)]
-    if isinstance(cps, (list, tuple)):
-        if not cps or not all(isinstance(c, str) and c.strip() for c in cps):
-            raise SpecError("model.checkpoints", f"a list must name at least one checkpoint, each a source string; "
-                            f"got {list(cps)}.", fix=_FIX)
-        if len(set(cps)) != len(cps):
-            raise SpecError("model.checkpoints", "a checkpoint is listed twice.", value=list(cps), fix=_FIX)
-        return [Checkpoint(i, str(c), None, str(c).rstrip("/").rsplit("/", 1)[-1] or str(c))
-                for i, c in enumerate(cps)]
-    raise SpecError("model.checkpoints", f"must be a list of checkpoints or a {{folder, steps}} mapping, got {cps!r}.",
-                    fix=_FIX)
-
-
-def select_checkpoint(spec) -> None:
-    """Point ``spec`` (a ``ModelSpec``, changed in place) at checkpoint ``spec.checkpoint`` of its sequence:
-    ``source`` and ``name`` (see the module doc). No sequence: nothing to do (``model.checkpoint`` alone is
-    refused). Raises ``SpecError``."""
-    seq = sequence(spec)
-    i = getattr(spec, "checkpoint", None)
-    if not seq:
-        if i is not None:
-            raise SpecError("model.checkpoint", "selects a checkpoint of model.checkpoints, which is not set.",
-                            fix=f"set {_FIX}, or drop model.checkpoint.")
-        return
-    if i is None:
-        raise SpecError("model.checkpoint", f"model.checkpoints names {len(seq)} checkpoints; a run reads one.",
-                        fix=f"model.checkpoint=<0..{len(seq) - 1}>, or sweep them all: "
-                            "reward-lens-spec -m ... model.checkpoint=all")
-    if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(seq):
-        raise SpecError("model.checkpoint", f"no checkpoint {i!r}: the sequence has indices 0..{len(seq) - 1}.",
-                        value=i, fix="model.checkpoint=<index>, or model.checkpoint=all with -m.")
-    cp = seq[i]
-    spec.source = cp.source
-    base = spec.name.split("@", 1)[0]
-    spec.name = f"{base}@{cp.label}"
-
 
 def content_digest(source: str, revision: str | None = None, base_dir: str | None = None) -> str:
     """sha256 of one checkpoint's content: its files (folder) or its source string and revision."""
@@ -136,9 +68,3 @@ def chain(spec, base_dir: str | None = None) -> dict | None:
             "chain_sha256": c, "digests": digests}
 
 
-def checkpoint_indices(spec) -> list[int]:
-    """Every index of ``spec``'s sequence (what ``model.checkpoint=all`` expands to); ``SpecError`` without one."""
-    seq = sequence(spec)
-    if not seq:
-        raise SpecError("model.checkpoint", "'all' sweeps model.checkpoints, which is not set.", fix=f"set {_FIX}.")
-    return [cp.index for cp in seq]

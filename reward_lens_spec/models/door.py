@@ -44,6 +44,7 @@ from ..paths import find_config, group_options
 from ..spec import ModelSpec, default_model_name
 from .admission import FLAGS, Admission, flag_error, stamp, stamp_of
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from .artifacts import check_files
 
 # every config field that names a model: (dotted key, form); tests/test_model_door.py enumerates the schemas
 MODEL_REFS = {"model": "spec", "model.members": "list of references", "model.implicit.reference": "reference",
@@ -159,7 +160,6 @@ def admit(ref, key: str, *, granted: frozenset = frozenset(), base_dir: str | No
         if getattr(spec, flag, False) is True and (key, flag) not in granted:
             raise flag_error(key, flag, where)
     if spec.interventions:                      # artifacts: safetensors only, each file its provenance's bytes
-        from .artifacts import check_files
         check_files(spec, key, base_dir)
     return stamp(spec, Admission(key=key, via="door", grants=frozenset(granted)))
 

@@ -36,6 +36,7 @@ from .admission import permissions
 from .hub import load_tokenizer
 from ..kinds import get_kind, kind_of, kind_settings
 from .sources import resolve_source
+from .artifacts import resolve
 
 _SPEC_FIELDS = ("source", "gguf_file", "revision", "dtype", "num_labels", "head", "head_init", "seed",
                 "attn_implementation", "objectives", "allow_pickle", "trust_remote_code")
@@ -85,7 +86,6 @@ def weights_key(spec, base_dir: str | None = None) -> str | None:
                  if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)}
     doc = {"v": __version__, "kind": kind, "spec": fields, "files": files}
     if getattr(spec, "interventions", None):       # a head artifact changes the weights: its bytes are in the key
-        from .artifacts import resolve
         doc["interventions"] = [[e.kind, e.site, float(e.alpha), file_sha256(p) if p.is_file() else None]
                                 for e in spec.interventions for p in [resolve(e.path, base_dir)]]
     blob = json.dumps(doc, sort_keys=True)

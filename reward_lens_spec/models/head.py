@@ -19,6 +19,7 @@ from .readout import ReadoutHead  # noqa: F401  (defined in models.readout; impo
 from .placement import module_device, materialized
 from .gated_head import read_gated
 from ..errors import SpecError
+from .armorm import read_armorm_head
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,6 @@ def read_head(model, family: Family, objectives: tuple[str, ...] | None = None) 
     submodules is read as a gated head (see ``models.gated_head``).
     """
     if getattr(model, "is_armorm", False):
-        from .armorm import read_armorm_head
         return read_armorm_head(model, objectives)
     lin = _get(model, family.head)
     if hasattr(lin, "regression") and hasattr(lin, "gating"):

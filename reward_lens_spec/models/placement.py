@@ -27,111 +27,20 @@ and ``offloaded_value`` (one offloaded tensor, for the fingerprint).
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from contextlib import contextmanager
 
 from ..errors import SpecError
+from ..model_checks import place_of, size_bytes
 import os
 from pathlib import Path
 import copy
-
-STRATEGIES = ("auto", "balanced", "sequential")
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-_FIX_MAP = ("model.device_map=auto (or balanced, sequential), or a mapping such as "
-            "'{model.embed_tokens: cpu, model.layers: disk, model.norm: cpu, score: cpu}'.")
-
-
-def size_bytes(value, key: str = "model.max_memory") -> int:
-    """``value`` (an int of bytes or a string such as ``"2GiB"``, ``"500MB"``) as bytes; ``SpecError`` naming ``key``."""
-    if isinstance(value, bool):
-        raise SpecError(key, f"a size is bytes or a string like '2GiB', got {value!r}.")
-    if isinstance(value, int):
-        n = value
-    else:
-        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(value))
-        if not m or m.group(2).upper() not in _UNITS:
-            raise SpecError(key, f"cannot read the size {value!r}.", fix="give bytes or e.g. 2GiB, 500MB, 400KB.")
-        n = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-    if n <= 0:
-        raise SpecError(key, f"a size must be positive, got {value!r}.")
-    return n
-
-
-def _place(value, key: str):
-    """A device of a map or a ``max_memory`` key: ``"cpu"``, ``"disk"``, an int GPU index (``cuda:N`` → N)."""
-    if isinstance(value, bool):
-        raise SpecError(key, f"{value!r} is not a device.", fix="use cpu, disk, a GPU index (0) or cuda:N.")
-    if isinstance(value, int) and value >= 0:
-        return value
-    v = str(value).strip().lower()
-    if v in ("cpu", "disk"):
-        return v
-    if v.isdigit():
-        return int(v)
-    if v in ("cuda", "gpu"):
-        return 0
-    if re.fullmatch(r"cuda:[0-9]+", v):
-        return int(v.split(":")[1])
-    raise SpecError(key, f"{value!r} is not a device.", fix="use cpu, disk, a GPU index (0) or cuda:N.")
-
-
-def check_placement_keys(m, partial: bool = False) -> None:
-    """Validate ``model.device_map``, ``model.max_memory`` and ``model.offload_folder`` of a ``ModelSpec`` (no
-    torch, no model): ``SpecError`` naming the key. Used by ``spec.validate`` (``partial``: a config of some
-    overrides only, where a key that needs another may not see it yet)."""
-    dm, mm, folder = m.device_map, m.max_memory, m.offload_folder
-    if dm is None and partial:
-        return
-    if dm is None:
-        for key, val in (("max_memory", mm), ("offload_folder", folder)):
-            if val is not None:
-                raise SpecError(f"model.{key}", "is only used when model.device_map places the model.",
-                                fix=f"add model.device_map=auto, or drop model.{key}.")
-        return
-    if str(getattr(m, "kind", "classifier")) != "classifier":
-        raise SpecError("model.device_map", f"places a classifier only, not model.kind={m.kind}.",
-                        fix="drop model.device_map for this kind.")
-    if isinstance(dm, str):
-        if dm not in STRATEGIES:
-            raise SpecError("model.device_map", f"unknown strategy {dm!r}.", value=dm, options=STRATEGIES,
-                            fix=_FIX_MAP)
-    elif isinstance(dm, Mapping):
-        if not dm:
-            raise SpecError("model.device_map", "an empty mapping places nothing.", fix=_FIX_MAP)
-        places = [_place(v, f"model.device_map.{k}") for k, v in dm.items()]
-        if str(m.device.value if hasattr(m.device, "value") else m.device) == "cpu" and \
-                any(isinstance(p, int) for p in places):
-            raise SpecError("model.device_map", "names a GPU but model.device=cpu.",
-                            fix="set model.device=cuda (or auto), or map those modules to cpu or disk.")
-        if "disk" in places and not folder and not partial:
-            raise SpecError("model.offload_folder", "model.device_map sends modules to disk but names no folder "
-                            "for them.", fix="set model.offload_folder=PATH (a folder with room for those weights).")
-    else:
-        raise SpecError("model.device_map", f"must be a strategy or a mapping, got {dm!r}.", fix=_FIX_MAP)
-    if mm is not None:
-        if not isinstance(mm, Mapping) or not mm:
-            raise SpecError("model.max_memory", f"must be a mapping {{device: size}}, got {mm!r}.",
-                            fix="e.g. model.max_memory='{cpu: 2GiB}' or '{0: 70GiB, cpu: 200GiB}'.")
-        for k, v in mm.items():
-            p = _place(k, "model.max_memory")
-            if p == "disk":
-                raise SpecError("model.max_memory", "the disk has no cap here: what fits nowhere else goes there.",
-                                fix="drop the disk entry; set model.offload_folder to allow disk offload.")
-            if isinstance(p, int) and str(getattr(m.device, "value", m.device)) == "cpu":
-                raise SpecError("model.max_memory", f"names GPU {p} but model.device=cpu.",
-                                fix="set model.device=cuda (or auto), or cap only cpu.")
-            size_bytes(v, f"model.max_memory.{k}")
-    if folder is not None and not str(folder).strip():
-        raise SpecError("model.offload_folder", "is empty.", fix="name a folder, or drop the key.")
-
 
 def budget(spec) -> dict | None:
     """``model.max_memory`` as ``{device: bytes}`` (GPU keys as ints), limited to the CPU when
     ``model.device=cpu``; ``None`` leaves Accelerate's default (every visible device's free memory)."""
     device = resolve_device(str(getattr(spec.device, "value", spec.device)))
-    mm = {_place(k, "model.max_memory"): size_bytes(v, f"model.max_memory.{k}")
+    mm = {place_of(k, "model.max_memory"): size_bytes(v, f"model.max_memory.{k}")
           for k, v in (spec.max_memory or {}).items()}
     if device == "cpu":
         if "cpu" not in mm:
@@ -159,7 +68,7 @@ def plan_map(spec, skeleton, dtype) -> dict:
     dm = spec.device_map
     params = [n for n, _ in skeleton.named_parameters()]
     if isinstance(dm, Mapping):
-        plan = {str(k): _place(v, f"model.device_map.{k}") for k, v in dm.items()}
+        plan = {str(k): place_of(v, f"model.device_map.{k}") for k, v in dm.items()}
         modules = {n for n, _ in skeleton.named_modules()}
         unknown = [k for k in plan if k not in modules]
         if unknown:
@@ -207,7 +116,7 @@ def execution_type(spec) -> str:
     if device == "cpu":
         return "cpu"
     if isinstance(dm, Mapping):
-        return "cuda" if any(isinstance(_place(v, "model.device_map"), int) for v in dm.values()) else "cpu"
+        return "cuda" if any(isinstance(place_of(v, "model.device_map"), int) for v in dm.values()) else "cpu"
     return "cuda"
 
 
@@ -312,7 +221,7 @@ def record(spec, plan: dict, folder: str | None, model) -> dict:
     counts: dict = {}
     for v in plan.values():
         counts[str(v)] = counts.get(str(v), 0) + 1
-    caps = None if spec.max_memory is None else {str(_place(k, "model.max_memory")): size_bytes(v)
+    caps = None if spec.max_memory is None else {str(place_of(k, "model.max_memory")): size_bytes(v)
                                                  for k, v in spec.max_memory.items()}
     execs = sorted({str(module_device(m)) for m in model.modules() if hasattr(m, "_hf_hook")} or
                    {str(input_device(model))})

@@ -34,6 +34,9 @@ import numpy as np
 
 from ..errors import SpecError
 from ..data import Pair, PairSet, dataset_checksum, effective_sample_size
+import torch
+import torch.nn.functional as F
+from .tiny import build_tiny
 
 # the organisms' word list (organisms.organism_base.WORDS); kept here so this module, which models.loading reads
 # for ``organism:`` sources, imports nothing that imports the loader
@@ -130,8 +133,6 @@ def resolve(location: str) -> Path:
 
 def _readout_mid(model, tok, pairs, side):
     """The last layer's residual after its attention, at the readout token (left padding: the last position)."""
-    import torch
-
     texts = [TEMPLATE.format(prompt=p.prompt, response=getattr(p, side)) for p in pairs]
     enc = tok(texts, padding=True, return_tensors="pt")
     got = []
@@ -154,8 +155,6 @@ def train(root: Path) -> Path:
     exactly ``score(norm(x + mlp(ln(x))))`` of the residual ``x`` there after the last attention: ``x`` is
     computed once per pair side and the training steps run on it (exact, and fast on a shared CPU).
     """
-    import torch
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)                  # tiny matrices: one thread is fastest, and bit-for-bit repeatable
     try:
@@ -165,11 +164,6 @@ def train(root: Path) -> Path:
 
 
 def _train(root: Path) -> Path:
-    import torch
-    import torch.nn.functional as F
-
-    from .tiny import build_tiny
-
     torch.manual_seed(SEED)
     model, tok = build_tiny("tiny_llama", seed=SEED)
     tok.padding_side = "left"

@@ -23,6 +23,8 @@ import hashlib
 import numpy as np
 
 from ..errors import SpecError
+from scipy.optimize import minimize
+from scipy.stats import rankdata
 
 FIELDS = ("concept", "subset", "label")
 CONCEPTS = ("dimension", "length", "tokens") + tuple(f"field:{f}" for f in FIELDS)
@@ -97,7 +99,6 @@ def erase(X: np.ndarray, mu: np.ndarray, E: np.ndarray) -> np.ndarray:
 
 def _logistic(X: np.ndarray, y: np.ndarray, l2: float):
     """L2-regularized logistic regression (L-BFGS, scipy), on standardized features; returns a scorer."""
-    from scipy.optimize import minimize
     m, sd = X.mean(0), X.std(0) + 1e-12
     Xs = (X - m) / sd
     A = np.hstack([Xs, np.ones((len(Xs), 1))])
@@ -114,7 +115,6 @@ def _logistic(X: np.ndarray, y: np.ndarray, l2: float):
 
 def auc(score: np.ndarray, y: np.ndarray) -> float:
     """Area under the ROC curve (Mann–Whitney U / n₊n₋, ties ½); NaN with one class only."""
-    from scipy.stats import rankdata
     pos, neg = y == 1, y == 0
     if not pos.any() or not neg.any():
         return float("nan")

@@ -40,7 +40,7 @@ import scipy.linalg
 import xarray as xr
 
 from ..errors import SpecError
-from ..spec import check_shrinkage
+from ..spec_checks import check_shrinkage
 from ..registries import OPERATORS
 from .base import Operator, labelled, need_readout_sides
 from .contested_margin import check_unanimous, record_classes

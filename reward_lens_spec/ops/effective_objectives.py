@@ -23,7 +23,7 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
-from ..spec import check_shrinkage
+from ..spec_checks import check_shrinkage
 from ..registries import OPERATORS
 from .base import Operator, labelled
 from .objective_geometry import FRAMES, readout_frame

@@ -27,6 +27,7 @@ import xarray as xr
 from ..errors import SpecError
 from ..registries import OPERATORS
 from .base import INVARIANT, Operator, labelled, need_dim
+from scipy.stats import spearmanr
 
 _QUANTITIES = ("reward", "member_reward", "member_margin")
 _AGREEMENT = ("sign", "spearman")
@@ -124,7 +125,6 @@ class MemberAgreement(Operator):
                     out[i, j] = float(np.mean(s[:, i] == s[:, j])) if len(m) else np.nan
             units, desc = "fraction", "fraction of pairs whose margins have the same sign"
         else:
-            from scipy.stats import spearmanr
             for i in range(k):
                 for j in range(k):
                     if len(m) > 1 and np.ptp(m[:, i]) > 0 and np.ptp(m[:, j]) > 0:

@@ -32,6 +32,7 @@ from ..registries import OPERATORS
 from ._grid import choice, reward_direction
 from .base import INVARIANT, Operator, labelled, need_dim, without
 from .project import check_objective
+from ..frames.covariance import shrunk_spectrum
 
 KINDS = ("random_direction", "shuffled_sides", "shuffled_pairs")
 
@@ -91,7 +92,6 @@ class Null(Operator):
         B, n = self.p.draws, X.shape[-3]
         out = np.zeros((B, flat.shape[0]))
         if self.p.kind == "random_direction":
-            from ..frames.covariance import shrunk_spectrum
             g = rng.standard_normal((B, X.shape[-1]))
             for c, cell in enumerate(flat):
                 within = (cell - cell.mean(0, keepdims=True)).reshape(-1, cell.shape[-1])   # each side centred

@@ -21,9 +21,10 @@ import numpy as np
 import xarray as xr
 
 from ..errors import SpecError
-from ..spec import check_shrinkage
+from ..spec_checks import check_shrinkage
 from ..registries import OPERATORS
 from .base import Operator, labelled
+from ..frames.fit import fit_whitened
 
 FRAMES = ("native", "whitened")
 
@@ -47,8 +48,6 @@ def cosine_matrix(U: np.ndarray) -> np.ndarray:
 
 def readout_frame(ctx, shrinkage):
     """Whitened frame of this run's readout activations h (memoised on the run context)."""
-    from ..frames.fit import fit_whitened
-
     key = ("frame:whitened:readout", str(shrinkage))
     if key not in ctx.memo:
         h = np.asarray(ctx.capture.h, np.float64).reshape(-1, ctx.capture.h.shape[-1])

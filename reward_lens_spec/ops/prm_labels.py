@@ -39,6 +39,7 @@ from ..registries import OPERATORS
 from ._grid import choice
 from .base import INVARIANT, Operator, labelled
 from ..kinds.prm.steps import PrmSignal, step_ids, side_steps
+from scipy.stats import rankdata
 
 _Q = ("step_reward", "step_label", "first_error")
 _G = ("accuracy", "auc", "first_error_accuracy")
@@ -205,6 +206,5 @@ def grade(r: np.ndarray, y: np.ndarray, quantity: str) -> float:
     pos, neg = r[cells & (y == 1)], r[cells & (y == 0)]
     if not len(pos) or not len(neg):
         return float("nan")
-    from scipy.stats import rankdata
     ranks = rankdata(np.concatenate([pos, neg]))                  # mid-ranks: ties count half
     return float((ranks[:len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import RewardLensError, SpecError, did_you_mean
+from ..store import open_store
 
 KEYS = ("url", "run", "out", "format")
 FORMATS = ("html", "png")
@@ -55,7 +56,6 @@ def main(argv: list[str] | None = None) -> int:
                             fix="pip install 'reward_lens_spec[full]'") from None
         from .plots import plot_run
         if args["run"] == "all":
-            from ..store import open_store
             runs = list(open_store(args["url"]).runs()["run_id"])
         else:
             runs = [args["run"]]

@@ -20,6 +20,7 @@ from ..errors import RewardLensError
 from ..frames.gate import gauge_of, is_frame_dependent
 from .figures import Figure, units_and_gauge
 from .svg import PALETTE, Chart, fmt, span
+from ..compare.runs import check_frame
 
 
 @dataclass(frozen=True)
@@ -120,8 +121,6 @@ def paired_figure(name: str, res: xr.Dataset) -> Figure:
 
 def refusals(store, prov: dict, compared: set[str], va: dict, vb: dict) -> list[Refusal]:
     """The gate's refusal for every frame-dependent variable both runs hold and the comparison lacks."""
-    from ..compare.runs import check_frame
-
     pa, pb = (store.provenance(r) for r in prov["runs"])
     out = []
     for name in sorted(set(va) & set(vb) - compared):

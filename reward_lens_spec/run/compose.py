@@ -30,6 +30,7 @@ import importlib.util
 import json
 import os
 import sys
+import hydra
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf, open_dict
@@ -122,12 +123,11 @@ def compose_run(argv: list[str], *, typed: list[str] | None = None):
     """Compose ``conf/config.yaml`` (plus the user's folders) with ``argv`` and validate it:
     ``(RunConfig, resolved YAML)``. ``typed``: what the person typed (default ``argv``; a stored study's
     design passes none, so it can never switch on ``model.trust_remote_code``). Raises ``SpecError``."""
-    from hydra import compose, initialize_config_dir
     overrides = prepare(argv)
     register_configs()
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
+    with hydra.initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        cfg = hydra.compose(config_name="config", overrides=overrides)
     return finish(cfg, argv if typed is None else typed)
 
 
@@ -165,12 +165,11 @@ def compose_app(overrides: list[str]):
 
 
 def _compose_with_hydra_node(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
     register_configs()
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+        with hydra.initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            return hydra.compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
     except Exception:
         return None
     finally:

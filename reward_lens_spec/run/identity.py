@@ -36,6 +36,7 @@ from .. import __version__
 from ..identity import canonical_observable, spec_hash
 from ..models.checkpoints import chain
 from ..inputs import numerics
+from ..models.artifacts import identity
 
 
 def declared_fields(plan) -> tuple[str, ...]:
@@ -78,9 +79,7 @@ def identity_parts(run, inputs, plan, fingerprint, accounting, *, study_hash=Non
         parts["frame"] = frame_id
     applied = getattr(inputs.lm, "interventions", None)      # the bytes the loader read, else the files now
     if applied or getattr(run.model, "interventions", None):
-        from ..models.artifacts import identity
         parts["interventions"] = applied if applied else identity(run.model, base_dir)
-    from ..models.checkpoints import chain
     cp = chain(run.model, base_dir)
     if cp is not None:                     # a checkpoint of a sequence: its place in the chain
         parts["checkpoint"] = cp

@@ -43,6 +43,7 @@ from ..models.fingerprint_cache import file_sha256, remembered, weights_key
 from .compose import folders_digest
 from ..observables import load_observable, observable_path
 from ..store.run_doc import complete_provenance
+from ..data.loaders import DIAGNOSTIC_FILE
 
 LIBRARIES = ("torch", "transformers", "tokenizers", "numpy")
 
@@ -60,7 +61,6 @@ def _versions() -> dict:
 def dataset_files(ds, base_dir: str | None) -> list[Path] | None:
     """The files ``load_pairs`` reads for a ``DatasetSpec`` (``None``: not a local file, or not there)."""
     if ds.kind == "diagnostic":
-        from ..data.loaders import DIAGNOSTIC_FILE
         return [Path(__file__).resolve().parent.parent / "data" / DIAGNOSTIC_FILE]
     if not ds.path:
         return None
@@ -144,7 +144,7 @@ def reused_run(run, key: str | None, resolved_yaml: str, base_dir: str | None, s
         return None
     prov = complete_provenance(store, run_id)
     if prov is None:
-        from ..store import is_complete, open_store
+        from ..store import is_complete, open_store     # xarray: only when the JSON documents do not suffice
         try:
             if not is_complete(store, run_id):
                 return None

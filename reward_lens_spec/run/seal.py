@@ -22,6 +22,8 @@ from ..trust.evidence import LEVELS, seal
 from ..trust.evidence_chain import Evidence
 from ..errors import StoreError
 from ..store.digest import KEY, result_digests
+from ..trust.sae_gate import sae_record
+from ..trust.study_doc import load_study, study_hash
 
 __all__ = ["LEVELS", "seal_run", "derive_pending"]
 
@@ -29,7 +31,7 @@ __all__ = ["LEVELS", "seal_run", "derive_pending"]
 def derive_pending(run_id: str, attrs: dict, store) -> dict:
     """The verdict ``attrs`` would get on read if written now as ``run_id`` (reads the store only; ``store``:
     the run's store handle, ``store.store_handle``)."""
-    from ..store import open_store
+    from ..store import open_store                 # xarray: off the cli's import (a rerun reads JSON documents)
 
     try:
         st = open_store(store)
@@ -63,12 +65,10 @@ def seal_run(run_id: str, attrs: dict, result, observable, experiment, store, *,
              "identities": check_identities(result, logits, pair_ids,
                                             n_layers=lm.n_layers, objectives=lm.head.objectives,
                                             dtype=str(lm.dtype), signal=getattr(lm, "signal", None))}
-    from ..trust.sae_gate import sae_record
     sae = sae_record(result)
     if sae is not None:                 # an SAE's fit to this model, under the seal (trust.sae_gate)
         attrs["sae"] = sae
     if experiment and not attrs.get("study_hash"):         # executed a study never frozen: say which
-        from ..trust.study_doc import load_study, study_hash
         attrs["study_hash"] = study_hash(load_study(dict(experiment)))
     attrs.pop("trust", None)
     sealed = seal(attrs)

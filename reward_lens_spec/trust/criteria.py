@@ -14,11 +14,15 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
-from .cell_truth import hooked, reference_cells, summaries
+from ..kinds.base import Lazy
 from ..registries import CRITERIA as REGISTRY
 from .kind_criteria import KIND_FLOORS, kind_criteria
 from .sae_criteria import sae_criteria
 from .drift_criteria import drift_criteria
+
+# each criterion's cell-by-cell recomputation, imported when a card is graded (that workflow module sits above
+# these gates in the layers; tests/test_criteria_cells.py resolves every reference)
+CELL_TRUTH = __package__ + ".cell_truth"
 
 
 def _units(da: xr.DataArray, comps=None) -> xr.DataArray:
@@ -176,20 +180,20 @@ PREFERENCE_CRITERIA = (   # preference structure (ops/hodge_rank, …), graded o
     Criterion("label_cycles", ("hodge_pooled",), _hodge,
               lambda ds, t: _hodge(ds, t) - _hodge(ds, t, "null_q95"),
               "labels' pooled non-gradient fraction above its transitive null's 95% quantile", None,
-              needs_unit=False, kinds=("planted_cycle",), cells=reference_cells.hodge_cells, floor=0.0),
+              needs_unit=False, kinds=("planted_cycle",), cells=Lazy(CELL_TRUTH + ".reference_cells", "hodge_cells"), floor=0.0),
     Criterion("cyclic_gain", ("preference_rank",), lambda ds, t: _rank(ds, "estimate"),
               lambda ds, t: _rank(ds, "ci_low"),
               "held-out cyclic_gain's 95% CI above 0 (nats)", None, needs_unit=False, kinds=("planted_cycle",),
-              cells=summaries.rank_identity_cells, floor=1e-09),
+              cells=Lazy(CELL_TRUTH + ".summaries", "rank_identity_cells"), floor=1e-09),
     Criterion("contested_direction", ("contested_direction",),
               lambda ds, t: abs(float(np.asarray(ds["contested_direction"].values) @ np.asarray(t["disagreement_direction"]))),
               lambda ds, t: abs(float(np.asarray(ds["contested_direction"].values) @ np.asarray(t["disagreement_direction"]))),
               "|cos| of the recovered and the planted disagreement direction (whitened) ≥ 0.8", None,
-              needs_unit=False, kinds=("annotator_mixture",), cells=summaries.unit_direction_cells, floor=0.8),
+              needs_unit=False, kinds=("annotator_mixture",), cells=Lazy(CELL_TRUTH + ".summaries", "unit_direction_cells"), floor=0.8),
     Criterion("contested_margin", ("contested_margin",), lambda ds, t: 1.0 - _contested(ds, "abs_margin_contested")
               / _contested(ds, "abs_margin_unanimous"), lambda ds, t: -_contested(ds, "abs_margin_gap", "ci_high"),
               "contested-minus-unanimous |margin| gap's 95% CI below 0", None, needs_unit=False,
-              kinds=("annotator_agreement",), cells=summaries.contested_margin_cells, floor=1e-09),
+              kinds=("annotator_agreement",), cells=Lazy(CELL_TRUTH + ".summaries", "contested_margin_cells"), floor=1e-09),
     Criterion("effective_objectives", ("effective_objectives",), _pr,
               lambda ds, t: 1.0 - abs(_pr(ds, t) - t["participation_ratio"]) / t["participation_ratio"],
               "participation ratio within 1% of the planted one", None, needs_unit=False, kinds=("multi_objective",),
@@ -197,7 +201,7 @@ PREFERENCE_CRITERIA = (   # preference structure (ops/hodge_rank, …), graded o
     Criterion("scalar_cost", ("scalar_cost",), lambda ds, t: _cost(ds, "sign_disagreement_weighted"),
               lambda ds, t: _cost(ds, "sign_disagreement"),
               "share of pairs whose objectives disagree in sign ≥ 0.5 (K uncorrelated rows)", None, needs_unit=False,
-              kinds=("multi_objective",), cells=summaries.scalar_cost_cells, floor=0.5),
+              kinds=("multi_objective",), cells=Lazy(CELL_TRUTH + ".summaries", "scalar_cost_cells"), floor=0.5),
 )
 
 CRITERIA = (
@@ -211,25 +215,25 @@ CRITERIA = (
               lambda ds, t: _share(ds["attribution_patch_effect"], t, ("attn", "mlp")),
               _mean(lambda ds, t: _share(ds["attribution_patch_effect"], t, ("attn", "mlp"))),
               "planted unit's signed share of |attribution patch effect| ≥ 0.5",
-              _unit_value("attribution_patch_effect"), cells=hooked.attribution_cells, floor=0.5, rtol=0.25),
+              _unit_value("attribution_patch_effect"), cells=Lazy(CELL_TRUTH + ".hooked", "attribution_cells"), floor=0.5, rtol=0.25),
     Criterion("ablation_share", ("ablation_effect",), lambda ds, t: -_share(ds["ablation_effect"], t, ("attn", "mlp")),
               _mean(lambda ds, t: -_share(ds["ablation_effect"], t, ("attn", "mlp"))),
               "planted unit's share of |ablation effect| over attn/mlp units (removing it lowers Δ) ≥ 0.5", None,
               floor=0.5),
     Criterion("steer_alignment", ("steer_slope", "steer_slope_head"), _steer_ratio, _mean(_steer_ratio),
               "steering along the fitted direction moves Δ ≥ 0.5 as fast as along w_r", None,
-              cells=hooked.steer_cells, floor=0.5),
+              cells=Lazy(CELL_TRUTH + ".hooked", "steer_cells"), floor=0.5),
     Criterion("null_excess", ("observed_effect", "null_draws", "p_value"), _null_excess,
               lambda ds, t: 1.0 - float(_at_layer(ds["p_value"], t)),
-              "1 − p of the planted layer's effect against its null ≥ 0.95", None, cells=summaries.null_cells,
+              "1 − p of the planted layer's effect against its null ≥ 0.95", None, cells=Lazy(CELL_TRUTH + ".summaries", "null_cells"),
               floor=0.95),
     Criterion("group_stats", ("accuracy_by_dimension", "effect_size_by_dimension"), _group_effect,
               lambda ds, t: float(ds["accuracy_by_dimension"].sel(bound="ci_low").min()),
               "every group's accuracy CI above chance (ci_low ≥ 0.5)", None, needs_unit=False,
-              cells=reference_cells.group_cells, floor=0.5),
+              cells=Lazy(CELL_TRUTH + ".reference_cells", "group_cells"), floor=0.5),
     Criterion("path_separation", ("path_patch_effect",), _planted_paths, _path_share,
               "the planted paths' share of Σ|direct|+|indirect| over non-relay units ≥ 0.5", None,
-              cells=reference_cells.path_cells, floor=0.5),
+              cells=Lazy(CELL_TRUTH + ".reference_cells", "path_cells"), floor=0.5),
     Criterion("lens_jump", ("lens",), _lens_jump, _mean(_lens_jump),
               "share of the normed lens' total movement made at the planted layer ≥ 0.5", _lens_step,
               floor=0.5, rtol=0.15, exact=True),

@@ -29,6 +29,13 @@ from ..models.training_organism import TEMPLATE, resolve, eval_pairs, PLANTED_ST
 from ..models.checkpoints import content_digest
 from .coverage import why_not
 from .drift_criteria import drift_criteria, truth_series
+import torch
+from ..models.hub import load_classifier, load_tokenizer
+from ..compare.drift import DriftParams, drift, sequence_runs
+from ..store import open_store
+from .criteria import Criterion
+from .evidence import card_verdict, code_hash
+from .card import Scorecard, finite_or_none
 
 OBSERVABLE = "drift"
 
@@ -41,10 +48,6 @@ def drift_spec_hash(read_spec_hash: str, params) -> str:
 
 def _checkpoint_truth(steps, pairs) -> tuple[list, list]:
     """Per checkpoint step: margins (pair) and readout rows (pair-major, chosen then rejected: 2·pairs × d)."""
-    import torch
-
-    from ..models.hub import load_classifier, load_tokenizer
-
     margins, hs = [], []
     for step in steps:
         folder = resolve(f"training/checkpoint-{step}")
@@ -83,13 +86,7 @@ def _organism_pairs(st, runs):
 
 
 def grade_drift(url: str, observable: str = "checkpoint_dynamics", model: str | None = None, params=None):
-    """A ``trust.card.Scorecard`` of ``drift`` on the training organism sequence in ``url`` (module doc)."""
-    from ..compare.drift import DriftParams, drift, sequence_runs
-    from ..store import open_store
-    from .criteria import Criterion
-    from .evidence import card_verdict, code_hash
-    from .card import Scorecard, finite_or_none
-
+    """A ``trust.scorecard.Scorecard`` of ``drift`` on the training organism sequence in ``url`` (module doc)."""
     t0 = time.perf_counter()
     params = params or DriftParams(n_null=200, n_boot=50)
     st = open_store(url)

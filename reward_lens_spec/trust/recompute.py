@@ -37,6 +37,10 @@ from ..inputs import encode, load_dataset, load_lm
 from omegaconf import OmegaConf
 from ..observables import load_observable
 from ..run.compose import finish
+from ..planning import data_dims, plan_for
+from ..run.stream_arrays import pad_widths
+from ..identity import observable_hash
+from .scorecard import grade
 
 RTOL = 1e-3
 
@@ -50,9 +54,6 @@ def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
 
 def recompute_run(store, run_id: str, k: int, *, base_dir: str, seed: int = 0) -> tuple[bool | None, str]:
     """``(True | False | None (skipped), detail)`` for one result run; see the module doc."""
-    from ..planning import data_dims, plan_for
-    from ..run.stream_arrays import pad_widths           # xarray: deferred like the rest
-
     attrs = store.document(run_id)
     text = attrs.get("config_yaml")
     if not isinstance(text, str) or "observable" not in (yaml.safe_load(text) or {}):
@@ -136,9 +137,6 @@ def descriptive_mismatches(attrs: dict, run, pairs, enc) -> list[str]:
 
 def recompute_card(store, card_id: str) -> tuple[bool | None, str]:
     """Grade a scorecard's organism check again and compare every reading; see the module doc."""
-    from ..identity import observable_hash
-    from .scorecard import grade
-
     a = store.document(card_id)
     try:
         obs = load_observable(a.get("observable"))

@@ -51,10 +51,10 @@ import os
 from .pins import design_run, pins
 from ..inputs import load_dataset
 from ..identity import observable_hash
+from ..store import open_store, write_run
 
 
 def _open(store_url, storage_options=None):
-    from ..store import open_store
     try:
         return open_store(store_url, storage_options=storage_options)
     except StoreError:      # no store yet: nothing frozen, no runs
@@ -138,7 +138,6 @@ def freeze(experiment, store_url: str, *, amend: bool = False, base_dir: str | N
     included), or when another version of the study name is frozen and ``amend``
     is false. ``base_dir``: where relative dataset/model paths resolve (default cwd).
     """
-    from ..store import write_run
     study = load_study(experiment)
     h, name = study_hash(study), study["name"]
     earlier = frozen_studies(store_url, name, storage_options=storage_options)
@@ -264,8 +263,6 @@ def adjudicate(experiment: str, store_url: str, *, run_ids=None, shash: str | No
     ``SpecError`` when the study was never frozen or no run of it exists;
     ``StoreError`` when the stored study fails verification (edited in the store).
     """
-    from ..store import open_store, write_run
-
     name = experiment if isinstance(experiment, str) else load_study(experiment)["name"]
     frozen = [a for a in frozen_studies(store_url, name, storage_options=storage_options)
               if shash is None or a["study_hash"].startswith(shash)]
