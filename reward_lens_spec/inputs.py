@@ -9,9 +9,12 @@ Every command — the main run, ``fit``, ``freeze``/``amend`` (design pins), fra
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 from .data import load_pairs
+from .data.file_pairs import FilePairs
 from .data.readers import CONVERSATIONAL
 from .errors import SpecError
 from .registries import DATASET_READERS
@@ -48,7 +51,8 @@ def encode(lm, pairs, spec=None, **kw):
         kw = dict(fmt=spec.format.value, template=spec.template, max_length=spec.max_length, **kw)
     if getattr(pairs, "shape", None) in CONVERSATIONAL:     # messages: rendered by a chat template, never model.template
         kw.update(fmt="messages", template=pairs.chat_template or "")
-    enc = encode_pairs(lm.tokenizer, list(pairs), model_name=lm.name, **kw)
+    seq = getattr(pairs, "pairs", pairs)     # a sequence, encoded slice by slice (a file's pairs: read by slice)
+    enc = encode_pairs(lm.tokenizer, seq if isinstance(seq, Sequence) else list(seq), model_name=lm.name, **kw)
     return encode_kind(enc, lm, spec, pairs)           # a kind may move the readout (a PRM: after the chosen step)
 
 
@@ -56,11 +60,17 @@ def ops_view(pairs, fields):
     """``pairs`` as operators see them: ``meta`` cut to the declared per-pair ``fields`` (``Operator.
     pair_fields``), ``rubric``/``source`` blanked unless declared. What an operator can read is so exactly
     what the run identity covers (``run.identity``)."""
-    keep = set(fields)
-    cut = tuple(replace(p, meta=tuple((k, v) for k, v in p.meta if k in keep),
-                        rubric=p.rubric if "rubric" in keep else "", source=p.source if "source" in keep else "")
-                for p in pairs)
-    return replace(pairs, pairs=cut) if hasattr(pairs, "checksum") else list(cut)
+    cut = partial(_cut, keep=frozenset(fields))
+    inner = getattr(pairs, "pairs", None)
+    if isinstance(inner, FilePairs):         # pairs left in their file: the view is applied as each is re-read
+        return replace(pairs, pairs=inner.view(cut))
+    view = tuple(cut(p) for p in pairs)
+    return replace(pairs, pairs=view) if hasattr(pairs, "checksum") else list(view)
+
+
+def _cut(p, keep: frozenset):
+    return replace(p, meta=tuple((k, v) for k, v in p.meta if k in keep),
+                   rubric=p.rubric if "rubric" in keep else "", source=p.source if "source" in keep else "")
 
 
 def batch_size(spec, lm, enc) -> int:

@@ -79,14 +79,19 @@ def file_info(name: str, raw: bytes) -> dict[str, Any]:
     return {"name": name, "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
 
 
-def read_bytes(resolved: Path, given: Any) -> bytes:
-    """The bytes of the file ``resolved`` as stored; ``given`` is the path as configured. Raises ``SpecError``
-    (``dataset.path``) when it is no readable file."""
+def check_file(resolved: Path, given: Any) -> None:
+    """Raise ``SpecError`` (``dataset.path``) unless ``resolved`` is a file; ``given``: the path as configured."""
     if not resolved.is_file():
         what = "is a directory, not a file" if resolved.is_dir() else "does not exist"
         raise SpecError("dataset.path", f"{resolved} {what} (given {str(given)!r}).",
                         fix="set dataset.path to an existing .jsonl or .json file; relative paths "
                             "resolve against the directory you started in.")
+
+
+def read_bytes(resolved: Path, given: Any) -> bytes:
+    """The bytes of the file ``resolved`` as stored; ``given`` is the path as configured. Raises ``SpecError``
+    (``dataset.path``) when it is no readable file."""
+    check_file(resolved, given)
     try:
         return resolved.read_bytes()
     except OSError as e:
@@ -190,10 +195,15 @@ def jsonl_records(text: str, file_label: str) -> Iterator[tuple[int, str, Any]]:
     for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
-        row = _strict_loads(line, file_label, f"line {lineno}",
-                            fix="make every line one JSON object (JSON-Lines); a .json file must hold one list.")
-        yield index, f"line {lineno}", _checked(row, file_label, f"line {lineno}")
+        yield index, f"line {lineno}", jsonl_row(line, file_label, lineno)
         index += 1
+
+
+def jsonl_row(line: str, file_label: str, lineno: int) -> Any:
+    """One non-blank JSON-Lines line read as strict JSON (see the module doc); ``SpecError`` naming the line."""
+    row = _strict_loads(line, file_label, f"line {lineno}",
+                        fix="make every line one JSON object (JSON-Lines); a .json file must hold one list.")
+    return _checked(row, file_label, f"line {lineno}")
 
 
 def json_list_records(text: str, file_label: str) -> Iterator[tuple[int, str, Any]]:

@@ -113,8 +113,9 @@ class PairSet:
 
     @property
     def ids(self) -> tuple[str, ...]:
-        """Pair ids, in order."""
-        return tuple(p.id for p in self.pairs)
+        """Pair ids, in order (pairs left in their file, ``data.file_pairs``: from the ids kept, no re-read)."""
+        kept = getattr(self.pairs, "ids", None)
+        return kept if kept is not None else tuple(p.id for p in self.pairs)
 
     @property
     def dimensions(self) -> tuple[str, ...]:

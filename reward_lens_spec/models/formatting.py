@@ -230,7 +230,7 @@ def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
     if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
         raise SpecError("model.max_length", f"must be an integer >= 2, got {max_length!r}.", value=max_length)
     bos_id = getattr(tokenizer, "bos_token_id", None)
-    pairs = list(pairs)
+    pairs = pairs if isinstance(pairs, Sequence) else list(pairs)    # sliced below: never all held as objects
     bos_seen: set[int] = set()
     ids_out: list[str] = []
     chosen, rejected = [], []            # TokenRows per slice of pairs: no list of every pair's ids is built

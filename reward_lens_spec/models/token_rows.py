@@ -1,9 +1,9 @@
 """Token ids of many sequences, stored flat: the memory of a tokenized dataset is its tokens.
 
-``TokenRows`` holds ``n`` sequences of token ids as one ``int32`` array (dims: token, all rows
-concatenated) and ``n + 1`` offsets (row ``i`` is ``flat[off[i]:off[i+1]]``). A Python list of
-int lists costs 8 bytes per token for the pointer, a list header per row, and a 28-byte int object
-per token id above 256; this costs 4 bytes per token and 8 per row. A run over many pairs keeps
+``TokenRows`` holds ``n`` sequences of token ids as one flat array (dims: token, all rows concatenated):
+``uint16`` when the ids fit (vocabularies up to 65,536), else ``int32``; and ``n + 1`` offsets (row ``i`` is
+``flat[off[i]:off[i+1]]``). A Python list of int lists costs 8 bytes per token for the pointer, a list header per row, and a 28-byte int object
+per token id above 256; this costs 2 (or 4) bytes per token and 8 per row. A run over many pairs keeps
 the encoded pairs for its whole length (chunks are cut from them), so this is most of what a
 streamed run holds per pair (``benchmarks/results.md`` §12).
 
@@ -20,10 +20,18 @@ from itertools import chain
 import numpy as np
 
 _MAX = np.iinfo(np.int32).max
+_U16 = np.iinfo(np.uint16).max
+
+
+def compact(flat: np.ndarray) -> np.ndarray:
+    """``flat`` token ids as ``uint16`` when every id fits (vocabularies up to 65,536: 2 bytes a token), else
+    ``int32``. Rows read back as Python ints either way, so no consumer sees the difference."""
+    small = flat.size == 0 or (int(flat.min()) >= 0 and int(flat.max()) <= _U16)
+    return flat.astype(np.uint16 if small else np.int32, copy=False)
 
 
 class TokenRows(Sequence):
-    """``n`` token-id sequences in one flat ``int32`` array; see the module doc."""
+    """``n`` token-id sequences in one flat ``uint16``/``int32`` array; see the module doc."""
 
     __slots__ = ("_flat", "_off")
 
@@ -38,7 +46,7 @@ class TokenRows(Sequence):
         flat = np.fromiter(chain.from_iterable(rows), np.int64, count=int(off[-1]))
         if flat.size and (flat.min() < 0 or flat.max() > _MAX):
             raise ValueError(f"TokenRows: token ids must lie in [0, {_MAX}]; got {flat.min()}..{flat.max()}")
-        self._flat, self._off = flat.astype(np.int32), off
+        self._flat, self._off = compact(flat), off
 
     @classmethod
     def _view(cls, flat: np.ndarray, off: np.ndarray) -> "TokenRows":
@@ -56,7 +64,7 @@ class TokenRows(Sequence):
         lengths = np.concatenate([np.diff(p._off) for p in parts])
         off = np.zeros(lengths.size + 1, np.int64)
         np.cumsum(lengths, out=off[1:])
-        return cls._view(np.concatenate(flats).astype(np.int32, copy=False), off)
+        return cls._view(compact(np.concatenate(flats)), off)
 
     def __len__(self) -> int:
         return self._off.size - 1
@@ -105,7 +113,7 @@ class TokenRows(Sequence):
     @property
     def nbytes(self) -> int:
         """Bytes held: the rows' tokens (only those this view spans are counted) and its offsets."""
-        return int(4 * (self._off[-1] - self._off[0]) + self._off.nbytes) if self._off.size else 0
+        return int(self._flat.itemsize * (self._off[-1] - self._off[0]) + self._off.nbytes) if self._off.size else 0
 
     def __getstate__(self):
         return {"flat": self._flat[self._off[0]:self._off[-1]].copy(), "off": self._off - self._off[0]}

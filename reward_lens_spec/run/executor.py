@@ -156,10 +156,10 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     (a multirun's jobs share one console). ``open_result=False``: ``Outcome.result`` stays ``None`` (the
     command line prints from the run document, so its memory does not grow with the stored outputs).
 
-    Memory: besides one chunk's work, the run holds per pair its texts (one ``Pair`` each, the copy operators
-    see: ``inputs.ops_view``), its token ids (``TokenRows``, 4 bytes a token) and its labels (id, prompt id,
-    dimension, flags: ``RunContext.pair_coords``); every other per-pair array is written by chunk and read
-    back by chunk (benchmarks/results.md §16)."""
+    Memory: besides one chunk's work, the run holds per pair where its line lies in a plain JSON-Lines file
+    (``data.file_pairs``: ~50 bytes; the texts are re-read where needed; other sources: one ``Pair`` each), its
+    token ids (``TokenRows``, 2 or 4 bytes a token) and its labels as bytes (``context.PairLabels``); every other
+    per-pair array is written by chunk and read back by chunk (benchmarks/results.md §16, §20)."""
     t0 = time.perf_counter()
     store = store_handle(store_url, dict(run.store.storage_options))   # the run's one store handle, handed down
     study = None

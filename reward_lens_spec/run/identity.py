@@ -48,13 +48,35 @@ def pair_fields_digest(pairs, ids, fields) -> str | None:
     """sha256 of ``fields``' values for the pairs ``ids``, in order (``None`` when no field is declared)."""
     if not fields:
         return None
+    ordered = _in_order(pairs, list(ids))       # one ordered walk: a file's pairs are re-read, never all held
+    h = hashlib.sha256()
+
+    def dump(value) -> bytes:
+        return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
+                          default=str).encode("utf-8", "surrogatepass")
+    h.update(b"[" + dump(list(fields)) + b",[")     # == json.dumps([fields, rows]) with these separators
+    for k, p in enumerate(ordered):
+        meta = dict(p.meta)
+        h.update((b"," if k else b"") + dump([p.id, [meta.get(f, getattr(p, f, None)) for f in fields]]))
+    h.update(b"]]")
+    return h.hexdigest()
+
+
+def _in_order(pairs, ids: list):
+    """The pairs ``ids``, in that order: one walk when they come in the pairs' order, else through a dict."""
+    j = 0
+    for p in pairs:
+        if j < len(ids) and p.id == ids[j]:
+            j += 1
+    if j == len(ids):
+        j = 0
+        for p in pairs:
+            if j < len(ids) and p.id == ids[j]:
+                yield p
+                j += 1
+        return
     by_id = {p.id: p for p in pairs}
-    rows = []
-    for i in ids:
-        p, meta = by_id[i], dict(by_id[i].meta)
-        rows.append([i, [meta.get(f, getattr(p, f, None)) for f in fields]])
-    blob = json.dumps([list(fields), rows], sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
+    yield from (by_id[i] for i in ids)
 
 
 def identity_parts(run, inputs, plan, fingerprint, accounting, *, study_hash=None, frame_id=None,

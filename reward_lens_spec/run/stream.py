@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import xarray as xr
 
-from ..context import RunContext, take_pairs
+from ..context import RunContext, pair_positions, pairs_at, take_pairs
 from ..errors import SpecError, StoreError
 from ..planning import data_dims, data_widths, passes, stages
 from ..result import Result
@@ -180,6 +180,7 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     full_coords = RunContext(lm=lm, pairs=pairs, encoded=enc, capture=None, info=info).pair_coords()
     labels = labels_once(att)
     shared = dict(labels=labels, b=b, stores=StoredInputs(b), lm=lm, pairs=pairs, enc=enc, plan=plan, info=info,
+                  positions=pair_positions(pairs, enc.pair_ids),      # a chunk's operators see its pairs only
                   st=st, ps=ps, slices=slices, keep=keep, capture_kw=capture_kw, frame=frame, need_h=need_h,
                   full_coords=full_coords, groups=(out_g, scr_g), size=store_spec.chunk_pairs,
                   keep_context=keep_context,
@@ -277,7 +278,8 @@ def _chunk_loop(att, role, p, ks, reduced, sh, progress) -> list:
                     group = out_g if i in plan.outputs else scr_g
                     given[i] = open_variable(att.zarr_store(), group, i,
                                              labels=sh["labels"](group)).isel(pair=sl).load()
-        ds_out, ds_scr, counts, ctx = _pair_chunk(sh["lm"], sh["pairs"], subset(sh["enc"], sl), plan, steps,
+        ds_out, ds_scr, counts, ctx = _pair_chunk(sh["lm"], pairs_at(sh["pairs"], sh["positions"], sl),
+                                                  subset(sh["enc"], sl), plan, steps,
                                                   replace(info, pairs=lim), sh["keep"], sh["capture_kw"], sh["frame"],
                                                   sh["need_h"] and p == 0, given, sh["pads"], p == 0, sh["stores"],
                                                   take_pairs(sh["full_coords"], sl))
