@@ -14,6 +14,7 @@ MAX_LINES = 400
 KNOWN_OVER = frozenset({
     "store/attempts.py",
     "run/stream.py",
+    "data/loaders.py",      # 397 -> 572 lines with the per-chunk file pairs (issue 40); its split is pending
 })
 
 
