@@ -13,7 +13,7 @@ real or instantiates anything.
 
 **Which ``hydra.*`` keys a user may set** (from command-line overrides, ``--config-dir`` folders, an
 ``experiment``, a file given by path, a stored study, a sweeper's params; all the same rule,
-``_hydra_refusal``):
+``hydra_refusal``):
 
 - ``hydra/launcher=basic|joblib|submitit_local|submitit_slurm|slurm`` (or a launcher option in the user's
   own ``hydra/launcher/`` folder, whose keys pass this same rule);
@@ -35,7 +35,7 @@ Everything else under ``hydra`` is refused: ``env_set``/``env_copy``, ``job_logg
 that moves a config into ``hydra`` or ``_global_``. The project's own tree (``conf/``) is trusted to set
 what it sets (``output_subdir: null``, ``run.dir: .``, ``sweep.subdir: .``, ``hydra/job_logging: none``,
 the ``slurm`` launcher's settings): the composed ``hydra`` node must equal the one composed from the
-project's tree alone (``_baseline``), except where the allowlist accepts the difference.
+project's tree alone (``_baseline_hydra``), except where the allowlist accepts the difference.
 
 **Resolvers and ``ext://``.** A value from any user source may use plain node interpolation
 (``${model.name}``) but no resolver call (``${oc.env:...}``, ``${oc.decode:...}``, ``${now:...}``, any
@@ -57,446 +57,39 @@ Entry points: ``check_argv(argv)`` runs everything for the main app's command li
 once per option a group sweep or the sweeper's params select) and runs ``check_composed_config`` on each.
 ``check_composed_config(tree, cli_overrides)`` is the part that needs a composed tree; another command
 that composes on its own calls it right after composing (and ``check_overrides`` before).
+
+Modules: ``config_rules`` (one key or value: ``check_tree``, ``check_values``, ``hydra_refusal``, the allowed
+targets, launchers and launcher keys), ``config_sources`` (files, folders, one user tree, overrides:
+``check_files``, ``check_user_tree``, ``check_overrides``), and this one (the composed config, the command line).
 """
 from __future__ import annotations
 
-import re
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import SpecError
-import os
-import yaml
-from .paths import conf_dir, user_dirs
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.utils import create_config_search_path, get_args_parser
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import ChoiceSweep, Glob, IntervalSweep, QuotedString, RangeSweep
 from hydra.types import RunMode
-from omegaconf import OmegaConf, grammar_parser
-from omegaconf.grammar.gen.OmegaConfGrammarParser import OmegaConfGrammarParser as P
+from omegaconf import OmegaConf
+
+from .config_rules import FIX_CODE, FIX_HYDRA, TRUE_WORDS, check_tree, check_values, hydra_refusal, trust_error
+from .config_sources import check_files, check_hydra_node, check_overrides, search_dirs
+from .errors import SpecError
+from .paths import conf_dir, user_dirs
 from .spec import register_configs
 
-ALLOWED_TARGETS = frozenset({
-    "hydra._internal.core_plugins.basic_launcher.BasicLauncher",
-    "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",
-    "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher",
-    "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher",
-    "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
-})
 _LAUNCHER_OF_TARGET = {
     "hydra._internal.core_plugins.basic_launcher.BasicLauncher": "basic",
     "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher": "joblib",
     "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher": "submitit_local",
     "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher": "submitit_slurm",
 }
-ALLOWED_FACTORIES = frozenset({"colorlog.ColoredFormatter"})     # Hydra's colorlog logging plugin
-LAUNCHERS = ("basic", "joblib", "submitit_local", "submitit_slurm", "slurm")
-LAUNCHER_KEYS = frozenset({
-    # joblib (not temp_folder: a folder it writes)
-    "n_jobs", "backend", "prefer", "require", "verbose", "timeout", "pre_dispatch", "batch_size", "max_nbytes",
-    "mmap_mode",
-    # submitit local and slurm (not submitit_folder, additional_parameters, srun_args, setup)
-    "timeout_min", "cpus_per_task", "gpus_per_node", "tasks_per_node", "mem_gb", "nodes", "name",
-    "stderr_to_stdout", "partition", "qos", "comment", "constraint", "exclude", "gres", "cpus_per_gpu",
-    "gpus_per_task", "mem_per_gpu", "mem_per_cpu", "account", "signal_delay_s", "max_num_timeout",
-    "array_parallelism",
-})
-SAFE_RESOLVERS: frozenset[str] = frozenset()          # user sources: plain ${a.b} node interpolation only
-TRUSTED_RESOLVERS = frozenset({"hydra", "now"})       # Hydra's own config and the project's conf/ only
 _HYDRA_RECORD = {("job", "name"), ("job", "config_name"), ("job", "id"), ("job", "num"),
                  ("job", "override_dirname")}        # Hydra's record of the job (set by Hydra, not a source)
-TRUE_WORDS = {"true", "yes", "on", "1"}
-_FIX = "remove it; this project runs no code named by a config (see docs/studies.md, 'Security')."
-_FIX_HYDRA = "remove it; a config or override may set only the hydra keys docs/studies.md, 'Security', lists."
-_WHY = {
-    "env_set": "sets environment variables of the job (a PATH or LD_PRELOAD picks the programs it runs)",
-    "env_copy": "copies environment variables into the job",
-    "job_logging": "configures logging (a handler opens or truncates files; ext:// imports a module)",
-    "hydra_logging": "configures logging (a handler opens or truncates files; ext:// imports a module)",
-    "run": "makes Hydra create that folder",
-    "sweep": "makes Hydra create that folder",
-    "callbacks": "names code Hydra runs at startup",
-    "chdir": "changes the working directory of the job",
-    "output_subdir": "makes Hydra write a copy of the config there",
-    "searchpath": "adds a config search path (pkg:// imports a Python module)",
-    "launcher": "is not a launcher setting this project accepts (plain settings: "
-                + ", ".join(sorted(LAUNCHER_KEYS)) + ")",
-}
 _MISSING = object()
-
-
-def _segments(key: str) -> list[str]:
-    return [s for s in re.split(r"[./\s:=]+", str(key).lstrip("+~")) if s]
-
-
-# ----------------------------------------------------------------------------- names of code (as before)
-
-def check_tree(node: Any, where: str, path: tuple[str, ...] = (), in_logging: bool = False) -> None:
-    """Refuse callbacks, foreign ``_target_``, ``()`` factories, non-``logging`` classes and search paths in a
-    config tree (dicts/lists as parsed from YAML or an override); ``where`` names the source for the error.
-    (The ``hydra`` allowlist and the value rules are separate: ``check_user_tree``.)"""
-    if isinstance(node, dict):
-        for k, v in node.items():
-            key = str(k)
-            full = ".".join(path + (key,))
-            segs = _segments(key)
-            last = segs[-1] if segs else key
-            logging_here = in_logging or any("logging" in s for s in segs)
-            if "callbacks" in segs:
-                raise SpecError(full, f"{where} sets Hydra callbacks, which would run code at startup.", fix=_FIX)
-            if "searchpath" in segs:
-                raise SpecError(full, f"{where} adds a config search path (a source of configs and modules).",
-                                fix="pass a config folder with --config-dir DIR instead.")
-            if last == "_target_" and str(v) not in ALLOWED_TARGETS:
-                raise SpecError(full, f"{where} names _target_ {v!r}, which Hydra would import and call; only the "
-                                f"launchers this project supports are allowed ({', '.join(sorted(ALLOWED_TARGETS))}).",
-                                fix=_FIX)
-            if last == "()" and str(v) not in ALLOWED_FACTORIES:
-                raise SpecError(full, f"{where} names a factory {v!r} that logging would call.", fix=_FIX)
-            if last == "class" and logging_here and not str(v).startswith("logging."):
-                raise SpecError(full, f"{where} names logging class {v!r} outside the logging package.", fix=_FIX)
-            check_tree(v, where, path + (key,), logging_here)
-    elif isinstance(node, (list, tuple)):
-        for i, v in enumerate(node):
-            if isinstance(v, str) and "callbacks" in _segments(v.replace("override ", "")):
-                raise SpecError(".".join(path) or "defaults", f"{where} selects Hydra callbacks ({v!r}).", fix=_FIX)
-            check_tree(v, where, path + (str(i),), in_logging)
-
-
-# ----------------------------------------------------------------------------- values: resolvers, ext://
-
-def _resolvers(text: str) -> list[str]:
-    """Names of the resolvers an OmegaConf string calls (``[]`` for plain text or ``${a.b}``); a string with
-    ``${`` that OmegaConf cannot parse gives ``['<unparsable interpolation>']``."""
-    if "${" not in text:
-        return []
-    try:
-        tree = grammar_parser.parse(text)
-    except Exception:
-        return ["<unparsable interpolation>"]
-    out: list[str] = []
-
-    def walk(node: Any) -> None:
-        if isinstance(node, P.InterpolationResolverContext):
-            out.append(node.resolverName().getText())
-        for child in (node.getChildren() if hasattr(node, "getChildren") else ()):
-            walk(child)
-
-    walk(tree)
-    return out
-
-
-def _value_refusal(text: str, allowed: frozenset[str] = SAFE_RESOLVERS) -> str | None:
-    if "ext://" in text:
-        return "has an ext:// value, which would import a Python module"
-    bad = [r for r in _resolvers(text) if r not in allowed]
-    if bad:
-        return (f"calls the resolver '{bad[0]}' (${{{bad[0]}:...}}); a config may use only plain ${{a.b}} "
-                "interpolation, so nothing is read from the environment, decoded or stored unseen")
-    return None
-
-
-def check_values(node: Any, key: str, where: str, allowed: frozenset[str] = SAFE_RESOLVERS) -> None:
-    """Refuse ``ext://`` and any resolver outside ``allowed`` in every string of ``node`` (at ``key``)."""
-    if isinstance(node, dict):
-        for k, v in node.items():
-            check_values(v, f"{key}.{k}" if key else str(k), where, allowed)
-    elif isinstance(node, (list, tuple)):
-        for i, v in enumerate(node):
-            check_values(v, f"{key}.{i}" if key else str(i), where, allowed)
-    elif isinstance(node, str):
-        reason = _value_refusal(node, allowed)
-        if reason:
-            raise SpecError(key or "value", f"{where} {reason}.",
-                            fix="write the value itself (no ${name:...}, no ext://).")
-
-
-def _plain_refusal(value: Any) -> str | None:
-    """``None`` for a value a launcher setting may take: a number, bool, null, or one-line string without
-    ``ext://`` or a resolver."""
-    if value is None or isinstance(value, (bool, int, float)):
-        return None
-    if isinstance(value, str):
-        if any(ord(c) < 32 for c in value):
-            return "is a string with control characters (a new line would add a line to a job script)"
-        return _value_refusal(value)
-    return "must be a plain value (a number, bool, null or one-line string)"
-
-
-# ----------------------------------------------------------------------------- the hydra allowlist
-
-def _hydra_refusal(rest: tuple[str, ...], value: Any, typed: bool) -> str | None:
-    """Why ``hydra.<rest>`` may not be set to ``value`` from this source (``typed``: the person typed it on the
-    command line), or ``None`` when the allowlist accepts it. The one rule for every source."""
-    if not rest:
-        return "replaces Hydra's whole config"
-    head = rest[0]
-    if head == "launcher" and len(rest) == 2:
-        key = rest[1]
-        if key == "_target_":
-            return None if str(value) in ALLOWED_TARGETS else f"names _target_ {value!r}, which Hydra would import"
-        if key in LAUNCHER_KEYS:
-            return _plain_refusal(value)
-        if key == "setup":
-            if typed or not value:
-                return None
-            return (f"sets shell lines the launcher would run ({value!r}); type them on the command line if you "
-                    "mean them")
-        return _WHY["launcher"]
-    if head == "sweeper" and len(rest) == 2:
-        if rest[1] == "_target_":
-            return None if str(value) == "hydra._internal.core_plugins.basic_sweeper.BasicSweeper" else \
-                f"names sweeper _target_ {value!r}; only Hydra's basic sweeper is allowed"
-        if rest[1] == "max_batch_size":
-            return None if value is None or (isinstance(value, int) and not isinstance(value, bool)) else \
-                "must be an integer or null"
-    if rest == ("mode",):
-        return None if value is None or str(getattr(value, "name", value)) in ("RUN", "MULTIRUN") else \
-            "must be RUN or MULTIRUN"
-    if rest == ("verbose",):
-        vals = value if isinstance(value, (list, tuple)) else [value]
-        return next((r for r in map(_plain_refusal, vals) if r), None)
-    if rest == ("sweep", "dir"):
-        if not typed:
-            return ("makes Hydra create that folder; only a relative hydra.sweep.dir typed on the command line "
-                    "is accepted")
-        text = str(value)
-        if (not isinstance(value, str) or not text or Path(text).is_absolute() or text.startswith("~")
-                or ".." in Path(text).parts or _plain_refusal(value)):
-            return "must be a relative folder inside the working directory (no /, ~, .., ${...})"
-        return None
-    return next((_WHY[s] for s in reversed(rest) if s in _WHY), "is not a Hydra key this project accepts")
-
-
-def _split_key(key: Any) -> tuple[str, ...]:
-    return tuple(s for s in str(key).split(".") if s)
-
-
-def _check_hydra_node(node: Any, path: tuple[str, ...], where: str, typed: bool, field: str | None = None) -> None:
-    """Apply ``_hydra_refusal`` to every leaf of ``node`` set at ``path`` (which starts with ``hydra``);
-    sweeper params are checked as the overrides they become."""
-    if path[:3] == ("hydra", "sweeper", "params"):
-        if len(path) > 3:
-            _check_sweeper_params({".".join(path[3:]): node}, where)
-        elif node is not None:
-            if not isinstance(node, dict):
-                raise SpecError("hydra.sweeper.params", f"{where} sets sweeper params that are not a mapping.",
-                                fix="give key: value sweeps, e.g. model: a,b")
-            _check_sweeper_params(node, where)
-        return
-    if isinstance(node, dict):
-        for k, v in node.items():
-            _check_hydra_node(v, path + _split_key(k), where, typed, field)
-        return
-    reason = _hydra_refusal(path[1:], node, typed)
-    if reason:
-        raise SpecError(field or ".".join(path), f"{where} {reason}.", fix=_FIX_HYDRA)
-
-
-def _check_sweeper_params(params: dict, where: str) -> None:
-    for k, v in params.items():
-        value = ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
-        _check_override_list([f"{k}={value}"], typed=False, where=f"{where} (sweeper param '{k}')")
-
-
-def _check_defaults(defaults: Any, where: str, group: str) -> None:
-    """A user file's defaults list may select configs of its own groups and a launcher, nothing else of Hydra's,
-    and may not move a config into the ``hydra`` or ``_global_`` package."""
-    if not isinstance(defaults, list):
-        return
-    for entry in defaults:
-        if isinstance(entry, dict) and len(entry) == 1:
-            (key, option), = entry.items()
-        elif isinstance(entry, str):
-            key, option = entry, None
-        else:
-            continue
-        key = re.sub(r"^\s*((override|optional)\s+)+", "", str(key)).strip()
-        if key == "_self_":
-            continue
-        path, _, package = key.partition("@")
-        if package and any(s in package for s in ("hydra", "_global_", "_here_")):
-            raise SpecError("defaults", f"{where} puts a config into package '{package}' ({key}), which could set "
-                            "Hydra's own keys.", fix="drop the @package; configs go to their own group.")
-        full = path.strip("/") if path.startswith("/") or not group else f"{group}/{path}"
-        segs = [s for s in full.split("/") if s]
-        if not segs or segs[0] != "hydra":
-            continue
-        names = option if isinstance(option, (list, tuple)) else [option]
-        if segs == ["hydra", "launcher"] and all(isinstance(n, str) and re.fullmatch(r"[\w\-]+", n) for n in names):
-            continue
-        if segs[:2] == ["hydra", "launcher"] and len(segs) == 3 and option is None:
-            continue
-        chosen = "/".join(segs[:2])
-        raise SpecError(chosen, f"{where} selects {key}: {option} in its defaults list; a config may choose only "
-                        f"hydra/launcher ({', '.join(LAUNCHERS)}).", fix=_FIX_HYDRA)
-
-
-def _package(rel: Path, text: str) -> tuple[str, ...]:
-    """The package a config file's keys land in: its ``# @package`` header, else its group folder."""
-    group = tuple(rel.parts[:-1])
-    header = re.search(r"^#\s*@package\s+(\S+)", text, re.M)
-    if not header:
-        return tuple(p for g in group for p in g.split("."))
-    out: list[str] = []
-    for seg in header.group(1).split("."):
-        if seg == "_global_":
-            continue
-        out += list(group) if seg == "_group_" else [rel.stem] if seg == "_name_" else [seg]
-    return tuple(out)
-
-
-def check_user_tree(tree: Any, where: str, package: tuple[str, ...] = (), group: str = "") -> None:
-    """Every rule for one config a user supplied (a file of a config folder, a file given by path, a stored
-    study): names of code (``check_tree``), the defaults list, the ``hydra`` allowlist for keys that land under
-    ``hydra`` (``package``: where the file's keys land), and the value rules (no resolver, no ``ext://``)."""
-    check_tree(tree, where)
-    if not isinstance(tree, dict):
-        check_values(tree, ".".join(package), where)
-        return
-    _check_defaults(tree.get("defaults"), where, group)
-    body = {k: v for k, v in tree.items() if k != "defaults"}
-    if package and package[0] == "hydra":
-        _check_hydra_node(body, package, where, typed=False)
-    elif not package and "hydra" in body:
-        _check_hydra_node(body["hydra"], ("hydra",), where, typed=False)
-    check_values(body, ".".join(package), where)
-
-
-def _file_signature(root: Path) -> tuple:
-    files = sorted(list(root.rglob("*.yaml")) + list(root.rglob("*.yml")))
-    return tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in files)
-
-
-_CHECKED: dict[tuple[str, bool], tuple] = {}
-
-
-def check_files(root: Path, label: str, trusted: bool = False) -> None:
-    """Check every YAML file under ``root`` (``label`` names the source: ``conf/``, ``--config-dir``): names of
-    code for all; for a user's folder (not ``trusted``) also the ``hydra`` allowlist (through each file's
-    package), its defaults list and the value rules. A folder checked unchanged before is not read again."""
-    root = Path(root)
-    try:
-        sig = _file_signature(root)
-    except OSError:
-        sig = None
-    if sig is not None and _CHECKED.get((str(root), trusted)) == sig:
-        return
-    for path in sorted(list(root.rglob("*.yaml")) + list(root.rglob("*.yml"))):
-        rel = path.relative_to(root)
-        where = f"{label} file {rel}"
-        if "callbacks" in rel.parts[:-1]:
-            raise SpecError(str(rel), f"{where} is a Hydra callbacks config, which would run code at startup.",
-                            fix=_FIX)
-        try:
-            text = path.read_text(encoding="utf-8")
-            docs = list(yaml.safe_load_all(text))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            continue             # Hydra reports unreadable configs when it loads them
-        header = re.search(r"^#\s*@package\s+(\S+)", text, re.M)
-        if header and "callbacks" in _segments(header.group(1)):
-            raise SpecError(str(rel), f"{where} is packaged into Hydra callbacks ({header.group(0)}).", fix=_FIX)
-        in_logging = any("logging" in p for p in rel.parts[:-1])
-        for doc in docs:
-            check_tree(doc, where, in_logging=in_logging)
-            if not trusted:
-                check_user_tree(doc, where, _package(rel, text), "/".join(rel.parts[:-1]))
-    if sig is not None:
-        _CHECKED[(str(root), trusted)] = sig
-
-
-# ----------------------------------------------------------------------------- overrides
-
-def _norm(value: Any) -> Any:
-    if isinstance(value, QuotedString):
-        return value.text
-    if isinstance(value, dict):
-        return {str(k): _norm(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_norm(v) for v in value]
-    return value
-
-
-def override_values(value: Any) -> Iterator[Any]:
-    """Every value an override can take: sweep choices one by one, glob patterns, containers as they are."""
-    if isinstance(value, ChoiceSweep):
-        for v in value.list:
-            yield from override_values(v)
-    elif isinstance(value, Glob):
-        yield from list(value.include) + list(value.exclude)
-    elif isinstance(value, (IntervalSweep, RangeSweep)):
-        return
-    else:
-        yield _norm(value)
-
-
-def _launcher_option_ok(name: Any, config_dirs: list) -> bool:
-    if not isinstance(name, str) or not re.fullmatch(r"[\w\-]+", name):
-        return False
-    return name in LAUNCHERS or any((Path(d) / "hydra" / "launcher" / f"{name}.yaml").is_file() for d in config_dirs)
-
-
-def _check_override_list(overrides: list[str], typed: bool, where: str | None = None,
-                         config_dirs: list | None = None) -> None:
-    dirs = list(user_dirs()) if config_dirs is None else list(config_dirs)
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except Exception:            # Hydra reports its own parse errors; the raw text is still checked
-        parsed = None
-    for i, line in enumerate(overrides):
-        src = where or f"command-line override '{line}'"
-        key_typed, _, raw = line.partition("=")
-        o = parsed[i] if parsed is not None else None
-        key = o.key_or_group if o is not None else key_typed.lstrip("+~").partition("@")[0]
-        package = o.package if o is not None else key_typed.partition("@")[2] or None
-        if key == "hydra.searchpath":
-            if not typed:
-                raise SpecError(key, f"{src} adds a config search path.", fix="pass --config-dir DIR instead.")
-            for d in _search_dirs(line):
-                check_files(Path(d).resolve(), "config folder " + d)
-            continue
-        values = list(override_values(o._value)) if o is not None else [raw]
-        if o is not None and o.is_delete():
-            values = [None]
-        for v in values:
-            check_tree({key_typed: v}, src)
-        if "callbacks" in _segments(str(raw)) and "hydra" in _segments(key):
-            raise SpecError(key, f"{src} selects Hydra callbacks.", fix=_FIX)
-        if package and any(s in package for s in ("hydra", "_global_", "_here_")):
-            raise SpecError(key_typed, f"{src} puts a config into package '{package}', which could set Hydra's "
-                            "own keys.", fix="drop the @package.")
-        segs = key.split("/")
-        if len(segs) > 1 and segs[0] == "hydra":
-            if key == "hydra/launcher" and all(_launcher_option_ok(v, dirs) for v in values):
-                pass
-            elif key == "hydra/launcher":
-                bad = next(v for v in values if not _launcher_option_ok(v, dirs))
-                raise SpecError(key, f"{src} chooses launcher {bad!r}.", value=str(bad), options=LAUNCHERS,
-                                fix="choose one of these (or a launcher file of your --config-dir's hydra/launcher/).")
-            else:
-                raise SpecError(key, f"{src} chooses a Hydra config group this project does not accept; only "
-                                f"hydra/launcher ({', '.join(LAUNCHERS)}).", fix=_FIX_HYDRA)
-        elif _split_key(key)[:1] == ("hydra",):
-            for v in values:
-                _check_hydra_node(v, _split_key(key), src, typed)
-        for v in values:
-            check_values(v, key, src)
-        if o is None:
-            check_values(raw, key, src)
-        if key in ("model.trust_remote_code",) and not typed:
-            if any(str(v).strip().lower() in TRUE_WORDS for v in values):
-                raise _trust_error(src)
-
-
-def check_overrides(overrides: list[str], config_dirs: list | None = None) -> None:
-    """Refuse forbidden keys and values in command-line overrides (``key=value``, ``group=option``, sweeps
-    value by value): names of code (``check_tree``), the ``hydra`` allowlist (typed on the command line, so
-    ``hydra.launcher.setup`` and a relative ``hydra.sweep.dir`` pass), resolvers and ``ext://``.
-    ``config_dirs``: the user's config folders (default ``paths.user_dirs()``), where a launcher option of
-    their own may live."""
-    _check_override_list(list(overrides), typed=True, config_dirs=config_dirs)
 
 
 def _typed_true(cli_overrides: list[str], key: str) -> bool:
@@ -505,12 +98,6 @@ def _typed_true(cli_overrides: list[str], key: str) -> bool:
         if eq and k.lstrip("+~") == key and any(x.strip().strip("'\"").lower() in TRUE_WORDS for x in v.split(",")):
             return True
     return False
-
-
-def _trust_error(where: str) -> SpecError:
-    return SpecError("model.trust_remote_code", f"{where} sets it true, which would run the checkpoint's own "
-                     "Python; only the person at the keyboard may allow that.",
-                     fix="type model.trust_remote_code=true on the command line if you trust this checkpoint's code.")
 
 
 # ----------------------------------------------------------------------------- the composed config
@@ -556,19 +143,19 @@ def _check_hydra_composed(hydra_node: dict, cli_overrides: list[str]) -> None:
         key = ".".join(("hydra",) + path)
         if path == ("sweeper", "params"):
             if value is not None:
-                _check_hydra_node(value, ("hydra", "sweeper", "params"), where, typed=False)
+                check_hydra_node(value, ("hydra", "sweeper", "params"), where, typed=False)
             continue
         if path == ("searchpath",):
             _check_composed_searchpath(value)
             continue
-        reason = _hydra_refusal(path, value, typed=key in typed)
+        reason = hydra_refusal(path, value, typed=key in typed)
         if reason:
-            raise SpecError(key, f"{where} {reason}.", fix=_FIX_HYDRA)
+            raise SpecError(key, f"{where} {reason}.", fix=FIX_HYDRA)
     for path in base:
         if path not in got and not any(p[:len(path)] == path for p in got) and path[:1] != ("runtime",):
             key = ".".join(("hydra",) + path)
-            if _hydra_refusal(path, None, typed=key in typed):
-                raise SpecError(key, f"{where} removes Hydra's {key}.", fix=_FIX_HYDRA)
+            if hydra_refusal(path, None, typed=key in typed):
+                raise SpecError(key, f"{where} removes Hydra's {key}.", fix=FIX_HYDRA)
 
 
 def _check_composed_searchpath(entries: Any) -> None:
@@ -612,7 +199,7 @@ def check_composed_config(tree: dict, cli_overrides: list[str]) -> None:
     if hydra_node:
         if hydra_node.get("callbacks"):
             raise SpecError("hydra.callbacks", "the composed config sets Hydra callbacks, which would run code at "
-                            "startup.", fix=_FIX)
+                            "startup.", fix=FIX_CODE)
         own = ("callbacks", "searchpath", "runtime", "overrides")     # runtime/overrides: Hydra's own record
         check_tree({"hydra": {k: v for k, v in hydra_node.items() if k not in own}}, "the composed config")
         _check_hydra_composed(hydra_node, cli_overrides)
@@ -622,7 +209,7 @@ def check_composed_config(tree: dict, cli_overrides: list[str]) -> None:
             and not _typed_true(cli_overrides, "model.trust_remote_code"):
         choices = ((hydra_node.get("runtime") or {}).get("choices") or {})
         picked = ", ".join(f"{g}={choices[g]}" for g in ("model", "experiment") if choices.get(g))
-        raise _trust_error(f"the composed config ({picked})" if picked else "a config file")
+        raise trust_error(f"the composed config ({picked})" if picked else "a config file")
 
 
 def check_composed(config_dirs: list[str], config_name: str, overrides: list[str], multirun: bool) -> None:
@@ -724,7 +311,7 @@ def check_argv(argv: list[str]) -> None:
     overrides = list(args.overrides or [])
     dirs = [args.config_dir] if args.config_dir is not None else []
     for o in [o for o in overrides if o.lstrip("+").startswith("hydra.searchpath=")]:
-        dirs += _search_dirs(o)
+        dirs += search_dirs(o)
         overrides.remove(o)
     check_files(conf_dir(), "conf/", trusted=True)
     for d in dirs:
@@ -732,17 +319,3 @@ def check_argv(argv: list[str]) -> None:
             check_files(Path(d).resolve(), "config folder " + str(d))
     check_overrides(overrides, config_dirs=[Path(d) for d in dirs])
     check_composed(dirs, args.config_name or "config", overrides, bool(args.multirun))
-
-
-def _search_dirs(override: str) -> list[str]:
-    """The folders of a ``hydra.searchpath=[...]`` override; ``SpecError`` for an entry that is not a
-    local folder (``pkg://`` would import a Python module)."""
-    entries = [e.strip().strip("'\"") for e in override.partition("=")[2].strip().strip("[]").split(",") if e.strip()]
-    out = []
-    for e in entries:
-        path = e[len("file://"):] if e.startswith("file://") else e
-        if "://" in path or not Path(path).is_dir():
-            raise SpecError("hydra.searchpath", f"entry {e!r} is not a local config folder.",
-                            fix="give folders (file://DIR or DIR), or use --config-dir DIR.")
-        out.append(path)
-    return out

@@ -20,7 +20,7 @@ from .spec import GROUP_SCHEMAS
 from dataclasses import fields
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
-from .config_safety import check_user_tree
+from .config_sources import check_user_tree
 from .models.door import admit, grants
 from .spec import group_config, validate
 

@@ -356,12 +356,11 @@ _FAMILIES: dict = {}
 def _family(name):
     """Organism families the cell criteria grade on, built once per module."""
     if name not in _FAMILIES:
-        from reward_lens_spec.organisms import organisms as cls
         from reward_lens_spec.organisms import preference_organisms as pref
         _FAMILIES[name] = {
-            "planted": lambda: cls.organism_family("planted", n_pairs=6),
-            "planted_paths": lambda: cls.organism_family("planted_paths", n_pairs=6),
-            "trained_length": lambda: cls.organism_family("trained_length"),
+            "planted": lambda: organism_family("planted", n_pairs=6),
+            "planted_paths": lambda: organism_family("planted_paths", n_pairs=6),
+            "trained_length": lambda: organism_family("trained_length"),
             "cycle24": lambda: pref.cycle_organisms(n_groups=24),
             "cycle": lambda: pref.cycle_organisms(S3),
             "mixture": lambda: pref.annotator_organisms("annotator_mixture", S3),
@@ -501,7 +500,8 @@ def test_naive_leace_and_hodge_agree_with_hand_values_and_the_closed_form():
     formulas, one eraser), and leaves no linear covariance with the concept; its least-squares HodgeRank reads
     a 3-cycle as all non-gradient and a transitive ±1 triangle as 1/9 non-gradient (hand values)."""
     from reward_lens_spec.ops._leace import fit_leace
-    from reward_lens_spec.trust.cell_truth import _hodge_naive, _oblique_eraser
+    from reward_lens_spec.trust.cell_truth.leace import _oblique_eraser
+    from reward_lens_spec.trust.cell_truth.reference_cells import _hodge_naive
     rng = np.random.default_rng(0)
     X = rng.normal(size=(80, 6)) @ rng.normal(size=(6, 6))
     y = rng.integers(0, 3, 80)

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from reward_lens_spec import config_safety, identity
+from reward_lens_spec import config_sources, identity
 from reward_lens_spec.cli import main
-from reward_lens_spec.config_safety import check_argv, check_composed_config, check_overrides
+from reward_lens_spec.config_safety import check_argv, check_composed_config
+from reward_lens_spec.config_sources import check_overrides
 from reward_lens_spec.errors import SpecError
 from reward_lens_spec.overrides import prepare_overrides
 from reward_lens_spec.paths import ENV
@@ -319,7 +320,7 @@ def test_rules_on_overrides():
                 "a='${oc.decode:x}'", "a=ext://os.system", "hydra/output=default", "hydra.sweep.dir=../x",
                 "hydra.sweep.dir=/abs", "hydra.launcher.n_jobs=${oc.env:N}"):
         with pytest.raises(SpecError):
-            config_safety._check_override_list([bad], typed=False)
+            config_sources._check_override_list([bad], typed=False)
     check_overrides(["hydra.launcher.n_jobs=4", "hydra/launcher=joblib", "hydra.sweep.dir=sw", "a=${b.c}",
                      "hydra.launcher.setup=['module load x']", "hydra.mode=MULTIRUN"])
 

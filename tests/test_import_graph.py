@@ -124,8 +124,8 @@ LAYERS = (
                "registries")),
     # the kinds table and a kind's light settings: spec checks model.kind through them before any model loads;
     # the settings of a kind that resolves nested models through models.door sit with the models
-    ("config", ("spec", "spec_checks", "model_checks", "config_safety", "observables", "models.admission", "kinds",
-                "kinds.*.settings")),
+    ("config", ("spec", "spec_checks", "model_checks", "config_safety", "config_rules", "config_sources", "observables",
+                "models.admission", "kinds", "kinds.*.settings")),
     ("models", ("models", "kinds.implicit.settings", "kinds.ensemble.settings")),
     ("engine", ("engine",)),
     ("kinds", ("kinds.*.*",)),                                  # a kind's loader, model, encode (torch)
@@ -136,8 +136,9 @@ LAYERS = (
     ("operators", ("ops", "registry", "identity", "planning")),
     ("organisms", ("organisms", "kinds.*.organism")),
     ("run", ("run", "trust.studies", "trust.pins", "report.summary", "report.summary_stats")),
-    ("workflows", ("trust.scorecard", "trust.reference", "trust.recompute", "trust.cell_truth", "trust.drift_card",
-                   "trust.cli", "fit.cli", "store.verify", "store.catalog_cli", "report", "compare", "api")),
+    ("workflows", ("trust.scorecard", "trust.reference", "trust.recompute", "trust.cell_truth.reference_cells",
+                   "trust.drift_card", "trust.cli", "fit.cli", "store.verify", "store.catalog_cli", "report", "compare",
+                   "api")),
     ("face", ("cli", "commands", "extend", "__main__", "")),
 )
 # A ratchet at what the package has now (2026-12-04: no upward import; 198 function-local imports in 33.8k lines,
@@ -189,6 +190,8 @@ def test_every_module_has_a_layer():
 def test_the_layer_finder_places_the_longest_entry():
     assert LAYERS[layer_of("reward_lens_spec.trust.evidence")][0] == "gates"
     assert LAYERS[layer_of("reward_lens_spec.trust.scorecard")][0] == "workflows"
+    assert LAYERS[layer_of("reward_lens_spec.trust.cell_truth.leace")][0] == "gates"
+    assert LAYERS[layer_of("reward_lens_spec.trust.cell_truth.reference_cells")][0] == "workflows"
     assert LAYERS[layer_of("reward_lens_spec")][0] == "face"
     assert LAYERS[layer_of("reward_lens_spec.kinds.judge")][0] == "config"
     assert LAYERS[layer_of("reward_lens_spec.kinds.judge.settings")][0] == "config"

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from reward_lens_spec.config_safety import ALLOWED_TARGETS, check_files, check_overrides, check_tree
+from reward_lens_spec.config_rules import ALLOWED_TARGETS, check_tree
+from reward_lens_spec.config_sources import check_files, check_overrides
 from reward_lens_spec.errors import SpecError
 from reward_lens_spec.models.describe import model_config
 from reward_lens_spec.models.loading import load_model

@@ -298,3 +298,35 @@ def _first_record(path) -> Any:
     it = json_list_records(text, str(p)) if p.name.lower().endswith((".json", ".json.gz")) else \
         jsonl_records(text, str(p))
     return next((row for _, _, row in it), None)
+
+
+# ----------------------------------------------------------------------------- the TRL kinds' options
+
+TRL_FIELDS = {"trl": ("id", "prompt", "chosen", "rejected", "dimension", "source"),
+              "trl_stepwise": ("id", "prompt", "completions", "labels", "dimension", "source")}
+
+
+def check_trl_options(kind: str, chat_template: Any, step_separator: Any) -> None:
+    """``dataset.chat_template`` only for kind=trl (Jinja text); ``dataset.step_separator`` a non-empty string.
+    Raises ``SpecError`` naming the field."""
+    if chat_template is not None and (kind != "trl" or not isinstance(chat_template, str) or not chat_template):
+        raise SpecError("dataset.chat_template", "a declared chat template (Jinja text) renders the messages of "
+                        f"kind=trl's conversational shapes; got {type(chat_template).__name__} with kind={kind}.",
+                        fix="drop dataset.chat_template (the model's tokenizer template is used), or use dataset=trl.")
+    if not isinstance(step_separator, str) or not step_separator:
+        raise SpecError("dataset.step_separator", f"must be a non-empty string, got {step_separator!r}.",
+                        fix="e.g. dataset.step_separator='\\n' (TRL's default).")
+
+
+def check_trl_fields(fields: Any, kind: str) -> dict[str, str]:
+    """``dataset.fields`` of a TRL kind: only the shape's keys (``TRL_FIELDS``), each mapped to a key name.
+    Raises ``SpecError`` (``dataset.fields.<name>``)."""
+    given = {str(k): v for k, v in dict(fields or {}).items()}
+    for name, key in given.items():
+        if name not in TRL_FIELDS[kind]:
+            raise SpecError(f"dataset.fields.{name}", f"kind={kind} has no field '{name}'.", value=name,
+                            options=TRL_FIELDS[kind], fix="map only the shape's keys, id, dimension or source.")
+        if not isinstance(key, str) or not key:
+            raise SpecError(f"dataset.fields.{name}", f"must name a key of the file, got {key!r}.",
+                            fix=f"set dataset.fields.{name}=<key>.")
+    return given

@@ -8,7 +8,7 @@ A reference is a ``conf/model`` option (the built-in tree or a ``--config-dir`` 
 or an inline mapping; each is resolved by ``admit`` under the top level's rules:
 
 - **No foreign code, no environment reads.** The YAML is parsed as plain data first (``yaml.safe_load``) and
-  checked like any user config (``config_safety.check_tree`` and ``check_values``): no resolver call
+  checked like any user config (``config_rules.check_tree`` and ``check_values``): no resolver call
   (``${oc.env:...}``, ``${oc.decode:...}``), no ``ext://``, no ``_target_``. So a secret is never resolved into a
   model name, and never reaches a store.
 - **``trust_remote_code`` and ``allow_pickle`` count only when typed for that exact spec.** ``grants`` reads
@@ -37,7 +37,8 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
-from ..config_safety import TRUE_WORDS, check_tree, check_values, override_values
+from ..config_rules import TRUE_WORDS, check_tree, check_values
+from ..config_sources import override_values
 from ..errors import SpecError, did_you_mean
 from ..paths import find_config, group_options
 from ..spec import ModelSpec, default_model_name

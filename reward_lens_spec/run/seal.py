@@ -10,7 +10,7 @@ registered    calibrated, and the run executes a verified frozen study, frozen b
               dataset checksum) equal the run's (``trust.studies``).
 adjudicated   the trust of an adjudication record whose runs all derive registered.
 
-The level is derived on read from the evidence chain (``trust.evidence``); what a
+The level is derived on read from the evidence chain (``trust.evidence_chain``); what a
 run stores is a cache, written by ``seal_run`` from the same derivation.
 ``spec.validate`` refuses a ``trust`` key anywhere in a config.
 """
@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from ..trust.evidence import LEVELS, Evidence, seal
+from ..trust.evidence import LEVELS, seal
+from ..trust.evidence_chain import Evidence
 from ..errors import StoreError
 from ..store.digest import KEY, result_digests
 from ..trust.sae_gate import sae_record

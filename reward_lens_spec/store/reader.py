@@ -40,7 +40,8 @@ from reward_lens_spec.store.published import open_published
 from reward_lens_spec.store.writer import check_layout, check_name, data_group, run_state
 from reward_lens_spec.store.digest import DigestError, KEY
 from reward_lens_spec.store.log import read_log
-from reward_lens_spec.trust.evidence import Evidence, derive_all, seal_error
+from reward_lens_spec.trust.evidence import seal_error
+from reward_lens_spec.trust.evidence_chain import Evidence, derive_all
 
 COLUMNS = ("run_id", "observables", "model_fingerprint", "model", "dataset", "dataset_checksum",
            "spec_hash", "trust", "trust_verified", "created", "wall_s")
@@ -178,7 +179,7 @@ class Store:
         return self._complete()
 
     def evidence(self):
-        """The store's evidence chain (``trust.evidence.Evidence``) from one scan of its run documents:
+        """The store's evidence chain (``trust.evidence_chain.Evidence``) from one scan of its run documents:
         pass it to ``trust`` / ``provenance`` to derive many runs without rescanning."""
         return Evidence(self._complete(), self.log())
 

@@ -4,7 +4,7 @@ A rerun that ``run.reuse`` decides from bytes needs only the run document (``run
 the other complete runs' documents and the evidence log, to print the run's line; opening the store
 through ``reader.Store`` imports xarray and pandas, which cost more than the rest of a rerun. This is
 ``Store.provenance`` built from the same parts (``state.run_state``, ``log.read_log``,
-``trust.evidence.Evidence``), for the runs whose derived trust needs no array: an adjudication record
+``trust.evidence_chain.Evidence``), for the runs whose derived trust needs no array: an adjudication record
 (whose trust re-reads the arrays of the runs it scored) gives ``None``, and the caller opens the store.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from reward_lens_spec.errors import StoreError
 from reward_lens_spec.store._backend import DOC, LAYOUT_KEY, LAYOUT_VERSION, RUN_NAME, store_handle
 from reward_lens_spec.store.state import run_state
 from reward_lens_spec.store.log import read_log
-from reward_lens_spec.trust.evidence import Evidence
+from reward_lens_spec.trust.evidence_chain import Evidence
 
 
 def complete_provenance(url, run_id: str, *, storage_options: dict | None = None) -> dict | None:

@@ -21,7 +21,7 @@ CODE_MODULES = ("ops/*.py", "engine/capture.py", "engine/patching.py", "engine/i
                 "engine/copy_skip.py", "engine/reparam.py", "models/formatting.py", "run/executor.py", "run/stream.py",
                 # what grades a card: its criteria, floors and identities, and the organisms it plants (a card
                 # graded by older criteria does not calibrate runs read by newer ones)
-                "trust/*criteria.py", "trust/cell_truth.py", "trust/identities.py", "trust/certificate.py",
+                "trust/*criteria.py", "trust/cell_truth/*.py", "trust/identities.py", "trust/certificate.py",
                 "models/*organism*.py", "organisms/*.py", "kinds/*/organism.py")
 _CODE_CACHE: dict = {}
 

@@ -2,7 +2,7 @@
 observable (``conf/observable/**``) and of ``drift`` is either read by a criterion (``registries.CRITERIA``,
 by name, on the organism kinds the criterion names) or has a reason here (``WHY_NOT``), which a card stores
 (``Scorecard.why_not``) and prints beside each ungraded output. ``tests/test_calibration_coverage.py`` fails on an
-output in neither set. An ungraded output keeps a run ``exploratory`` for that variable (``trust.evidence``).
+output in neither set. An ungraded output keeps a run ``exploratory`` for that variable (``trust.evidence_chain``).
 """
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ from ..compare.drift import DriftParams, drift, sequence_runs
 from ..store import open_store
 from .criteria import Criterion
 from .evidence import card_verdict, code_hash
-from .scorecard import Scorecard, finite_or_none
+from .card import Scorecard, finite_or_none
 
 OBSERVABLE = "drift"
 

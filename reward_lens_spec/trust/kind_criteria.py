@@ -250,15 +250,15 @@ def kind_criteria(Criterion) -> tuple:
                   needs_unit=False, kinds=("ensemble_planted",)),
         Criterion("leace_removal", ("certificate",), lambda ds, t: _auc(ds, "before") - _auc(ds, "after"), _removed,
                   "share of the probe's above-chance AUC that erasure removes ≥ 0.8", None, needs_unit=False,
-                  kinds=("concept",), cells=Lazy(CELL_TRUTH, "leace_certificate_cells")),
+                  kinds=("concept",), cells=Lazy(CELL_TRUTH + ".leace", "leace_certificate_cells")),
         Criterion("leace_specificity", ("displacement", "unplanted_displacement"),
                   lambda ds, t: _displacement(ds, "displacement") - _displacement(ds, "unplanted_displacement"),
                   lambda ds, t: 1.0 - _displacement(ds, "unplanted_displacement") / _displacement(ds, "displacement"),
                   "erasing the non-planted concept moves the activation ≤ 0.25 as far as the planted one", None,
-                  needs_unit=False, kinds=("concept",), cells=Lazy(CELL_TRUTH, "leace_displacement_cells")),
+                  needs_unit=False, kinds=("concept",), cells=Lazy(CELL_TRUTH + ".leace", "leace_displacement_cells")),
         Criterion("curvature_direction", ("margin_eigenvalues",), lambda ds, t: np.nanmean(_top_eig(ds)),
                   _rayleigh, "planted direction's |vᵀHv| / top |eigenvalue| ≥ 0.9", None, needs_unit=False,
-                  kinds=("curvature",), cells=Lazy(CELL_TRUTH, "curvature_cells")),
+                  kinds=("curvature",), cells=Lazy(CELL_TRUTH + ".hooked", "curvature_cells")),
     )
 
 

@@ -5,7 +5,7 @@ does not reconstruct the reward model's activations gives plausible but wrong fe
 ``sae_attribution`` that also measures ``variance_explained`` (``ops.sae_attribution.reconstruction``) with
 the same SAE at the same site records it, sealed, in the run attr ``sae`` (``sae_record``):
 ``{"fits": {"<digest>@<site>": {variance_explained, relative_error, base_model}}, "outputs": {variable:
-"<digest>@<site>"}}``. On every read (``trust.evidence``), each attribution output whose SAE's variance
+"<digest>@<site>"}}``. On every read (``trust.evidence_chain``), each attribution output whose SAE's variance
 explained at that site is below ``MIN_VARIANCE_EXPLAINED`` — or was not measured — derives ``exploratory``,
 with the reason (``sae_caps``); the floor is this package's, never the stored one.
 

@@ -87,35 +87,33 @@ number of pairs). Cards go to the store sealed (``trust.evidence.seal``) with
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import time
-from dataclasses import asdict, asdict as as_dict, dataclass, field, replace
+from dataclasses import asdict, asdict as as_dict, replace
 
 import numpy as np
 import xarray as xr
-
-from ..errors import SpecError
-from ..organisms.kind_organisms import STRENGTHS, Organism, organism_family   # every organism kind
-from ..registries import CRITERIA       # the built-in criteria (trust.criteria) and any registered since
-from .evidence import MIN_SPEARMAN, card_verdict, code_hash, seal
-from ..identity import observable_hash
-from .coverage import why_not
-from .identities import check_identities
-from .reference import planted_margins, reference_dataset, reference_identities
 import yaml
-from ..errors import StoreError
-from ..identity import git_sha, versions
+
+from ..errors import SpecError, StoreError
+from ..identity import git_sha, observable_hash, versions
 from ..models.fingerprint import model_fingerprint
+from ..models.loading import DTYPES, wrap_model
 from ..observables import load_observable
 from ..ops.base import PlanInfo
+from ..organisms.kind_organisms import STRENGTHS, Organism, organism_family   # every organism kind
+from ..registries import CRITERIA       # the built-in criteria (trust.criteria) and any registered since
 from ..registry import build_plan, expand_steps
 from ..run.executor import compute
-from ..stats import spearman_rho
 from ..store import open_store, write_run
-from ..models.loading import DTYPES, wrap_model
-import copy
-from .cell_truth import fit
+from .card import Scorecard
+from .coverage import why_not
+from .evidence import MIN_SPEARMAN, seal
+from .grading import grade_readings
+from .identities import check_identities
+from .reference import planted_margins, reference_dataset, reference_identities
 
 CARD_OBSERVABLE = "scorecard"
 UNIT_KINDS = ("planted", "planted_head", "planted_paths", "judge_planted")   # truth names a planted unit
@@ -151,91 +149,6 @@ def _sae_steps(plan, ctx) -> dict:
     saes = {v[0].digest(): v[0] for k, v in ctx.memo.items() if isinstance(k, tuple) and k and k[0] == "sae"}
     steps = {s.name: as_dict(s.op.p) for s in plan.steps if type(s.op).__name__ == "SaeAttribution"}
     return {"dictionaries": saes, "steps": steps} if steps else {}
-
-
-def _truth_summary(truth: dict) -> dict:
-    """``truth`` for printing: a per-pair table or a long list as its size, other values as they are."""
-    def short(v):
-        if isinstance(v, dict) and (len(v) > 4 or any(isinstance(x, (list, dict)) for x in v.values())):
-            return f"<{len(v)} pairs>"
-        return f"<{len(v)} values>" if isinstance(v, (list, tuple)) and len(v) > 4 else v
-    return {k: short(v) for k, v in truth.items()}
-
-
-def finite_or_none(x):                 # store attrs must be JSON: NaN -> None
-    return float(x) if np.isfinite(x) else None
-
-
-@dataclass
-class Scorecard:
-    """One graded observable; ``readings[criterion]`` has one value per strength (None = not finite)."""
-
-    observable: str
-    spec_hash: str
-    version: int
-    model_family: str
-    organism: str
-    base: str
-    strengths: list
-    readings: dict = field(default_factory=dict)
-    spearman: dict = field(default_factory=dict)
-    floors: dict = field(default_factory=dict)
-    criteria_passed: dict = field(default_factory=dict)
-    passed: bool = False
-    ungraded: list = field(default_factory=list)
-    truth: dict = field(default_factory=dict)
-    organism_checksum: str = ""
-    organism_params: dict = field(default_factory=dict)
-    organism_fingerprints: list = field(default_factory=list)     # model_fingerprint per strength
-    magnitude: dict = field(default_factory=dict)    # criterion -> {reading, truth} reward units, full strength
-    identities: list = field(default_factory=list)   # per strength: the run's identity records
-    graded: list = field(default_factory=list)       # output variables some criterion read
-    reading_errors: dict = field(default_factory=dict)   # criterion -> why its reading could not be taken
-    cells: dict = field(default_factory=dict)        # criterion -> {fit, n}: its output's cells at full strength
-                                                     # against trust.cell_truth's recomputation
-    scope: dict = field(default_factory=dict)        # family, organism, base, strengths, n_pairs
-    why_not: dict = field(default_factory=dict)      # ungraded output -> why no criterion grades it (trust.coverage)
-    code_hash: str = ""                              # evidence.code_hash() of the code that graded it
-    dtype: str = "float32"                           # the organisms' dtype: lifts runs in this dtype only
-    wall_s: float = 0.0
-
-    def describe(self) -> str:
-        lines = [f"scorecard {self.observable} v{self.version} [{self.spec_hash[:12]}] on {self.organism} "
-                 f"({self.base}, family {self.model_family}); truth {_truth_summary(self.truth)}"]
-        lines.append(f"  {'criterion':<24}" + "".join(f"{'s=' + format(s, 'g'):>9}" for s in self.strengths)
-                     + f"{'spearman':>10}  floor")
-        for c, vals in self.readings.items():
-            fl = self.floors[c]
-            row = "".join(f"{v:9.3f}" if v is not None else f"{'nan':>9}" for v in vals)
-            rho = self.spearman[c]
-            lines.append(f"  {c:<24}{row}{'nan' if rho is None else round(rho, 3):>10}  "
-                         f"{fl['value'] if fl['value'] is None else round(fl['value'], 3)} "
-                         f"(needs {fl['what']}) -> {'pass' if self.criteria_passed[c] else 'FAIL'}")
-            if c in self.reading_errors:
-                lines.append(f"  {'':<24}could not read: {self.reading_errors[c]}")
-        for c, m in self.magnitude.items():
-            lines.append(f"  {c:<24}magnitude {m['reading']} vs planted {m['truth']} reward units")
-        for c, m in self.cells.items():
-            lines.append(f"  {c:<24}cells vs recomputation: fit {m['by_output']} (each needs ≥ 0.999)")
-        worst: dict = {}
-        def rel(r):            # None (could not compare) or a zero scale with an error: worst
-            e, sc = r.get("max_abs_err"), r.get("scale")
-            if e is None or sc is None:
-                return np.inf
-            return e / sc if sc else (0.0 if e == 0 else np.inf)
-        for rec in (r for per in self.identities for r in per):        # the worst strength per identity
-            k = rec["identity"]                                        # (scale 0: a zero margin, e.g. strength 0)
-            if k not in worst or rel(rec) > rel(worst[k]):
-                worst[k] = rec
-        for k, rec in worst.items():
-            e, sc = rec.get("max_abs_err"), rec.get("scale")
-            lines.append(f"  identity {k}: max |err| {'none' if e is None else format(e, '.3g')} (margin scale "
-                         f"{'none' if sc is None else format(sc, '.3g')})")
-        for v in self.ungraded:
-            lines.append(f"  not graded: {v}: {self.why_not.get(v, 'no planted truth to compare')}")
-        why = card_verdict(asdict(self))[1]
-        lines.append(f"  => {'PASS' if self.passed else 'FAIL'}" + (f" ({why})" if why else ""))
-        return "\n".join(lines)
 
 
 def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", strengths=STRENGTHS,
@@ -315,32 +228,6 @@ def grade(observable, *, organism: str = "planted", base: str = "tiny_llama", st
     return card
 
 
-def grade_readings(card: Scorecard, crits, results, truths, refs=None, truth_effect=None, organisms=None,
-                   obs=None) -> Scorecard:
-    """Criteria ``crits`` on ``results`` (one Dataset per strength of ``card.strengths``, beside each strength's
-    truth) into ``card``, then its verdict. Never raises on a reading: a criterion that cannot read its output
-    (any error) records why in ``reading_errors`` and fails; non-finite readings are stored as None."""
-    s = card.strengths
-    zero = int(np.argmin(s)) if min(s) == 0 else None
-    top = int(np.argmax(s))
-    planted = "layer" in truths[0]
-    refs = refs if refs is not None else [xr.Dataset() for _ in results]
-    for c in crits:
-        try:
-            _grade_one(card, c, results, truths, refs, s, zero, top, planted, truth_effect, organisms, obs)
-        except Exception as exc:       # noqa: BLE001  a reading that does not fit its criterion fails the card
-            card.reading_errors[c.name] = f"{type(exc).__name__}: {exc}"
-            card.readings[c.name] = [None] * len(s)
-            card.spearman[c.name] = None
-            card.floors[c.name] = {"value": None, "floor": c.floor, "what": c.floor_what, "at_strength": s[top]}
-            card.magnitude.pop(c.name, None)
-            card.cells.pop(c.name, None)
-            card.criteria_passed[c.name] = False
-    card.code_hash = code_hash()
-    card.passed = card_verdict(asdict(card))[0]
-    return card
-
-
 def in_dtype(org: Organism, dtype: str) -> Organism:
     """``org`` with its model cast to ``dtype`` (the same weights, rounded; ``org`` itself when already in it)."""
     if dtype not in DTYPES:
@@ -353,39 +240,6 @@ def in_dtype(org: Organism, dtype: str) -> Organism:
                         fix="calibrate a classifier organism (planted, planted_head, ...) in another dtype.")
     return replace(org, lm=wrap_model(lm.name, copy.deepcopy(lm.model), lm.tokenizer, dtype=dtype, device=lm.device,
                                       objectives=lm.head.objectives))
-
-
-def _grade_one(card: Scorecard, c, results, truths, refs, s, zero, top, planted, truth_effect,
-               organisms=None, obs=None) -> None:
-    """Criterion ``c``'s readings, Spearman, floor and magnitude into ``card`` (any error: the caller fails it)."""
-    vals = [float(np.mean(c.reading(ds, t))) for ds, t in zip(results, truths)]
-    rho = spearman_rho(s, vals)
-    if planted and c.magnitude is not None:
-        got = None if zero is None else float(np.mean(c.magnitude(results[top], truths[top])
-                                                      - c.magnitude(results[zero], truths[zero])))
-        want, source = truth_effect, "cells" if c.name == "score" else "margin"   # Δ: the margin's own cells
-        if c.exact and zero is not None:    # exact instrument: the same cells, plain forward
-            try:
-                want = float(np.mean(c.magnitude(refs[top], truths[top])
-                                     - c.magnitude(refs[zero], truths[zero])))
-                source = "cells"
-            except (KeyError, ValueError, IndexError):
-                pass
-        card.magnitude[c.name] = {"reading": finite_or_none(got) if got is not None else None,
-                                  "truth": finite_or_none(want) if want is not None else None, "truth_from": source}
-    fv = float(c.floor_value(results[top], truths[top]))
-    card.readings[c.name] = [finite_or_none(v) for v in vals]
-    card.spearman[c.name] = finite_or_none(rho)
-    card.floors[c.name] = {"value": finite_or_none(fv), "floor": c.floor, "what": c.floor_what,
-                           "at_strength": s[top]}
-    if c.cells is not None:            # the output's cells against an independent recomputation
-        if organisms is None:          # cells need the organism itself: a reading without one cannot show them
-            raise ValueError("cells: no organism to recompute them from")
-        by = {v: fit(*gw) for v, gw in c.cells(results[top], organisms[top], obs).items()}
-        card.cells[c.name] = {"fit": finite_or_none(min(by.values())), "by_output": {v: finite_or_none(f) for v, f in by.items()}}
-    one = {k: getattr(card, k) for k in ("truth", "spearman", "floors", "magnitude", "cells")}
-    card.criteria_passed[c.name] = card_verdict({**one, "readings": {c.name: card.readings[c.name]}},
-                                                check_code=False)[0]
 
 
 def card_run_id(card: Scorecard) -> str:

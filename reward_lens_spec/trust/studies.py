@@ -22,7 +22,7 @@ Nosek et al. 2018, *The preregistration revolution*, PNAS):
    were seen, a prediction cannot be (re)frozen and still count as preregistered.
    That holds for an amendment too;
 2. a run whose ``experiment`` is a frozen study is registered when its own pins
-   equal the study's (derived on read, ``trust.evidence``); a study edited after
+   equal the study's (derived on read, ``trust.evidence_chain``); a study edited after
    freezing is refused (``SpecError``) unless the edit is frozen as a dated
    amendment (``amend=True``), a new version — earlier versions and their
    adjudications stay in the store, never overwritten;
@@ -43,7 +43,8 @@ import yaml
 
 from ..errors import SpecError, StoreError
 from ..result import Result
-from .evidence import LEVELS, NOT_RESULTS, level_of, seal
+from .evidence import LEVELS, NOT_RESULTS, seal
+from .evidence_chain import level_of
 
 from .study_doc import COMPARATORS, REDUCTIONS, load_study, predictions, study_hash, study_id
 import os
