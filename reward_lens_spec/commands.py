@@ -37,8 +37,8 @@ for _c in (
                 "reward_lens_spec.commands:readers_main"),
         Command("criteria", "[NAME]", "calibration criteria: floor, magnitude band, organisms; NAME: its reading",
                 "reward_lens_spec.commands:criteria_main"),
-        Command("organisms", "[NAME]", "model organisms (calibrate organism=NAME): what each plants; NAME: the "
-                "criteria that grade it", "reward_lens_spec.commands:organisms_main"),
+        Command("organisms", "[NAME]", "model organisms (calibrate organism=NAME); NAME: the criteria that grade "
+                "it", "reward_lens_spec.commands:organisms_main"),
         Command("store", "ls|show|diff|export|gc|migrate url=STORE ...", "browse a result store; loads no model",
                 "reward_lens_spec.store.catalog_cli:main", "store.catalog_cli"),
         Command("compare", "url=STORE a=RUN b=RUN [vars=...] [paired=...]", "two models' runs: margins, paired "

@@ -56,12 +56,12 @@ def _memo_truth(steps, pairs):
 
 
 def grade(url, tamper=None):
-    real = drift_mod.drift
+    real = drift_card.drift          # the name grade_drift calls (compare.drift.drift, bound at import)
 
     def fake(*a, **kw):
         rid, ds, w = real(*a, **kw)
         return rid, (tamper(ds.copy(deep=True)) if tamper else ds), w
-    with um.patch.object(drift_card, "_checkpoint_truth", _memo_truth), um.patch.object(drift_mod, "drift", fake):
+    with um.patch.object(drift_card, "_checkpoint_truth", _memo_truth), um.patch.object(drift_card, "drift", fake):
         return drift_card.grade_drift(url)
 
 
