@@ -24,6 +24,7 @@ import pytest
 from reward_lens_spec.data import dataset_checksum, effective_sample_size, load_pairs
 from reward_lens_spec.data.file_pairs import FilePairs
 from reward_lens_spec.errors import SpecError
+from tests.numbered_pairs import write_numbered_pairs
 
 GROWTH_BYTES = 400     # measured 2026-12-04: ~290 B per added pair (token ids ~170, ids ~60, file index ~37, labels ~22)
 
@@ -129,12 +130,6 @@ def test_a_file_edited_mid_run_stops_the_command_line_in_one_line(tmp_path, monk
     assert not list((tmp_path / "s.zarr").glob("runs/*/*")) if (tmp_path / "s.zarr").exists() else True
 
 
-def _write(path, n):
-    with open(path, "w") as f:
-        for i in range(n):
-            f.write(json.dumps({"id": f"q{i}", "prompt": f"Q{i % 97}: {i % 7} + {i % 5}?",
-                                "chosen": f"It is {i % 7 + i % 5}.", "rejected": f"Maybe {i % 11}."}) + "\n")
-    return path
 
 
 def test_the_state_a_run_holds_grows_by_a_bounded_number_of_bytes_per_pair(tmp_path):
@@ -143,10 +138,10 @@ def test_the_state_a_run_holds_grows_by_a_bounded_number_of_bytes_per_pair(tmp_p
     from reward_lens_spec.models.tiny_tokenizer import build_tiny_tokenizer
 
     lm = SimpleNamespace(tokenizer=build_tiny_tokenizer(), name="tiny")      # what encoding reads of a model
-    encode(lm, load_pairs("jsonl", path=str(_write(tmp_path / "w.jsonl", 8))))     # warm: lazy imports, caches
+    encode(lm, load_pairs("jsonl", path=str(write_numbered_pairs(tmp_path / "w.jsonl", 8))))     # warm: lazy imports, caches
 
     def held(n):
-        path = _write(tmp_path / f"p{n}.jsonl", n)
+        path = write_numbered_pairs(tmp_path / f"p{n}.jsonl", n)
         gc.collect()
         tracemalloc.start(1)
         try:

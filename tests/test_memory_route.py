@@ -10,7 +10,6 @@ Bytes, never time.
 from __future__ import annotations
 
 import gc
-import json
 import tracemalloc
 from types import SimpleNamespace
 
@@ -19,6 +18,7 @@ import pytest
 
 from reward_lens_spec.context import RunContext, take_pairs
 from reward_lens_spec.data import Pair, PairSet
+from tests.numbered_pairs import write_numbered_pairs
 
 # Measured 2026-12-04 (2,048 and 4,096 pairs, the sides of benchmarks/memory.py): ~790 B per pair — the texts as
 # one Pair each (~390 B), token ids as int32 rows with offsets (~330 B), labels (~70 B). Token ids as Python lists
@@ -26,12 +26,6 @@ from reward_lens_spec.data import Pair, PairSet
 BYTES_PER_PAIR = 1000
 
 
-def _write(path, n):
-    with open(path, "w") as f:
-        for i in range(n):
-            f.write(json.dumps({"id": f"q{i}", "prompt": f"Q{i % 97}: {i % 7} + {i % 5}?",
-                                "chosen": f"It is {i % 7 + i % 5}.", "rejected": f"Maybe {i % 11}."}) + "\n")
-    return path
 
 
 def test_the_per_pair_state_a_run_holds_is_bounded_in_bytes(tmp_path):
@@ -41,8 +35,8 @@ def test_the_per_pair_state_a_run_holds_is_bounded_in_bytes(tmp_path):
 
     lm = SimpleNamespace(tokenizer=build_tiny_tokenizer(), name="tiny")      # what encoding reads of a model
     n = 2048
-    path = _write(tmp_path / "p.jsonl", n)
-    encode(lm, load_pairs("jsonl", path=str(_write(tmp_path / "w.jsonl", 8))))     # warm: lazy imports, caches
+    path = write_numbered_pairs(tmp_path / "p.jsonl", n)
+    encode(lm, load_pairs("jsonl", path=str(write_numbered_pairs(tmp_path / "w.jsonl", 8))))     # warm: lazy imports, caches
     gc.collect()
     tracemalloc.start(1)
     try:
@@ -67,7 +61,7 @@ def test_the_command_line_never_reads_the_result_back(tmp_path, monkeypatch, cap
         raise AssertionError("the command line read a stored result back (its memory grows with the pairs)")
     monkeypatch.setattr(Store, "load", refuse)
     main(["observable=dla", "model=tiny", "model.threads=1", "dataset=jsonl",
-          f"dataset.path={_write(tmp_path / 'p.jsonl', 8)}", f"store.url={tmp_path / 's.zarr'}"])
+          f"dataset.path={write_numbered_pairs(tmp_path / 'p.jsonl', 8)}", f"store.url={tmp_path / 's.zarr'}"])
     out = capsys.readouterr().out
     assert "run id: dla-" in out and "dla_heads" in out      # the table, from the run document
 

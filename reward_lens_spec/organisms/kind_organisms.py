@@ -41,11 +41,10 @@ import torch
 
 from ..data import Pair
 from ..inputs import encode
-from ..kinds import KINDS as SIGNAL_KINDS
 from ..models.loading import wrap_model
 from ..models.tiny import build_tiny
 from .organism_base import STRENGTHS, WORDS, Organism, each_strength, pairset
-from ..registries import ORGANISMS
+from ..registries import KINDS as SIGNAL_KINDS, ORGANISMS
 from .repr_organisms import curvature_organism
 from .sae_organism import sparse_feature_organism
 
