@@ -249,3 +249,44 @@ def test_region_writes_in_one_pass_as_to_zarr_region(tmp_path):
         write_regions(zs, [("obs/count/count", (slice(0, 5),), full["count"].variable[:5]),
                            ("obs/flag/flag", (slice(0, 5),), s)])
     assert files(str(tmp_path / "one_pass")) == before
+
+
+def _same_encoding(ea: dict, eb: dict, where) -> None:
+    assert set(ea) == set(eb), where
+    for e in ea:                                   # fill values may be NaN
+        nan = isinstance(ea[e], (float, np.floating)) and math.isnan(ea[e]) and math.isnan(eb[e])
+        assert nan or ea[e] == eb[e], (where, e)
+
+
+def test_read_staged_equals_a_read_of_the_store(tmp_path):
+    """What ``write_new_groups`` wrote, decoded from the keys it hands back (``read_staged``: no store read),
+    is what ``read_groups`` reads from the store: every variable, value, dtype, attr and encoding; a group it
+    did not write gives None; a flipped bit in a staged chunk fails its crc32c checksum."""
+    from reward_lens_spec.store.zarr_io import read_staged, write_new_groups
+
+    res = mixed()
+    zs = new_store(tmp_path / "s")
+    staged: dict = {}
+    pair = res["margin"]["pair"].variable
+    shared = shared_pair_labels(res)
+    from reward_lens_spec.store.groups import label_dataset, with_checksum
+    first = {"obs": label_dataset(pair, shared, direct=True)}
+    then = {f"obs/{n}": with_checksum(da.drop_vars([k for k in shared if k in da.coords]).to_dataset(name=n))
+            for n, da in res.items()}
+    write_new_groups(zs, first, then, attrs_of=("obs", {"x": 1, "nan": float("nan")}), staged=staged)
+    want_root, want = read_groups(zs, "obs", list(res), shared=("pair",))
+    got_root, got = read_staged(staged, "obs", list(res), shared=("pair",))
+    for g, w, where in [(got_root, want_root, "obs"), *((got[n], want[n], n) for n in res)]:
+        assert set(g.variables) == set(w.variables) and set(g.attrs) == set(w.attrs), where
+        assert json.dumps(g.attrs, sort_keys=True) == json.dumps(w.attrs, sort_keys=True), where
+        for k in w.variables:
+            assert g.variables[k].identical(w.variables[k]), (where, k)
+            assert g.variables[k].dtype == w.variables[k].dtype, (where, k)
+            _same_encoding(g[k].encoding, w[k].encoding, (where, k))
+    assert read_staged(staged, "obs", ["nope"]) is None and read_staged(staged, "other", []) is None
+    key = next(k for k in staged if k.startswith("obs/lens/lens/c"))
+    raw = bytearray(staged[key].to_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    staged[key] = type(staged[key]).from_bytes(bytes(raw))
+    with pytest.raises(Exception, match="(?i)checksum|crc"):
+        read_staged(staged, "obs", ["lens"], shared=("pair",))

@@ -188,7 +188,7 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
                   positions=pair_positions(pairs, enc.pair_ids),      # a chunk's operators see its pairs only
                   st=st, ps=ps, slices=slices, keep=keep, capture_kw=capture_kw, frame=frame, need_h=need_h,
                   full_coords=full_coords, groups=(out_g, scr_g), size=store_spec.chunk_pairs,
-                  keep_context=keep_context,
+                  keep_context=keep_context, staged={},   # keys written with their data (a one-chunk run)
                   pads={name: {d: widths[d] for d in dims} for name, dims in data_dims(plan).items()})
     done = att.chunks_done()
     ours = [k for k in range(len(slices)) if k % store_spec.shards == store_spec.shard]
@@ -233,8 +233,12 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     chunk_info = {"n": len(slices), "chunk_pairs": store_spec.chunk_pairs, "shards": store_spec.shards,
                   "by_writer": by_writer, **({"widths": widths} if widths else {})}
     zs = att.zarr_store()     # the outputs as stored: small ones read in one pass, bigger ones block by block
-    stored = open_variables(zs, out_g, plan.outputs, lazy=EAGER_BYTES, labels=labels.held(out_g))  # labels too
-    logits = np.asarray(open_variables(zs, scr_g, [HEAD_LOGITS], lazy=False, labels=labels.held(scr_g))[HEAD_LOGITS])
+    # a one-chunk run's arrays this job wrote with their data: decoded from the bytes it wrote, not read back
+    staged = None if any(st[o] == "reduce" for o in plan.outputs) else shared["staged"]
+    stored = open_variables(zs, out_g, plan.outputs, lazy=EAGER_BYTES, labels=labels.held(out_g),  # labels too
+                            staged=staged)
+    logits = np.asarray(open_variables(zs, scr_g, [HEAD_LOGITS], lazy=False, labels=labels.held(scr_g),
+                                       staged=staged)[HEAD_LOGITS])
     attrs = run_attrs(counts, chunk_info, stored, logits)
     if DIGESTS not in attrs:                    # seal_run puts them under the seal; other callers: here
         attrs = with_digests(attrs, {plan.observable: result_digests(stored)})
@@ -295,12 +299,14 @@ def _chunk_loop(att, role, p, ks, reduced, sh, progress) -> list:
                        att.run_id)
         marker = "skeleton" if p == 0 else f"pass{p}.skeleton"
         filled = ensure_skeleton(att, role, b, [(out_g, ds_out, sh["full_coords"]), (scr_g, ds_scr, sh["full_coords"])],
-                                 n, sh["size"], run_names, marker=marker, labels=p == 0, filled=len(sh["slices"]) == 1)
+                                 n, sh["size"], run_names, marker=marker, labels=p == 0, filled=len(sh["slices"]) == 1,
+                                 staged=sh["staged"])
         digests = {}
         for group, res in ((out_g, ds_out), (scr_g, ds_scr)):
             if res and filled:                    # a one-chunk run's arrays were written with their data
                 digests.update(region_digests(group, res, run_names))
             elif res:
+                sh["staged"].clear()              # arrays written by region: the completion reads them back
                 att.fence(role)
                 digests.update(write_region(att.zstore(role), group, res, sl, run_names))
         att.mark(f"chunk.{k}" if p == 0 else f"pass{p}.chunk.{k}",

@@ -78,13 +78,15 @@ class GroupLabels:
 
 
 def ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skeleton", labels=True,
-                    filled=False) -> bool:
+                    filled=False, staged: dict | None = None) -> bool:
     """Create every run array of one pass once per attempt (full pair length, zarr chunks = run chunks):
     each group holds the run's pair labels once (written with the first pass's skeleton, ``labels``),
     each variable its own group (``store.groups``) with its own coords; then marker ``marker``.
     ``filled``: the run is this one chunk (``groups`` hold every pair), so the first holder writes each
     array with its data in the same pass (the bytes a region write of the whole run would store); returns
-    True when it did (no region write follows), False when the arrays wait for their regions."""
+    True when it did (no region write follows), False when the arrays wait for their regions. ``staged``: a
+    dict given every key the first holder wrote with the data (``zarr_io.write_new_groups``), so the run's
+    completion decodes those bytes instead of reading them back (``zarr_io.read_staged``)."""
     wrote = False
     while att.marker(marker) is None:
         if not att.claim(marker):
@@ -102,7 +104,8 @@ def ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skeleto
             first = {group: label_dataset(pair_coords["pair"], _labels_of(pair_coords), direct=True)
                      for group, _, pair_coords in groups} if labels else {}   # (strings made portable as written)
             write_new_groups(zs, first, {f"{group}/{name}": with_checksum(tmpl.to_dataset(name=name).copy(deep=False))
-                                         for group, tmpls in made.items() for name, tmpl in tmpls.items()})
+                                         for group, tmpls in made.items() for name, tmpl in tmpls.items()},
+                             staged=staged if wrote else None)
         else:
             for group, res, pair_coords in groups:
                 att.fence(marker)
@@ -128,7 +131,7 @@ def _skeleton(res, pair_coords, n, size, run_names, filled=False) -> dict:
     its own values instead of the zeros, in one zarr chunk along ``pair`` as the dask zeros would have."""
     out = {}
     for name, v in res.items():
-        coords = {k: c.variable for k, c in v.coords.items() if "pair" not in c.dims}
+        coords = {k: c for k, c in v.coords.variables.items() if "pair" not in c.dims}
         if "pair" in v.dims:
             coords["pair"] = pair_coords["pair"]
         for k in op_pair_coords(v, run_names):      # an operator's own per-pair labels: regions too
@@ -164,7 +167,7 @@ def label_group(zstore, group, attrs: dict, variables) -> None:
 def op_pair_coords(v, run_names) -> list[str]:
     """Coords along ``pair`` that an operator made (e.g. a side's response length), beyond the run's own
     (``run_names``: pair, dimension, prompt_id, the pair flags)."""
-    return [k for k, c in v.coords.items() if "pair" in c.dims and k not in run_names]
+    return [k for k, c in v.coords.variables.items() if "pair" in c.dims and k not in run_names]
 
 
 def write_region(zstore, group, res, sl, run_names) -> dict:
@@ -208,7 +211,7 @@ def _regions(res, run_names) -> dict:
 
 def _digests(group, name, v) -> dict:
     out = {f"{group}/{name}": values_digest(v.values)}
-    for c in v.coords:
+    for c, x in v.coords.variables.items():
         if c != "pair":
-            out[f"{group}/{name}:{c}"] = values_digest(v.coords[c].values)
+            out[f"{group}/{name}:{c}"] = values_digest(x.values)
     return out

@@ -197,11 +197,11 @@ def open_variable(zstore, group: str, name: str, *, lazy: bool = True, labels=No
     ds = read if read is not None else xr.open_zarr(zstore, group=f"{group}/{name}", chunks=None,
                                                     drop_variables=["pair"] if shared else None, **ZARR_KW)
     v = ds[name]
-    coords = {c: v[c].variable.load() for c in v.coords}
+    coords = {c: x.load() for c, x in v.coords.variables.items()}
     if "pair" in v.dims and shared:
         if labels.sizes["pair"] != v.sizes["pair"]:
             raise KeyError(f"{group}/{name}: {v.sizes['pair']} pairs, the group labels {labels.sizes['pair']}")
-        coords.update({k: c.variable for k, c in labels.coords.items()})
+        coords.update(labels.coords.variables)
     done = set()
     if digest is not None:
         rec = digest.get("coords") or {}
@@ -260,7 +260,7 @@ def _as_labels(ds: xr.Dataset) -> xr.Dataset:
 
 
 def open_variables(zstore, group: str, names=None, *, lazy: bool = True, digests: dict | None = None,
-                   where: str = "", labels: xr.Dataset | None = None) -> Result:
+                   where: str = "", labels: xr.Dataset | None = None, staged: dict | None = None) -> Result:
     """The observable stored at ``group`` as a ``Result`` (attrs: the group's, less ``output_variables``).
 
     ``names``: only these variables (default: the group's ``variables`` listing). A group written
@@ -270,10 +270,18 @@ def open_variables(zstore, group: str, names=None, *, lazy: bool = True, digests
     (``store.digest``), checked as each variable is read (``open_variable``); a variable it lacks, or a
     listed variable missing from it, raises ``DigestError``. ``labels``: the group's pair labels
     (``group_labels``) when the caller read them already (a streamed run opens its groups several times).
+    ``staged``: the keys this process wrote there (``zarr_io.write_new_groups(staged=)``): ``names`` read
+    eagerly are decoded from those bytes (``zarr_io.read_staged``) when they hold them all, not read back.
     """
     if names is not None and not list(names):
         return Result({})
-    attrs = group_attrs(zstore, group)
+    pre = None
+    if staged is not None and names is not None and lazy is not True:
+        from reward_lens_spec.store.zarr_io import read_staged, staged_attrs
+
+        cap = ONE_PASS_BYTES if lazy is False else min(lazy, ONE_PASS_BYTES)
+        pre = read_staged(staged, group, list(names), shared=("pair",), max_bytes=cap)
+    attrs = group_attrs(zstore, group) if pre is None else staged_attrs(staged, group)
     listed = attrs.pop(VARIABLES, None)
     attrs.pop("coordinates", None)                  # xarray's encoding of the pair labels, not an attr
     if listed is None and names is None:                        # layout ≤ 2: one Dataset
@@ -294,7 +302,7 @@ def open_variables(zstore, group: str, names=None, *, lazy: bool = True, digests
         from reward_lens_spec.store.zarr_io import read_groups
 
         cap = ONE_PASS_BYTES if lazy is False else min(lazy, ONE_PASS_BYTES)
-        lab, read = read_groups(zstore, group, want, shared=("pair",), max_bytes=cap)
+        lab, read = pre or read_groups(zstore, group, want, shared=("pair",), max_bytes=cap)
         labels = _as_labels(lab) if labels is None else labels
     elif labels is None:
         labels = group_labels(zstore, group)

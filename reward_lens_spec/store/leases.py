@@ -46,17 +46,42 @@ def lease_live(doc: dict | None, *, lease_s: float | None = None, now: float | N
 
 def fenced_store(zstore, guard):
     """A zarr store over ``zstore`` that calls ``guard()`` (raising StoreError when this writer no longer
-    holds its role) before every write, and refuses every delete."""
+    holds its role) before every write, and refuses every delete. ``set_all(items)`` writes many keys
+    concurrently after one ``guard()`` (the per-key guards of a concurrent batch run at its start too)."""
+    store = _fenced_class()(zstore)
+    store._guard = guard
+    return store
+
+
+_FENCED = []
+
+
+def _fenced_class():
+    """The fenced store's class, made once (zarr's store classes are costly to subclass per call)."""
+    if _FENCED:
+        return _FENCED[0]
     from zarr.storage import WrapperStore
 
     class FencedStore(WrapperStore):
+        _guard = None
+
+        def _with_store(self, store):              # zarr's copies (read-only, context) keep the guard
+            out = type(self)(store=store)
+            out._guard = self._guard
+            return out
+
         async def set(self, key, value):
-            await asyncio.to_thread(guard)
+            await asyncio.to_thread(self._guard)
             await self._store.set(key, value)
 
         async def set_if_not_exists(self, key, value):
-            await asyncio.to_thread(guard)
+            await asyncio.to_thread(self._guard)
             await self._store.set_if_not_exists(key, value)
+
+        async def set_all(self, items, *, if_absent=False):
+            await asyncio.to_thread(self._guard)
+            put = self._store.set_if_not_exists if if_absent else self._store.set
+            await asyncio.gather(*(put(k, v) for k, v in items))
 
         async def _set_many(self, values):
             for key, value in values:
@@ -68,4 +93,5 @@ def fenced_store(zstore, guard):
         async def delete_dir(self, prefix):
             raise StoreError(f"refusing to delete {prefix} from an attempt: stored arrays are write-once")
 
-    return FencedStore(zstore)
+    _FENCED.append(FencedStore)
+    return FencedStore

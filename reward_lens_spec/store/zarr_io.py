@@ -24,19 +24,21 @@ the encoded variable), so a writer can digest what it wrote without reading it b
 from __future__ import annotations
 
 import asyncio
+import copy
+import json
 
 import numpy as np
 import xarray as xr
 from xarray import conventions
 from xarray.backends.zarr import (FillValueCoder, encode_zarr_attr_value, encode_zarr_variable,
                                   extract_zarr_variable_encoding)
-from xarray.coding.strings import check_vlen_dtype
+from xarray.coding.strings import check_vlen_dtype, create_vlen_dtype
 from xarray.namedarray.pycompat import is_chunked_array
 from xarray.backends.memory import InMemoryDataStore
 from xarray.backends.store import StoreBackendEntrypoint
 
 
-def _array_args(name: str, var: xr.Variable, write_empty: bool) -> tuple[dict, object]:
+def _array_args(name: str, var: xr.Variable) -> tuple[dict, object]:
     """(``create_array`` keyword arguments, data) of one variable, as ``ZarrStore.set_variables`` makes them
     for a new array in a Zarr v3 group (``use_zarr_fill_value_as_mask`` False, xarray's v3 default)."""
     v = encode_zarr_variable(var, name=name, zarr_format=3)
@@ -51,7 +53,7 @@ def _array_args(name: str, var: xr.Variable, write_empty: bool) -> tuple[dict, o
     if v.encoding.pop("_FillValue", None) is not None:
         raise ValueError("Zarr does not support _FillValue in encoding.")
     enc = extract_zarr_variable_encoding(v, raise_on_invalid=False, name=name, zarr_format=3)
-    config = {"write_empty_chunks": write_empty}
+    config = {"write_empty_chunks": True}
     if "order" in enc:
         config["order"] = enc.pop("order")
     enc.pop("write_empty_chunks", None)
@@ -63,55 +65,62 @@ def _array_args(name: str, var: xr.Variable, write_empty: bool) -> tuple[dict, o
     return kw, v.data
 
 
-def encoded(ds: xr.Dataset, write_empty: bool = True) -> tuple[dict, list]:
+def encoded(ds: xr.Dataset) -> tuple[dict, list]:
     """(group attrs, [(create_array kwargs, data), ...]) of ``ds`` as ``to_zarr`` encodes it, fixed-width
     unicode written as variable-length strings (``store._attrs.portable``)."""
     variables, attrs = conventions.encode_dataset_coordinates(ds)
-    arrays = [_array_args(str(k), _vlen(v), write_empty) for k, v in variables.items()]
+    arrays = [_array_args(str(k), _vlen(v)) for k, v in variables.items()]
     return {k: encode_zarr_attr_value(a) for k, a in attrs.items()}, arrays
 
 
 def _vlen(v: xr.Variable) -> xr.Variable:
+    """Fixed-width unicode as xarray's variable-length string dtype (an object array marked ``str``: xarray's
+    encoder then keeps it as it is instead of inferring each element's type, the same array it infers)."""
     if v.dtype.kind != "U":
         return v
-    return xr.Variable(v.dims, v.values.astype(object), v.attrs,            # fastpath: no pandas round trip
+    return xr.Variable(v.dims, v.values.astype(create_vlen_dtype(str)), v.attrs,   # fastpath: no pandas round trip
                        {k: e for k, e in v.encoding.items() if k != "dtype"}, fastpath=True)
 
 
-async def _write_group(zstore, path: str, ds: xr.Dataset, write_empty: bool) -> dict:
-    import zarr.api.asynchronous as za
-
-    attrs, arrays = encoded(ds, write_empty)
-    group = await za.open_group(store=zstore, path=path, mode="w-", zarr_format=3, attributes=attrs)
-
-    async def one(kw, data):
-        arr = await group.create_array(**kw)
-        if not is_chunked_array(data):     # as to_zarr(compute=False): a dask array is created, not written
-            await arr.setitem(tuple(slice(None) for _ in arr.shape), np.asarray(data))
-        return kw["name"], tuple(arr.metadata.chunks)
-
-    return dict(await asyncio.gather(*(one(kw, data) for kw, data in arrays)))
-
-
-async def _stage(staged: dict, first: dict, then: dict, write_empty: bool, attrs_of) -> dict:
-    """Encode each group of ``first``, then of ``then``, into a memory store of its own (rooted at the group, so
-    zarr makes no parent documents per array), its keys put into ``staged`` under the group's path; each
-    parent group above them that is not one of them gets the implicit group document zarr would have made."""
-    import zarr.api.asynchronous as za
-    from zarr.core.buffer import default_buffer_prototype
+def _group_keys(ds: xr.Dataset) -> tuple[dict, dict]:
+    """``({key: Buffer}, {array: chunk shape})`` of ``ds`` as one new group (keys relative to it): the group
+    document and every array's document and chunks (``store.zarr_sync``: made in this thread by zarr's own
+    classes); a dask-backed variable's array is created, not written (``to_zarr(compute=False)``)."""
     from zarr.core.group import GroupMetadata
-    from zarr.storage import MemoryStore
 
-    out, own = {}, {}
-    for batch in (first, then):
-        own.update({p: {} for p in batch})
-        done = await asyncio.gather(*(_write_group(MemoryStore(store_dict=own[p]), "", ds, write_empty)
-                                      for p, ds in batch.items()))
-        out.update(zip(batch, done))
+    from .zarr_sync import array_keys
+
+    attrs, arrays = encoded(ds)
+    keys = {"zarr.json": GroupMetadata(attributes=attrs, zarr_format=3).to_buffer_dict(_proto())["zarr.json"]}
+    chunks = {}
+    for kw, data in arrays:
+        meta, own = array_keys(kw, None if is_chunked_array(data) else data)
+        keys.update({f"{kw['name']}/{k}": v for k, v in own.items()})
+        chunks[kw["name"]] = tuple(meta.chunks)
+    return keys, chunks
+
+
+def _proto():
+    from zarr.core.buffer import default_buffer_prototype
+
+    return default_buffer_prototype()
+
+
+def stage(first: dict, then: dict, attrs_of=None) -> tuple[dict, dict]:
+    """``({key: Buffer}, {path: {array: chunk shape}})``: each group of ``first``, then of ``then``, encoded
+    on its own (so zarr makes no parent documents per array), its keys under the group's path; ``attrs_of =
+    (path, attrs)`` added to that group's attrs; each parent group above them that is not one of them gets the
+    implicit group document zarr would have made. No I/O."""
+    from zarr.core.group import GroupMetadata
+
+    staged, out, own = {}, {}, {}
+    for p, ds in [*first.items(), *then.items()]:
+        own[p], out[p] = _group_keys(ds)
     if attrs_of is not None:
-        g = await za.open_group(store=MemoryStore(store_dict=own[attrs_of[0]]), mode="r+", zarr_format=3)
-        await g.update_attributes(attrs_of[1])
-    implicit = GroupMetadata(zarr_format=3).to_buffer_dict(default_buffer_prototype())["zarr.json"]
+        g = GroupMetadata.from_dict(json.loads(own[attrs_of[0]]["zarr.json"].to_bytes()))
+        g = GroupMetadata(attributes={**g.attributes, **attrs_of[1]}, zarr_format=3)
+        own[attrs_of[0]]["zarr.json"] = g.to_buffer_dict(_proto())["zarr.json"]
+    implicit = GroupMetadata(zarr_format=3).to_buffer_dict(_proto())["zarr.json"]
     for p in own:
         parts = p.split("/")[:-1]
         for parent in ["", *("/".join(parts[:i + 1]) for i in range(len(parts)))]:
@@ -119,7 +128,7 @@ async def _stage(staged: dict, first: dict, then: dict, write_empty: bool, attrs
                 staged.setdefault(f"{parent}/zarr.json" if parent else "zarr.json", implicit)
     for p, keys in own.items():
         staged.update({f"{p}/{k}": v for k, v in keys.items()})
-    return out
+    return staged, out
 
 
 async def _upload(zstore, staged: dict, paths: list, last: str | None) -> None:
@@ -135,27 +144,39 @@ async def _upload(zstore, staged: dict, paths: list, last: str | None) -> None:
     inside = tuple(f"{p}/" for p in paths)
     ours = [k for k in staged if k.startswith(inside) and k != last]
     parents = [k for k in staged if not k.startswith(inside) and k != last]
-    await asyncio.gather(*(zstore.set_if_not_exists(k, staged[k]) for k in parents))
-    await asyncio.gather(*(zstore.set(k, staged[k]) for k in ours))
+    await _put(zstore, [(k, staged[k]) for k in parents], True)
+    await _put(zstore, [(k, staged[k]) for k in ours], False)
     if last is not None:
         await zstore.set(last, staged[last])
 
 
-def write_new_groups(zstore, first: dict, then: dict, *, write_empty: bool = True,
-                     attrs_of: tuple[str, dict] | None = None) -> dict:
+async def _put(zstore, items: list, if_absent: bool) -> None:
+    """Every ``(key, Buffer)`` of ``items`` stored concurrently (``if_absent``: only where no key is); a fenced
+    store (``store.leases.fenced_store``) checks its writer's role once for the batch."""
+    if hasattr(zstore, "set_all"):
+        await zstore.set_all(items, if_absent=if_absent)
+        return
+    put = zstore.set_if_not_exists if if_absent else zstore.set
+    await asyncio.gather(*(put(k, v) for k, v in items))
+
+
+def write_new_groups(zstore, first: dict, then: dict, *, attrs_of: tuple[str, dict] | None = None,
+                     staged: dict | None = None) -> dict:
     """Create the groups ``first`` (``{path: Dataset}``), then ``then`` (their children), then add
     ``attrs_of = (path, attrs)`` to the attrs of one of them, whose document is stored last.
 
-    Encoded into a memory store (no I/O, one blocking call), then uploaded to ``zstore`` concurrently (a
-    second call). Every group is created exclusively (``mode="w-"``: ``ContainsGroupError`` when one
-    exists, before anything is written); never deletes. Returns ``{path: {array: chunk shape}}``.
+    Encoded in this thread (``stage``: no I/O), then uploaded to ``zstore`` concurrently (one blocking call).
+    Every group is created exclusively (``mode="w-"``: ``ContainsGroupError`` when one exists, before anything
+    is written); never deletes. ``staged``: a dict given the keys written (key -> Buffer), for a reader of
+    what this call wrote (``read_staged``). Returns ``{path: {array: chunk shape}}``.
     """
     from zarr.core.sync import sync
 
-    staged: dict = {}
-    chunks = sync(_stage(staged, first, then, write_empty, attrs_of))
+    keys, chunks = stage(first, then, attrs_of)
     last = None if attrs_of is None else f"{attrs_of[0]}/zarr.json"
-    sync(_upload(zstore, staged, [*first, *then], last))
+    sync(_upload(zstore, keys, [*first, *then], last))
+    if staged is not None:
+        staged.update(keys)
     return chunks
 
 
@@ -274,3 +295,77 @@ def read_groups(zstore, group: str, children, *, shared=(), max_bytes: int | Non
         return None, {}
     out = {c: None if v is None else _decoded(v, attrs[c]) for c, v in got.items()}
     return out.pop(""), out
+
+
+_ARRAYS: dict = {}       # a stored array document (bytes) -> zarr's AsyncArray on it, no store behind it
+
+
+def _staged_array(doc):
+    """zarr's ``AsyncArray`` on the metadata parsed from an array document (``zarr_sync.metadata_of``), as
+    ``_as_read`` asks about it; never touches a store; None for a group's document. Made once per distinct
+    document (the same kinds recur)."""
+    from zarr.core.array import AsyncArray
+    from zarr.storage import MemoryStore, StorePath
+
+    from .zarr_sync import DOCS_KEPT, metadata_of
+
+    raw = doc.to_bytes()
+    if raw in _ARRAYS:
+        return _ARRAYS[raw]
+    arr = None
+    if json.loads(raw).get("node_type") == "array":
+        arr = AsyncArray(metadata=metadata_of(raw), store_path=StorePath(MemoryStore(), ""))
+    if len(_ARRAYS) >= DOCS_KEPT:
+        _ARRAYS.pop(next(iter(_ARRAYS)))
+    _ARRAYS[raw] = arr
+    return arr
+
+
+def staged_attrs(staged: dict, group: str) -> dict:
+    """The attrs of the group ``write_new_groups`` wrote at ``group`` (its document in ``staged``)."""
+    from zarr.core.group import GroupMetadata
+
+    return dict(GroupMetadata.from_dict(json.loads(staged[f"{group}/zarr.json"].to_bytes())).attributes)
+
+
+def read_staged(staged: dict, group: str, children, *, shared=(), max_bytes: int | None = None
+                ) -> tuple[xr.Dataset | None, dict] | None:
+    """``read_groups(zstore, group, children, shared=shared, max_bytes=max_bytes)`` of a store holding the keys
+    ``staged`` (what ``write_new_groups(..., staged=)`` wrote there): the same Datasets (a child whose variable
+    holds more than ``max_bytes``: None), decoded in this thread from those bytes (``zarr_sync.read_array``:
+    each chunk through its codecs, the crc32c checked). None when ``group`` or one of ``children`` was not
+    written there."""
+    from .zarr_sync import read_array
+
+    docs = {}
+    for p in (group, *(f"{group}/{c}" for c in children)):
+        if f"{p}/zarr.json" not in staged:
+            return None
+        docs[p] = staged_attrs(staged, p)
+
+    def arrays(p, skip=(), big=None) -> dict | None:
+        names = sorted({k[len(p) + 1:].split("/", 1)[0] for k in staged if k.startswith(p + "/")
+                        and k.endswith("/zarr.json") and k.count("/") == p.count("/") + 2} - set(skip))
+        found = {}
+        for name in names:
+            arr = _staged_array(staged[f"{p}/{name}/zarr.json"])
+            if arr is not None:
+                found[name] = arr
+        if max_bytes is not None and big in found and found[big].nbytes > max_bytes:
+            return None
+        out = {}
+        for name, arr in found.items():
+            prefix = f"{p}/{name}/"
+            keys = {k[len(prefix):]: v for k, v in staged.items() if k.startswith(prefix) and k != prefix + "zarr.json"}
+            v = _as_read(arr, read_array(arr.metadata, keys))
+            v.attrs = copy.deepcopy(v.attrs)      # the cached array's attrs stay its own
+            out[name] = v
+        return out
+
+    root = arrays(group)
+    skip = set(shared) & set(root)
+    out = {}
+    for c in children:
+        got = arrays(f"{group}/{c}", skip, big=c)
+        out[c] = None if got is None else _decoded(got, docs[f"{group}/{c}"])
+    return _decoded(root, docs[group]), out
