@@ -243,7 +243,7 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     if DIGESTS not in attrs:                    # seal_run puts them under the seal; other callers: here
         attrs = with_digests(attrs, {plan.observable: result_digests(stored)})
     att.fence("reduce")
-    label_group(att.zstore("reduce"), out_g, observable_attrs(attrs, stored), plan.outputs)
+    label_group(att.zstore("reduce"), out_g, observable_attrs(attrs, stored), plan.outputs, staged=staged)
     won = att.complete(attrs, "reduce", force=store_spec.force)
     att.release("reduce")
     if keep_context and contexts:

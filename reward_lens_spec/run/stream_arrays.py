@@ -24,7 +24,7 @@ from ..errors import StoreError
 from ..store.digest import values_digest
 from ..store.groups import (VARIABLES, WRITE_KW, group_labels, label_dataset, set_group_attrs, variable_dataset,
                            with_checksum, write_labels)
-from ..store.zarr_io import plain_region, write_new_groups, write_regions
+from ..store.zarr_io import plain_region, update_staged_group, write_new_groups, write_regions
 
 
 def pad_widths(v: xr.DataArray, widths: dict, where: str) -> xr.DataArray:
@@ -158,10 +158,15 @@ def _zeros(shape, chunks, dtype, label):
     return da.zeros(shape, chunks=chunks, dtype=dtype, name=f"skeleton-{label}-{shape}-{chunks}-{dtype}")
 
 
-def label_group(zstore, group, attrs: dict, variables) -> None:
+def label_group(zstore, group, attrs: dict, variables, staged: dict | None = None) -> None:
     """Put what a plain-xarray reader needs (``store.writer.observable_attrs``) and the variable listing
-    on the observable group (``zstore``: the completing writer's fenced store)."""
-    set_group_attrs(zstore, group, {**attrs, VARIABLES: list(variables)})
+    on the observable group (``zstore``: the completing writer's fenced store). ``staged``: the keys this job
+    wrote with the skeleton (``ensure_skeleton``); when they hold the group's document, the new one is made
+    from it (``zarr_io.update_staged_group``), not read back."""
+    if staged and f"{group}/zarr.json" in staged:
+        update_staged_group(zstore, staged, group, {**attrs, VARIABLES: list(variables)})
+    else:
+        set_group_attrs(zstore, group, {**attrs, VARIABLES: list(variables)})
 
 
 def op_pair_coords(v, run_names) -> list[str]:

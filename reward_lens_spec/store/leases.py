@@ -79,9 +79,10 @@ def _fenced_class():
             await self._store.set_if_not_exists(key, value)
 
         async def set_all(self, items, *, if_absent=False):
+            from reward_lens_spec.store.zarr_io import put_many
+
             await asyncio.to_thread(self._guard)
-            put = self._store.set_if_not_exists if if_absent else self._store.set
-            await asyncio.gather(*(put(k, v) for k, v in items))
+            await put_many(self._store, items, if_absent)
 
         async def _set_many(self, values):
             for key, value in values:

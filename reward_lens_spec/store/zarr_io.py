@@ -156,6 +156,22 @@ async def _put(zstore, items: list, if_absent: bool) -> None:
     if hasattr(zstore, "set_all"):
         await zstore.set_all(items, if_absent=if_absent)
         return
+    await put_many(zstore, items, if_absent)
+
+
+async def put_many(zstore, items: list, if_absent: bool = False) -> None:
+    """``zstore.set`` (``set_if_not_exists`` when ``if_absent``) of every ``(key, Buffer)``, concurrently. On a
+    ``FsspecStore`` plain sets go to its filesystem as one bulk ``_pipe`` (what ``FsspecStore.set`` does key by
+    key: on a synchronous filesystem, e.g. ``memory://``, one worker-thread hop for the batch instead of one
+    per key)."""
+    from zarr.storage import FsspecStore
+
+    if not if_absent and items and isinstance(zstore, FsspecStore) and not zstore.read_only:
+        if not zstore._is_open:
+            await zstore._open()
+        root = zstore.path.rstrip("/")
+        await zstore.fs._pipe({f"{root}/{k}" if root else k: v.to_bytes() for k, v in items})
+        return
     put = zstore.set_if_not_exists if if_absent else zstore.set
     await asyncio.gather(*(put(k, v) for k, v in items))
 
@@ -167,16 +183,18 @@ def write_new_groups(zstore, first: dict, then: dict, *, attrs_of: tuple[str, di
 
     Encoded in this thread (``stage``: no I/O), then uploaded to ``zstore`` concurrently (one blocking call).
     Every group is created exclusively (``mode="w-"``: ``ContainsGroupError`` when one exists, before anything
-    is written); never deletes. ``staged``: a dict given the keys written (key -> Buffer), for a reader of
-    what this call wrote (``read_staged``). Returns ``{path: {array: chunk shape}}``.
+    is written); never deletes. ``staged``: a dict given the keys written under the new groups (key -> Buffer;
+    not the parents' implicit documents), for a reader of what this call wrote (``read_staged``). Returns
+    ``{path: {array: chunk shape}}``.
     """
     from zarr.core.sync import sync
 
     keys, chunks = stage(first, then, attrs_of)
     last = None if attrs_of is None else f"{attrs_of[0]}/zarr.json"
     sync(_upload(zstore, keys, [*first, *then], last))
-    if staged is not None:
-        staged.update(keys)
+    if staged is not None:                 # (not the parents' implicit documents: stored only where absent)
+        inside = tuple(f"{p}/" for p in [*first, *then])
+        staged.update({k: v for k, v in keys.items() if k.startswith(inside)})
     return chunks
 
 
@@ -326,6 +344,19 @@ def staged_attrs(staged: dict, group: str) -> dict:
     from zarr.core.group import GroupMetadata
 
     return dict(GroupMetadata.from_dict(json.loads(staged[f"{group}/zarr.json"].to_bytes())).attributes)
+
+
+def update_staged_group(zstore, staged: dict, group: str, attrs: dict) -> None:
+    """Add ``attrs`` to the attrs of the group ``write_new_groups`` wrote at ``group`` (its document in
+    ``staged``): the document zarr's ``group.attrs.update`` writes, put in one call (a fenced store checks its
+    writer's role first); ``staged`` keeps the new document."""
+    from zarr.core.group import GroupMetadata
+    from zarr.core.sync import sync
+
+    key = f"{group}/zarr.json"
+    doc = GroupMetadata(attributes={**staged_attrs(staged, group), **attrs}, zarr_format=3)
+    staged[key] = doc.to_buffer_dict(_proto())["zarr.json"]
+    sync(_put(zstore, [(key, staged[key])], False))
 
 
 def read_staged(staged: dict, group: str, children, *, shared=(), max_bytes: int | None = None
