@@ -284,6 +284,17 @@ def test_read_staged_equals_a_read_of_the_store(tmp_path):
             assert g.variables[k].dtype == w.variables[k].dtype, (where, k)
             _same_encoding(g[k].encoding, w[k].encoding, (where, k))
     assert read_staged(staged, "obs", ["nope"]) is None and read_staged(staged, "other", []) is None
+    # a float array's values alone (a run's head logits), as plain xarray reads them; None for what it decodes
+    from reward_lens_spec.store.zarr_io import staged_values
+    logits = res["lens"].values.reshape(N, 2, 2)
+    plain = xr.Dataset({"head_logits": (("pair", "side", "output"), logits)})
+    write_new_groups(zs, {}, {"scratch/head_logits": with_checksum(plain)}, staged=staged)
+    got = staged_values(staged, "scratch/head_logits/head_logits")
+    want = xr.open_zarr(zs, group="scratch/head_logits", chunks=None, **ZARR_KW)["head_logits"].values
+    assert got.dtype == want.dtype == np.float32 and np.isnan(got).sum() == 1
+    assert np.array_equal(got, want, equal_nan=True) and np.array_equal(got, logits, equal_nan=True)
+    for other in ("count", "when", "lens", "nope"):         # ints, times, units (maybe a time): xarray decodes
+        assert staged_values(staged, f"obs/{other}/{other}") is None, other
     key = next(k for k in staged if k.startswith("obs/lens/lens/c"))
     raw = bytearray(staged[key].to_bytes())
     raw[len(raw) // 2] ^= 0x01

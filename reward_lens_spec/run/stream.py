@@ -51,6 +51,7 @@ from ..store.groups import open_variable, open_variables, write_variables
 from ..store.published import HIDDEN
 from ..store.stored_inputs import StoredInputs
 from ..store.writer import check_storable, discard_unstarted, observable_attrs, with_digests
+from ..store.zarr_io import staged_values
 from .chunk_checks import unverified_chunks
 from .stream_arrays import (ensure_skeleton, label_group, labels_once, pad_widths, region_digests,
                             write_region)
@@ -237,8 +238,9 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     staged = None if any(st[o] == "reduce" for o in plan.outputs) else shared["staged"]
     stored = open_variables(zs, out_g, plan.outputs, lazy=EAGER_BYTES, labels=labels.held(out_g),  # labels too
                             staged=staged)
-    logits = np.asarray(open_variables(zs, scr_g, [HEAD_LOGITS], lazy=False, labels=labels.held(scr_g),
-                                       staged=staged)[HEAD_LOGITS])
+    logits = staged_values(staged, f"{scr_g}/{HEAD_LOGITS}/{HEAD_LOGITS}") if staged else None
+    if logits is None:
+        logits = np.asarray(open_variables(zs, scr_g, [HEAD_LOGITS], lazy=False, labels=labels.held(scr_g))[HEAD_LOGITS])
     attrs = run_attrs(counts, chunk_info, stored, logits)
     if DIGESTS not in attrs:                    # seal_run puts them under the seal; other callers: here
         attrs = with_digests(attrs, {plan.observable: result_digests(stored)})

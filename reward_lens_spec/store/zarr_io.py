@@ -359,6 +359,27 @@ def update_staged_group(zstore, staged: dict, group: str, attrs: dict) -> None:
     sync(_put(zstore, [(key, staged[key])], False))
 
 
+def staged_values(staged: dict, path: str) -> np.ndarray | None:
+    """The values of the float array ``write_new_groups`` wrote at ``path`` (its keys in ``staged``), decoded
+    from those bytes: what ``xr.open_zarr`` gives for it (xarray's decoding of a float array whose only CF
+    attr is a NaN ``_FillValue`` leaves the values as they are). None when ``staged`` does not hold it or
+    xarray would decode it otherwise."""
+    from .zarr_sync import read_array
+
+    doc = staged.get(f"{path}/zarr.json")
+    arr = None if doc is None else _staged_array(doc)
+    if arr is None or arr.dtype.kind != "f":
+        return None
+    attrs = arr.attrs
+    cf = ("missing_value", "scale_factor", "add_offset", "units", "calendar", "dtype")
+    if any(k in attrs for k in cf) or ("_FillValue" in attrs and not np.isnan(
+            FillValueCoder.decode(attrs["_FillValue"], arr.dtype))):
+        return None
+    prefix = f"{path}/"
+    return read_array(arr.metadata, {k[len(prefix):]: v for k, v in staged.items()
+                                     if k.startswith(prefix) and k != prefix + "zarr.json"})
+
+
 def read_staged(staged: dict, group: str, children, *, shared=(), max_bytes: int | None = None
                 ) -> tuple[xr.Dataset | None, dict] | None:
     """``read_groups(zstore, group, children, shared=shared, max_bytes=max_bytes)`` of a store holding the keys
