@@ -301,3 +301,19 @@ def test_read_staged_equals_a_read_of_the_store(tmp_path):
     staged[key] = type(staged[key]).from_bytes(bytes(raw))
     with pytest.raises(Exception, match="(?i)checksum|crc"):
         read_staged(staged, "obs", ["lens"], shared=("pair",))
+
+
+def test_label_chunks_reused_only_for_equal_values(tmp_path):
+    """Label arrays (strings, flags) encoded once per distinct values (``zarr_sync``): a second write of
+    other labels, same shape and dtype, stores its own bytes, as ``to_zarr`` does."""
+    res = mixed()
+    other = Result({k: v.assign_coords(dimension=("pair", np.roll(v["dimension"].values, 1)),
+                                       flag=("pair", ~v["flag"].values)) if "pair" in v.dims else v
+                    for k, v in res.items()}, res.attrs)
+    for i, r in enumerate((res, other, res)):
+        a, b = new_store(tmp_path / f"a{i}"), new_store(tmp_path / f"b{i}")
+        xarray_layout(a, r, "obs", {"i": i})
+        write_variables(b, r, "obs", {"i": i})
+        fa, fb = files(str(tmp_path / f"a{i}")), files(str(tmp_path / f"b{i}"))
+        assert sorted(fa) == sorted(fb) and all(fa[k] == fb[k] for k in fa), i
+    assert files(str(tmp_path / "b0"))["obs/flag/c/0"] != files(str(tmp_path / "b1"))["obs/flag/c/0"]

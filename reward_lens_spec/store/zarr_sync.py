@@ -67,17 +67,26 @@ DOCS_KEPT = 512           # a run makes a few dozen; the same kinds recur run af
 
 
 def _document(kw: dict):
-    """``(array_metadata(kw), its zarr.json Buffer)``, made once per distinct document (zarr's pure-Python
-    indented JSON and dtype matching dominate the cost of a small array) and reused."""
+    """``(key, array_metadata(kw), its zarr.json Buffer)``, made once per distinct document (zarr's pure-Python
+    indented JSON and dtype matching dominate the cost of a small array) and reused; ``key`` names it."""
     key = repr(sorted((k, v) for k, v in kw.items() if k not in ("name", "config", "overwrite")))
     hit = _DOCS.get(key)
     if hit is None:
         meta = array_metadata(kw)
-        hit = (meta, meta.to_buffer_dict(_proto())["zarr.json"])
-        if len(_DOCS) >= DOCS_KEPT:
-            _DOCS.pop(next(iter(_DOCS)))
-        _DOCS[key] = hit
-    return hit
+        hit = _keep(_DOCS, key, (meta, meta.to_buffer_dict(_proto())["zarr.json"]))
+    return (key, *hit)
+
+
+def _keep(memo: dict, key, value):
+    if len(memo) >= DOCS_KEPT:
+        memo.pop(next(iter(memo)))
+    memo[key] = value
+    return value
+
+
+_CHUNKS: dict = {}        # (document key, values) -> encoded chunks of a small label array (strings, flags): a
+SMALL = 4096              # run's pair labels are the same bytes in every group, and run after run on the same pairs
+LABEL_KINDS = "OTUSb"     # (numbers, the outputs, are encoded each time)
 
 
 def _spec(meta, order: str = "C"):
@@ -98,7 +107,7 @@ def array_keys(kw: dict, data=None) -> tuple[object, dict]:
     """``(metadata, {key: Buffer})`` of a new array: its ``zarr.json`` and, when ``data`` is given (a numpy
     array of ``kw["shape"]``), every chunk as ``AsyncArray.setitem`` of the whole array stores it (written even
     where it equals the fill value, as ``write_empty_chunks=True``). Keys are relative to the array."""
-    meta, doc = _document(kw)
+    key, meta, doc = _document(kw)
     out = {"zarr.json": doc}
     if data is None:
         return meta, out
@@ -108,6 +117,17 @@ def array_keys(kw: dict, data=None) -> tuple[object, dict]:
         value = value.astype(native, order="A")
     if value.shape != meta.shape:
         raise ValueError(f"zarr_sync: data of shape {value.shape} for an array of shape {meta.shape}")
+    if value.size <= SMALL and value.dtype.kind in LABEL_KINDS:   # the values in the key: equal keys, equal chunks
+        vkey = (key, value.dtype.str, tuple(value.ravel().tolist()) if value.dtype.kind in "OT" else value.tobytes())
+        if vkey not in _CHUNKS:
+            _keep(_CHUNKS, vkey, _chunks(meta, value, native, kw))
+        return meta, {**out, **_CHUNKS[vkey]}
+    return meta, {**out, **_chunks(meta, value, native, kw)}
+
+
+def _chunks(meta, value, native, kw) -> dict:
+    """Every chunk of ``value`` encoded by ``meta``'s codecs: ``{chunk key: Buffer}``."""
+    out = {}
     spec = _spec(meta, (kw.get("config") or {}).get("order", "C"))
     nd = spec.prototype.nd_buffer
     for coords, sel in _grid(meta):
@@ -121,7 +141,7 @@ def array_keys(kw: dict, data=None) -> tuple[object, dict]:
         for codec in meta.codecs:
             chunk = codec._encode_sync(chunk, spec)
         out[meta.encode_chunk_key(coords)] = chunk
-    return meta, out
+    return out
 
 
 def metadata_of(doc) -> object:
