@@ -262,7 +262,8 @@ def test_read_staged_equals_a_read_of_the_store(tmp_path):
     """What ``write_new_groups`` wrote, decoded from the keys it hands back (``read_staged``: no store read),
     is what ``read_groups`` reads from the store: every variable, value, dtype, attr and encoding; a group it
     did not write gives None; a flipped bit in a staged chunk fails its crc32c checksum."""
-    from reward_lens_spec.store.zarr_io import read_staged, write_new_groups
+    from reward_lens_spec.store.staged import read_staged
+    from reward_lens_spec.store.zarr_io import write_new_groups
 
     res = mixed()
     zs = new_store(tmp_path / "s")
@@ -285,7 +286,7 @@ def test_read_staged_equals_a_read_of_the_store(tmp_path):
             _same_encoding(g[k].encoding, w[k].encoding, (where, k))
     assert read_staged(staged, "obs", ["nope"]) is None and read_staged(staged, "other", []) is None
     # a float array's values alone (a run's head logits), as plain xarray reads them; None for what it decodes
-    from reward_lens_spec.store.zarr_io import staged_values
+    from reward_lens_spec.store.staged import staged_values
     logits = res["lens"].values.reshape(N, 2, 2)
     plain = xr.Dataset({"head_logits": (("pair", "side", "output"), logits)})
     write_new_groups(zs, {}, {"scratch/head_logits": with_checksum(plain)}, staged=staged)

@@ -51,7 +51,7 @@ from ..store.groups import open_variable, open_variables, write_variables
 from ..store.published import HIDDEN
 from ..store.stored_inputs import StoredInputs
 from ..store.writer import check_storable, discard_unstarted, observable_attrs, with_digests
-from ..store.zarr_io import staged_values
+from ..store.staged import staged_values
 from .chunk_checks import unverified_chunks
 from .stream_arrays import (ensure_skeleton, label_group, labels_once, pad_widths, region_digests,
                             write_region)

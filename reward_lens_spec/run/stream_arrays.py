@@ -24,7 +24,8 @@ from ..errors import StoreError
 from ..store.digest import values_digest
 from ..store.groups import (VARIABLES, WRITE_KW, group_labels, label_dataset, set_group_attrs, variable_dataset,
                            with_checksum, write_labels)
-from ..store.zarr_io import plain_region, update_staged_group, write_new_groups, write_regions
+from ..store.staged import update_staged_group
+from ..store.zarr_io import plain_region, write_new_groups, write_regions
 
 
 def pad_widths(v: xr.DataArray, widths: dict, where: str) -> xr.DataArray:
@@ -86,7 +87,7 @@ def ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skeleto
     array with its data in the same pass (the bytes a region write of the whole run would store); returns
     True when it did (no region write follows), False when the arrays wait for their regions. ``staged``: a
     dict given every key the first holder wrote with the data (``zarr_io.write_new_groups``), so the run's
-    completion decodes those bytes instead of reading them back (``zarr_io.read_staged``)."""
+    completion decodes those bytes instead of reading them back (``store.staged.read_staged``)."""
     wrote = False
     while att.marker(marker) is None:
         if not att.claim(marker):
@@ -162,7 +163,7 @@ def label_group(zstore, group, attrs: dict, variables, staged: dict | None = Non
     """Put what a plain-xarray reader needs (``store.writer.observable_attrs``) and the variable listing
     on the observable group (``zstore``: the completing writer's fenced store). ``staged``: the keys this job
     wrote with the skeleton (``ensure_skeleton``); when they hold the group's document, the new one is made
-    from it (``zarr_io.update_staged_group``), not read back."""
+    from it (``store.staged.update_staged_group``), not read back."""
     if staged and f"{group}/zarr.json" in staged:
         update_staged_group(zstore, staged, group, {**attrs, VARIABLES: list(variables)})
     else:

@@ -271,13 +271,13 @@ def open_variables(zstore, group: str, names=None, *, lazy: bool = True, digests
     listed variable missing from it, raises ``DigestError``. ``labels``: the group's pair labels
     (``group_labels``) when the caller read them already (a streamed run opens its groups several times).
     ``staged``: the keys this process wrote there (``zarr_io.write_new_groups(staged=)``): ``names`` read
-    eagerly are decoded from those bytes (``zarr_io.read_staged``) when they hold them all, not read back.
+    eagerly are decoded from those bytes (``store.staged.read_staged``) when they hold them all, not read back.
     """
     if names is not None and not list(names):
         return Result({})
     pre = None
     if staged is not None and names is not None and lazy is not True:
-        from reward_lens_spec.store.zarr_io import read_staged, staged_attrs
+        from reward_lens_spec.store.staged import read_staged, staged_attrs
 
         cap = ONE_PASS_BYTES if lazy is False else min(lazy, ONE_PASS_BYTES)
         pre = read_staged(staged, group, list(names), shared=("pair",), max_bytes=cap)

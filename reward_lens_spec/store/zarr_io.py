@@ -1,22 +1,24 @@
-"""Many small in-memory Datasets written as new Zarr v3 groups in one pass of zarr's async API.
+"""Many small in-memory Datasets written as new Zarr v3 groups in one pass, and read back in one pass.
 
 Store layout 3 (``store.groups``) writes one group per output variable; through ``Dataset.to_zarr`` every
 array costs several blocking round trips to zarr's event loop (open the group, check what exists,
 create, set attrs, write), one after the other. ``write_new_groups`` makes the same arrays, encoded by
 xarray's own Zarr encoder (``encode_dataset_coordinates``, ``encode_zarr_variable``,
-``extract_zarr_variable_encoding``: CF encoding, fill values, chunks, ``dimension_names``, attrs) and
-created with the same ``create_array`` arguments ``to_zarr`` passes, but all groups and arrays concurrently
-in one call, so the bytes on disk are those ``to_zarr(mode="w-")`` writes (checked in
+``extract_zarr_variable_encoding``: CF encoding, fill values, chunks, ``dimension_names``, attrs) with the
+same ``create_array`` arguments ``to_zarr`` passes; each array's document and chunks are made in this thread
+by zarr's own classes (``store.zarr_sync``), then every key is uploaded in one concurrent call, the group
+holding the listing last. The bytes are those ``to_zarr(mode="w-")`` writes (checked in
 ``tests/test_store_direct.py``) and plain ``xr.open_zarr`` / ``xr.open_datatree`` read them.
 
 A dask-backed variable's array is created and not written, as ``to_zarr(compute=False)`` does (a streamed
 run's skeleton, whose regions are written later). Exclusive creation only: an existing group fails before
 anything is written (``mode="w-"``), nothing is ever deleted; writes into existing groups go through
-``to_zarr``. The arrays are encoded into a ``MemoryStore`` first (no I/O, no blocking round trips), then
-the keys are copied into the target store concurrently, the group holding the listing last.
+``to_zarr``. A fenced store (``store.leases``) checks its writer's role once per uploaded batch.
 
 ``write_regions`` writes a streamed chunk's regions of existing arrays (numbers and flags; a string or
 CF-encoded variable goes through ``to_zarr(region=...)``) in one concurrent pass, the same bytes.
+``read_groups`` reads groups as ``xr.open_zarr`` decodes them, in one concurrent pass; ``store.staged`` reads
+what ``write_new_groups`` wrote from the bytes it wrote.
 
 ``decoded_as_read`` gives a variable as a reader of those bytes decodes it (xarray's decoder applied to
 the encoded variable), so a writer can digest what it wrote without reading it back.
@@ -24,7 +26,6 @@ the encoded variable), so a writer can digest what it wrote without reading it b
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 
 import numpy as np
@@ -91,7 +92,7 @@ def _group_keys(ds: xr.Dataset) -> tuple[dict, dict]:
     from .zarr_sync import array_keys
 
     attrs, arrays = encoded(ds)
-    keys = {"zarr.json": GroupMetadata(attributes=attrs, zarr_format=3).to_buffer_dict(_proto())["zarr.json"]}
+    keys = {"zarr.json": GroupMetadata(attributes=attrs, zarr_format=3).to_buffer_dict(proto())["zarr.json"]}
     chunks = {}
     for kw, data in arrays:
         meta, own = array_keys(kw, None if is_chunked_array(data) else data)
@@ -100,7 +101,7 @@ def _group_keys(ds: xr.Dataset) -> tuple[dict, dict]:
     return keys, chunks
 
 
-def _proto():
+def proto():
     from zarr.core.buffer import default_buffer_prototype
 
     return default_buffer_prototype()
@@ -119,8 +120,8 @@ def stage(first: dict, then: dict, attrs_of=None) -> tuple[dict, dict]:
     if attrs_of is not None:
         g = GroupMetadata.from_dict(json.loads(own[attrs_of[0]]["zarr.json"].to_bytes()))
         g = GroupMetadata(attributes={**g.attributes, **attrs_of[1]}, zarr_format=3)
-        own[attrs_of[0]]["zarr.json"] = g.to_buffer_dict(_proto())["zarr.json"]
-    implicit = GroupMetadata(zarr_format=3).to_buffer_dict(_proto())["zarr.json"]
+        own[attrs_of[0]]["zarr.json"] = g.to_buffer_dict(proto())["zarr.json"]
+    implicit = GroupMetadata(zarr_format=3).to_buffer_dict(proto())["zarr.json"]
     for p in own:
         parts = p.split("/")[:-1]
         for parent in ["", *("/".join(parts[:i + 1]) for i in range(len(parts)))]:
@@ -144,13 +145,13 @@ async def _upload(zstore, staged: dict, paths: list, last: str | None) -> None:
     inside = tuple(f"{p}/" for p in paths)
     ours = [k for k in staged if k.startswith(inside) and k != last]
     parents = [k for k in staged if not k.startswith(inside) and k != last]
-    await _put(zstore, [(k, staged[k]) for k in parents], True)
-    await _put(zstore, [(k, staged[k]) for k in ours], False)
+    await put_fenced(zstore, [(k, staged[k]) for k in parents], True)
+    await put_fenced(zstore, [(k, staged[k]) for k in ours], False)
     if last is not None:
         await zstore.set(last, staged[last])
 
 
-async def _put(zstore, items: list, if_absent: bool) -> None:
+async def put_fenced(zstore, items: list, if_absent: bool) -> None:
     """Every ``(key, Buffer)`` of ``items`` stored concurrently (``if_absent``: only where no key is); a fenced
     store (``store.leases.fenced_store``) checks its writer's role once for the batch."""
     if hasattr(zstore, "set_all"):
@@ -184,7 +185,7 @@ def write_new_groups(zstore, first: dict, then: dict, *, attrs_of: tuple[str, di
     Encoded in this thread (``stage``: no I/O), then uploaded to ``zstore`` concurrently (one blocking call).
     Every group is created exclusively (``mode="w-"``: ``ContainsGroupError`` when one exists, before anything
     is written); never deletes. ``staged``: a dict given the keys written under the new groups (key -> Buffer;
-    not the parents' implicit documents), for a reader of what this call wrote (``read_staged``). Returns
+    not the parents' implicit documents), for a reader of what this call wrote (``store.staged.read_staged``). Returns
     ``{path: {array: chunk shape}}``.
     """
     from zarr.core.sync import sync
@@ -244,7 +245,7 @@ def decoded_as_read(name: str, var: xr.Variable) -> xr.Variable:
                                           decode_times=True, decode_endianness=True)
 
 
-def _as_read(arr, data) -> xr.Variable:
+def as_read(arr, data) -> xr.Variable:
     """One stored array as ``ZarrStore.open_store_variable`` gives it (Zarr v3: dims from
     ``dimension_names``, ``_FillValue`` attr decoded, xarray's encoding), its data ``data`` in memory."""
     attrs = dict(arr.attrs)
@@ -260,8 +261,8 @@ def _as_read(arr, data) -> xr.Variable:
     return xr.Variable(dims, data, attrs, enc)
 
 
-def _decoded(variables: dict, attrs: dict) -> xr.Dataset:
-    """``xr.open_zarr``'s decoding (its defaults) of variables read as ``_as_read``."""
+def decoded(variables: dict, attrs: dict) -> xr.Dataset:
+    """``xr.open_zarr``'s decoding (its defaults) of variables read as ``as_read``."""
     attrs = {k: v for k, v in attrs.items() if not k.lower().startswith("_nc")}
     return StoreBackendEntrypoint().open_dataset(InMemoryDataStore(variables, attrs), mask_and_scale=True,
                                                  decode_times=True, concat_characters=True, decode_coords=True)
@@ -304,120 +305,12 @@ def read_groups(zstore, group: str, children, *, shared=(), max_bytes: int | Non
         data = await asyncio.gather(*(n.getitem(...) for _, _, n in reads))
         got: dict = {c: ({} if arrays is not None else None) for c, arrays in picked.items()}
         for (c, k, n), d in zip(reads, data):
-            got[c][k] = _as_read(n, np.asarray(d))
+            got[c][k] = as_read(n, np.asarray(d))
         attrs = {"": root.attrs, **{c: nodes[c].attrs for c in children}}
         return got, attrs
 
     got, attrs = sync(go())
     if got is None:
         return None, {}
-    out = {c: None if v is None else _decoded(v, attrs[c]) for c, v in got.items()}
+    out = {c: None if v is None else decoded(v, attrs[c]) for c, v in got.items()}
     return out.pop(""), out
-
-
-_ARRAYS: dict = {}       # a stored array document (bytes) -> zarr's AsyncArray on it, no store behind it
-
-
-def _staged_array(doc):
-    """zarr's ``AsyncArray`` on the metadata parsed from an array document (``zarr_sync.metadata_of``), as
-    ``_as_read`` asks about it; never touches a store; None for a group's document. Made once per distinct
-    document (the same kinds recur)."""
-    from zarr.core.array import AsyncArray
-    from zarr.storage import MemoryStore, StorePath
-
-    from .zarr_sync import DOCS_KEPT, metadata_of
-
-    raw = doc.to_bytes()
-    if raw in _ARRAYS:
-        return _ARRAYS[raw]
-    arr = None
-    if json.loads(raw).get("node_type") == "array":
-        arr = AsyncArray(metadata=metadata_of(raw), store_path=StorePath(MemoryStore(), ""))
-    if len(_ARRAYS) >= DOCS_KEPT:
-        _ARRAYS.pop(next(iter(_ARRAYS)))
-    _ARRAYS[raw] = arr
-    return arr
-
-
-def staged_attrs(staged: dict, group: str) -> dict:
-    """The attrs of the group ``write_new_groups`` wrote at ``group`` (its document in ``staged``)."""
-    from zarr.core.group import GroupMetadata
-
-    return dict(GroupMetadata.from_dict(json.loads(staged[f"{group}/zarr.json"].to_bytes())).attributes)
-
-
-def update_staged_group(zstore, staged: dict, group: str, attrs: dict) -> None:
-    """Add ``attrs`` to the attrs of the group ``write_new_groups`` wrote at ``group`` (its document in
-    ``staged``): the document zarr's ``group.attrs.update`` writes, put in one call (a fenced store checks its
-    writer's role first); ``staged`` keeps the new document."""
-    from zarr.core.group import GroupMetadata
-    from zarr.core.sync import sync
-
-    key = f"{group}/zarr.json"
-    doc = GroupMetadata(attributes={**staged_attrs(staged, group), **attrs}, zarr_format=3)
-    staged[key] = doc.to_buffer_dict(_proto())["zarr.json"]
-    sync(_put(zstore, [(key, staged[key])], False))
-
-
-def staged_values(staged: dict, path: str) -> np.ndarray | None:
-    """The values of the float array ``write_new_groups`` wrote at ``path`` (its keys in ``staged``), decoded
-    from those bytes: what ``xr.open_zarr`` gives for it (xarray's decoding of a float array whose only CF
-    attr is a NaN ``_FillValue`` leaves the values as they are). None when ``staged`` does not hold it or
-    xarray would decode it otherwise."""
-    from .zarr_sync import read_array
-
-    doc = staged.get(f"{path}/zarr.json")
-    arr = None if doc is None else _staged_array(doc)
-    if arr is None or arr.dtype.kind != "f":
-        return None
-    attrs = arr.attrs
-    cf = ("missing_value", "scale_factor", "add_offset", "units", "calendar", "dtype")
-    if any(k in attrs for k in cf) or ("_FillValue" in attrs and not np.isnan(
-            FillValueCoder.decode(attrs["_FillValue"], arr.dtype))):
-        return None
-    prefix = f"{path}/"
-    return read_array(arr.metadata, {k[len(prefix):]: v for k, v in staged.items()
-                                     if k.startswith(prefix) and k != prefix + "zarr.json"})
-
-
-def read_staged(staged: dict, group: str, children, *, shared=(), max_bytes: int | None = None
-                ) -> tuple[xr.Dataset | None, dict] | None:
-    """``read_groups(zstore, group, children, shared=shared, max_bytes=max_bytes)`` of a store holding the keys
-    ``staged`` (what ``write_new_groups(..., staged=)`` wrote there): the same Datasets (a child whose variable
-    holds more than ``max_bytes``: None), decoded in this thread from those bytes (``zarr_sync.read_array``:
-    each chunk through its codecs, the crc32c checked). None when ``group`` or one of ``children`` was not
-    written there."""
-    from .zarr_sync import read_array
-
-    docs = {}
-    for p in (group, *(f"{group}/{c}" for c in children)):
-        if f"{p}/zarr.json" not in staged:
-            return None
-        docs[p] = staged_attrs(staged, p)
-
-    def arrays(p, skip=(), big=None) -> dict | None:
-        names = sorted({k[len(p) + 1:].split("/", 1)[0] for k in staged if k.startswith(p + "/")
-                        and k.endswith("/zarr.json") and k.count("/") == p.count("/") + 2} - set(skip))
-        found = {}
-        for name in names:
-            arr = _staged_array(staged[f"{p}/{name}/zarr.json"])
-            if arr is not None:
-                found[name] = arr
-        if max_bytes is not None and big in found and found[big].nbytes > max_bytes:
-            return None
-        out = {}
-        for name, arr in found.items():
-            prefix = f"{p}/{name}/"
-            keys = {k[len(prefix):]: v for k, v in staged.items() if k.startswith(prefix) and k != prefix + "zarr.json"}
-            v = _as_read(arr, read_array(arr.metadata, keys))
-            v.attrs = copy.deepcopy(v.attrs)      # the cached array's attrs stay its own
-            out[name] = v
-        return out
-
-    root = arrays(group)
-    skip = set(shared) & set(root)
-    out = {}
-    for c in children:
-        got = arrays(f"{group}/{c}", skip, big=c)
-        out[c] = None if got is None else _decoded(got, docs[f"{group}/{c}"])
-    return _decoded(root, docs[group]), out

@@ -1,0 +1,124 @@
+"""What this process wrote into new groups (``zarr_io.write_new_groups(staged=)``: key -> Buffer), read back
+from those bytes instead of from the store.
+
+A one-chunk run writes each array with its data in its skeleton (``run.stream_arrays.ensure_skeleton``); its
+completion needs those arrays as a reader of the store gets them (values, dtypes, attrs, encoding: the seal's
+digests, the observable group's attrs, the returned result). ``read_staged`` gives what ``zarr_io.read_groups``
+would read, decoded in this thread from the bytes written (each chunk through its codecs, the crc32c checked;
+the metadata parsed from the stored documents as zarr parses them); ``staged_values`` one float array's values;
+``update_staged_group`` writes a group's new attrs from the document it wrote. ``tests/test_store_direct.py``
+checks each against a read of the store.
+"""
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import xarray as xr
+from xarray.backends.zarr import FillValueCoder
+
+from .zarr_io import as_read, decoded, proto, put_fenced
+from .zarr_sync import DOCS_KEPT, metadata_of, read_array
+
+
+_ARRAYS: dict = {}       # a stored array document (bytes) -> zarr's AsyncArray on it, no store behind it
+
+
+def _staged_array(doc):
+    """zarr's ``AsyncArray`` on the metadata parsed from an array document (``zarr_sync.metadata_of``), as
+    ``zarr_io.as_read`` asks about it; never touches a store; None for a group's document. Made once per distinct
+    document (the same kinds recur)."""
+    from zarr.core.array import AsyncArray
+    from zarr.storage import MemoryStore, StorePath
+
+    raw = doc.to_bytes()
+    if raw in _ARRAYS:
+        return _ARRAYS[raw]
+    arr = None
+    if json.loads(raw).get("node_type") == "array":
+        arr = AsyncArray(metadata=metadata_of(raw), store_path=StorePath(MemoryStore(), ""))
+    if len(_ARRAYS) >= DOCS_KEPT:
+        _ARRAYS.pop(next(iter(_ARRAYS)))
+    _ARRAYS[raw] = arr
+    return arr
+
+
+def staged_attrs(staged: dict, group: str) -> dict:
+    """The attrs of the group ``write_new_groups`` wrote at ``group`` (its document in ``staged``)."""
+    from zarr.core.group import GroupMetadata
+
+    return dict(GroupMetadata.from_dict(json.loads(staged[f"{group}/zarr.json"].to_bytes())).attributes)
+
+
+def update_staged_group(zstore, staged: dict, group: str, attrs: dict) -> None:
+    """Add ``attrs`` to the attrs of the group ``write_new_groups`` wrote at ``group`` (its document in
+    ``staged``): the document zarr's ``group.attrs.update`` writes, put in one call (a fenced store checks its
+    writer's role first); ``staged`` keeps the new document."""
+    from zarr.core.group import GroupMetadata
+    from zarr.core.sync import sync
+
+    key = f"{group}/zarr.json"
+    doc = GroupMetadata(attributes={**staged_attrs(staged, group), **attrs}, zarr_format=3)
+    staged[key] = doc.to_buffer_dict(proto())["zarr.json"]
+    sync(put_fenced(zstore, [(key, staged[key])], False))
+
+
+def staged_values(staged: dict, path: str) -> np.ndarray | None:
+    """The values of the float array ``write_new_groups`` wrote at ``path`` (its keys in ``staged``), decoded
+    from those bytes: what ``xr.open_zarr`` gives for it (xarray's decoding of a float array whose only CF
+    attr is a NaN ``_FillValue`` leaves the values as they are). None when ``staged`` does not hold it or
+    xarray would decode it otherwise."""
+    doc = staged.get(f"{path}/zarr.json")
+    arr = None if doc is None else _staged_array(doc)
+    if arr is None or arr.dtype.kind != "f":
+        return None
+    attrs = arr.attrs
+    cf = ("missing_value", "scale_factor", "add_offset", "units", "calendar", "dtype")
+    if any(k in attrs for k in cf) or ("_FillValue" in attrs and not np.isnan(
+            FillValueCoder.decode(attrs["_FillValue"], arr.dtype))):
+        return None
+    prefix = f"{path}/"
+    return read_array(arr.metadata, {k[len(prefix):]: v for k, v in staged.items()
+                                     if k.startswith(prefix) and k != prefix + "zarr.json"})
+
+
+def read_staged(staged: dict, group: str, children, *, shared=(), max_bytes: int | None = None
+                ) -> tuple[xr.Dataset | None, dict] | None:
+    """``read_groups(zstore, group, children, shared=shared, max_bytes=max_bytes)`` of a store holding the keys
+    ``staged`` (what ``write_new_groups(..., staged=)`` wrote there): the same Datasets (a child whose variable
+    holds more than ``max_bytes``: None), decoded in this thread from those bytes (``zarr_sync.read_array``:
+    each chunk through its codecs, the crc32c checked). None when ``group`` or one of ``children`` was not
+    written there."""
+    docs = {}
+    for p in (group, *(f"{group}/{c}" for c in children)):
+        if f"{p}/zarr.json" not in staged:
+            return None
+        docs[p] = staged_attrs(staged, p)
+
+    def arrays(p, skip=(), big=None) -> dict | None:
+        names = sorted({k[len(p) + 1:].split("/", 1)[0] for k in staged if k.startswith(p + "/")
+                        and k.endswith("/zarr.json") and k.count("/") == p.count("/") + 2} - set(skip))
+        found = {}
+        for name in names:
+            arr = _staged_array(staged[f"{p}/{name}/zarr.json"])
+            if arr is not None:
+                found[name] = arr
+        if max_bytes is not None and big in found and found[big].nbytes > max_bytes:
+            return None
+        out = {}
+        for name, arr in found.items():
+            prefix = f"{p}/{name}/"
+            keys = {k[len(prefix):]: v for k, v in staged.items() if k.startswith(prefix) and k != prefix + "zarr.json"}
+            v = as_read(arr, read_array(arr.metadata, keys))
+            v.attrs = copy.deepcopy(v.attrs)      # the cached array's attrs stay its own
+            out[name] = v
+        return out
+
+    root = arrays(group)
+    skip = set(shared) & set(root)
+    out = {}
+    for c in children:
+        got = arrays(f"{group}/{c}", skip, big=c)
+        out[c] = None if got is None else decoded(got, docs[f"{group}/{c}"])
+    return decoded(root, docs[group]), out
