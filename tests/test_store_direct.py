@@ -318,3 +318,25 @@ def test_label_chunks_reused_only_for_equal_values(tmp_path):
         fa, fb = files(str(tmp_path / f"a{i}")), files(str(tmp_path / f"b{i}"))
         assert sorted(fa) == sorted(fb) and all(fa[k] == fb[k] for k in fa), i
     assert files(str(tmp_path / "b0"))["obs/flag/c/0"] != files(str(tmp_path / "b1"))["obs/flag/c/0"]
+
+
+def test_opened_variables_carry_the_coords_encoding_a_plain_read_gives(tmp_path):
+    """``open_variables`` (each variable with the group's labels) gives every coord the values, dtype, attrs
+    and encoding ``xr.open_zarr`` gives it, and coords that are the variable's own copies."""
+    from reward_lens_spec.store.groups import group_labels, open_variables
+
+    res = mixed()
+    zs = new_store(tmp_path / "s")
+    write_variables(zs, res, "obs", {"x": 1})
+    got = open_variables(zs, "obs", lazy=False)
+    labels = xr.open_zarr(zs, group="obs", chunks=None, **ZARR_KW)
+    for name in res:
+        ref = xr.open_zarr(zs, group=f"obs/{name}", chunks=None, **ZARR_KW)[name].load()
+        g = got[name]
+        for c in g.coords:
+            want = ref[c] if c in ref.coords else labels[c]
+            assert g[c].variable.identical(want.variable.load()) and g[c].dtype == want.dtype, (name, c)
+            _same_encoding(g[c].encoding, want.encoding, (name, c))
+    a, b = got["margin"], got["count"]
+    assert a.coords.variables["dimension"] is not b.coords.variables["dimension"]
+    assert not np.shares_memory(a["flag"].values, group_labels(zs, "obs")["flag"].values)

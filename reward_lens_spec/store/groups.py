@@ -243,8 +243,23 @@ def finish_variable(v: xr.DataArray, coords: dict, name: str, *, lazy, digest: d
             from reward_lens_spec.store.digest import check_values
 
             check_values(var.values, digest, label)
-    out = xr.DataArray(var, coords=coords, name=name)
+    out = _data_array(var, coords, name)
     out.encoding = v.encoding
+    return out
+
+
+def _data_array(var: xr.Variable, coords: dict, name: str) -> xr.DataArray:
+    """``xr.DataArray(var, coords=coords, name=name)``, each coord's encoding (as read: zarr's codec objects,
+    costly in the deep copy the constructor makes of every coord) put back on the DataArray's own copy after."""
+    bare = {}
+    for k, c in coords.items():
+        bare[k] = c.copy(deep=False)
+        bare[k].encoding = {}
+    out = xr.DataArray(var, coords=bare, name=name)
+    own = out.coords.variables
+    for k, c in coords.items():
+        if c.encoding:
+            own[k].encoding = dict(c.encoding)
     return out
 
 
