@@ -61,6 +61,7 @@ READOUT_H = "readout_h"
 HEAD_LOGITS = "head_logits"  # the model's own head output (pair × side × output): the identities' reference
 EAGER_BYTES = 2**20         # an output up to this size is read whole when the run completes; a bigger one lazily
 KEEP_PREFIX_MAX = 64         # patched rows whose prefix KV cache a capture keeps (capture(keep_prefix=))
+STAGED_BYTES = 16 * 2**20    # a one-chunk run up to this size keeps the bytes it wrote for its completion (store.staged)
 
 
 @dataclass
@@ -233,11 +234,9 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
                              out_g, scr_g, frame, need_h, full_coords, reduced, labels, shared["stores"]))
     chunk_info = {"n": len(slices), "chunk_pairs": store_spec.chunk_pairs, "shards": store_spec.shards,
                   "by_writer": by_writer, **({"widths": widths} if widths else {})}
-    zs = att.zarr_store()     # the outputs as stored: small ones read in one pass, bigger ones block by block
-    # a one-chunk run's arrays this job wrote with their data: decoded from the bytes it wrote, not read back
-    staged = None if any(st[o] == "reduce" for o in plan.outputs) else shared["staged"]
-    stored = open_variables(zs, out_g, plan.outputs, lazy=EAGER_BYTES, labels=labels.held(out_g),  # labels too
-                            staged=staged)
+    zs = att.zarr_store()     # the outputs as stored: small ones read in one pass, bigger ones block by block;
+    staged = None if any(st[o] == "reduce" for o in plan.outputs) else shared["staged"]   # (a one-chunk run's: its bytes)
+    stored = open_variables(zs, out_g, plan.outputs, lazy=EAGER_BYTES, labels=labels.held(out_g), staged=staged)
     logits = staged_values(staged, f"{scr_g}/{HEAD_LOGITS}/{HEAD_LOGITS}") if staged else None
     if logits is None:
         logits = np.asarray(open_variables(zs, scr_g, [HEAD_LOGITS], lazy=False, labels=labels.held(scr_g))[HEAD_LOGITS])
@@ -300,9 +299,10 @@ def _chunk_loop(att, role, p, ks, reduced, sh, progress) -> list:
         check_storable(Result({**ds_out, **ds_scr}), plan.observable, {s.name: s.op.name for s in plan.steps},
                        att.run_id)
         marker = "skeleton" if p == 0 else f"pass{p}.skeleton"
+        small = sum(v.nbytes for res in (ds_out, ds_scr) for v in res.values()) <= STAGED_BYTES
         filled = ensure_skeleton(att, role, b, [(out_g, ds_out, sh["full_coords"]), (scr_g, ds_scr, sh["full_coords"])],
                                  n, sh["size"], run_names, marker=marker, labels=p == 0, filled=len(sh["slices"]) == 1,
-                                 staged=sh["staged"])
+                                 staged=sh["staged"] if small else None)
         digests = {}
         for group, res in ((out_g, ds_out), (scr_g, ds_scr)):
             if res and filled:                    # a one-chunk run's arrays were written with their data

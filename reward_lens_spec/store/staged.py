@@ -17,6 +17,10 @@ import json
 import numpy as np
 import xarray as xr
 from xarray.backends.zarr import FillValueCoder
+from zarr.core.array import AsyncArray
+from zarr.core.group import GroupMetadata
+from zarr.core.sync import sync
+from zarr.storage import MemoryStore, StorePath
 
 from .zarr_io import as_read, decoded, proto, put_fenced
 from .zarr_sync import DOCS_KEPT, metadata_of, read_array
@@ -29,9 +33,6 @@ def _staged_array(doc):
     """zarr's ``AsyncArray`` on the metadata parsed from an array document (``zarr_sync.metadata_of``), as
     ``zarr_io.as_read`` asks about it; never touches a store; None for a group's document. Made once per distinct
     document (the same kinds recur)."""
-    from zarr.core.array import AsyncArray
-    from zarr.storage import MemoryStore, StorePath
-
     raw = doc.to_bytes()
     if raw in _ARRAYS:
         return _ARRAYS[raw]
@@ -46,8 +47,6 @@ def _staged_array(doc):
 
 def staged_attrs(staged: dict, group: str) -> dict:
     """The attrs of the group ``write_new_groups`` wrote at ``group`` (its document in ``staged``)."""
-    from zarr.core.group import GroupMetadata
-
     return dict(GroupMetadata.from_dict(json.loads(staged[f"{group}/zarr.json"].to_bytes())).attributes)
 
 
@@ -55,9 +54,6 @@ def update_staged_group(zstore, staged: dict, group: str, attrs: dict) -> None:
     """Add ``attrs`` to the attrs of the group ``write_new_groups`` wrote at ``group`` (its document in
     ``staged``): the document zarr's ``group.attrs.update`` writes, put in one call (a fenced store checks its
     writer's role first); ``staged`` keeps the new document."""
-    from zarr.core.group import GroupMetadata
-    from zarr.core.sync import sync
-
     key = f"{group}/zarr.json"
     doc = GroupMetadata(attributes={**staged_attrs(staged, group), **attrs}, zarr_format=3)
     staged[key] = doc.to_buffer_dict(proto())["zarr.json"]

@@ -21,18 +21,22 @@ import math
 from functools import lru_cache
 
 import numpy as np
+from zarr.core.array import AsyncArray, _parse_chunk_encoding_v3, _parse_chunk_key_encoding
+from zarr.core.array_spec import ArrayConfig
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.chunk_grids import _auto_partition
+from zarr.core.common import parse_shapelike
+from zarr.core.dtype import parse_dtype
+from zarr.core.dtype.common import HasItemSize
+from zarr.core.metadata.v3 import ArrayV3Metadata
 
 
 def _proto():
-    from zarr.core.buffer import default_buffer_prototype
-
     return default_buffer_prototype()
 
 
 @lru_cache(maxsize=64)
 def _zdtype(dtype):
-    from zarr.core.dtype import parse_dtype
-
     return parse_dtype(dtype, zarr_format=3)
 
 
@@ -40,11 +44,6 @@ def array_metadata(kw: dict):
     """``ArrayV3Metadata`` of a new array created with ``create_array(**kw)`` (keywords as
     ``store.zarr_io`` passes them: shape, dtype, chunks, compressors, filters, serializer, fill_value,
     attributes, dimension_names; ``name``, ``config``, ``overwrite`` do not enter the document)."""
-    from zarr.core.array import AsyncArray, _parse_chunk_encoding_v3, _parse_chunk_key_encoding
-    from zarr.core.chunk_grids import _auto_partition
-    from zarr.core.common import parse_shapelike
-    from zarr.core.dtype.common import HasItemSize
-
     unknown = set(kw) - {"name", "shape", "dtype", "chunks", "compressors", "filters", "serializer", "fill_value",
                          "attributes", "dimension_names", "config", "overwrite", "shards", "preferred_chunks"}
     if unknown or kw.get("shards") is not None:
@@ -90,8 +89,6 @@ LABEL_KINDS = "OTUSb"     # (numbers, the outputs, are encoded each time)
 
 
 def _spec(meta, order: str = "C"):
-    from zarr.core.array_spec import ArrayConfig
-
     return meta.get_chunk_spec((0,) * len(meta.shape), ArrayConfig(order=order, write_empty_chunks=True), _proto())
 
 
@@ -146,8 +143,6 @@ def _chunks(meta, value, native, kw) -> dict:
 
 def metadata_of(doc) -> object:
     """The ``ArrayV3Metadata`` zarr reads from a stored ``zarr.json`` (a Buffer or bytes)."""
-    from zarr.core.metadata.v3 import ArrayV3Metadata
-
     raw = doc.to_bytes() if hasattr(doc, "to_bytes") else doc
     return ArrayV3Metadata.from_dict(json.loads(raw))
 
