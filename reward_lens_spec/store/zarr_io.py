@@ -5,8 +5,8 @@ array costs several blocking round trips to zarr's event loop (open the group, c
 create, set attrs, write), one after the other. ``write_new_groups`` makes the same arrays, encoded by
 xarray's own Zarr encoder (``encode_dataset_coordinates``, ``encode_zarr_variable``,
 ``extract_zarr_variable_encoding``: CF encoding, fill values, chunks, ``dimension_names``, attrs) and
-created with the same ``create_array`` arguments ``to_zarr`` passes, but all groups and arrays concurrently
-in one call, so the bytes on disk are those ``to_zarr(mode="w-")`` writes (checked in
+created with the same ``create_array`` arguments ``to_zarr`` passes, but all groups and arrays in one call
+(encoded one array at a time, then copied concurrently), so the bytes on disk are those ``to_zarr(mode="w-")`` writes (checked in
 ``tests/test_store_direct.py``) and plain ``xr.open_zarr`` / ``xr.open_datatree`` read them.
 
 A dask-backed variable's array is created and not written, as ``to_zarr(compute=False)`` does (a streamed
@@ -64,11 +64,11 @@ def _array_args(name: str, var: xr.Variable, write_empty: bool) -> tuple[dict, o
 
 
 def encoded(ds: xr.Dataset, write_empty: bool = True) -> tuple[dict, list]:
-    """(group attrs, [(create_array kwargs, data), ...]) of ``ds`` as ``to_zarr`` encodes it, fixed-width
-    unicode written as variable-length strings (``store._attrs.portable``)."""
+    """(group attrs, [(name, Variable), ...]) of ``ds`` as ``to_zarr`` encodes its coordinates; each Variable
+    becomes its ``create_array`` arguments and data through ``_array_args(name, _vlen(v), write_empty)``,
+    one at a time (``_write_group``), so one group's variable-length strings are made one array at a time."""
     variables, attrs = conventions.encode_dataset_coordinates(ds)
-    arrays = [_array_args(str(k), _vlen(v), write_empty) for k, v in variables.items()]
-    return {k: encode_zarr_attr_value(a) for k, a in attrs.items()}, arrays
+    return {k: encode_zarr_attr_value(a) for k, a in attrs.items()}, [(str(k), v) for k, v in variables.items()]
 
 
 def _vlen(v: xr.Variable) -> xr.Variable:
@@ -84,17 +84,21 @@ async def _write_group(zstore, path: str, ds: xr.Dataset, write_empty: bool) -> 
     attrs, arrays = encoded(ds, write_empty)
     group = await za.open_group(store=zstore, path=path, mode="w-", zarr_format=3, attributes=attrs)
 
-    async def one(kw, data):
+    out = {}
+    for name, var in arrays:               # one array's encoded copy (strings: Python objects) alive at a time
+        kw, data = _array_args(name, _vlen(var), write_empty)
         arr = await group.create_array(**kw)
         if not is_chunked_array(data):     # as to_zarr(compute=False): a dask array is created, not written
             await arr.setitem(tuple(slice(None) for _ in arr.shape), np.asarray(data))
-        return kw["name"], tuple(arr.metadata.chunks)
-
-    return dict(await asyncio.gather(*(one(kw, data) for kw, data in arrays)))
+        out[name] = tuple(arr.metadata.chunks)
+        del kw, data
+    return out
 
 
 async def _stage(staged: dict, first: dict, then: dict, write_empty: bool, attrs_of) -> dict:
-    """Encode each group of ``first``, then of ``then``, into a memory store of its own (rooted at the group, so
+    """Encode each group of ``first``, then of ``then``, one group and one array at a time (the transient
+    encoded copies, e.g. a string array's Python objects, of one array alive at once, so peak memory does not
+    grow with groups × pairs), into a memory store of its own (rooted at the group, so
     zarr makes no parent documents per array), its keys put into ``staged`` under the group's path; each
     parent group above them that is not one of them gets the implicit group document zarr would have made."""
     import zarr.api.asynchronous as za
@@ -104,10 +108,9 @@ async def _stage(staged: dict, first: dict, then: dict, write_empty: bool, attrs
 
     out, own = {}, {}
     for batch in (first, then):
-        own.update({p: {} for p in batch})
-        done = await asyncio.gather(*(_write_group(MemoryStore(store_dict=own[p]), "", ds, write_empty)
-                                      for p, ds in batch.items()))
-        out.update(zip(batch, done))
+        for p, ds in batch.items():         # one group at a time: its encoding's transient copies, not all
+            own[p] = {}
+            out[p] = await _write_group(MemoryStore(store_dict=own[p]), "", ds, write_empty)
     if attrs_of is not None:
         g = await za.open_group(store=MemoryStore(store_dict=own[attrs_of[0]]), mode="r+", zarr_format=3)
         await g.update_attributes(attrs_of[1])
