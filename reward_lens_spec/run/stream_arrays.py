@@ -99,6 +99,7 @@ def ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skeleto
         mode = "w-" if att.generation(marker) == 0 else "a"
         zs = att.zstore(marker)
         wrote = filled and mode == "w-"
+        groups = _decoded_once(groups)
         made = {group: _skeleton(res, pair_coords, n, size, run_names, wrote) for group, res, pair_coords in groups}
         if mode == "w-":        # every group and array in one concurrent pass (store.zarr_io), fenced per key
             att.fence(marker)
@@ -119,6 +120,24 @@ def ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skeleto
         att.mark(marker, {"writer": att.writer}, marker)
         att.release(marker)
     return wrote
+
+
+def _decoded_once(groups) -> list:
+    """``groups`` with each distinct ``pair_coords`` (a ``context.PairLabels`` decodes its labels anew on every
+    access) decoded once: the ``pair`` ids as one object-dtype ``pandas.Index`` every template shares (pandas
+    would otherwise build an index of its own string dtype per template, re-materialising every id on each
+    read), the other labels as arrays: per-pair strings are held once, not once per variable."""
+    import pandas as pd
+
+    done = {}
+    out = []
+    for group, res, pair_coords in groups:
+        if id(pair_coords) not in done:
+            d = {k: pair_coords[k] for k in pair_coords}
+            d["pair"] = pd.Index(np.asarray(d["pair"], dtype=object), dtype=object, name="pair")
+            done[id(pair_coords)] = d
+        out.append((group, res, done[id(pair_coords)]))
+    return out
 
 
 def _labels_of(pair_coords) -> dict:

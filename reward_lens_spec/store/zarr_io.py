@@ -6,8 +6,9 @@ create, set attrs, write), one after the other. ``write_new_groups`` makes the s
 xarray's own Zarr encoder (``encode_dataset_coordinates``, ``encode_zarr_variable``,
 ``extract_zarr_variable_encoding``: CF encoding, fill values, chunks, ``dimension_names``, attrs) with the
 same ``create_array`` arguments ``to_zarr`` passes; each array's document and chunks are made in this thread
-by zarr's own classes (``store.zarr_sync``), then every key is uploaded in one concurrent call, the group
-holding the listing last. The bytes are those ``to_zarr(mode="w-")`` writes (checked in
+by zarr's own classes (``store.zarr_sync``), one group and one array at a time (one array's transient
+encoded copy, e.g. a string array's Python objects, alive at once), then every key is uploaded in one
+concurrent call, the group holding the listing last. The bytes are those ``to_zarr(mode="w-")`` writes (checked in
 ``tests/test_store_direct.py``) and plain ``xr.open_zarr`` / ``xr.open_datatree`` read them.
 
 A dask-backed variable's array is created and not written, as ``to_zarr(compute=False)`` does (a streamed
@@ -67,11 +68,11 @@ def _array_args(name: str, var: xr.Variable) -> tuple[dict, object]:
 
 
 def encoded(ds: xr.Dataset) -> tuple[dict, list]:
-    """(group attrs, [(create_array kwargs, data), ...]) of ``ds`` as ``to_zarr`` encodes it, fixed-width
-    unicode written as variable-length strings (``store._attrs.portable``)."""
+    """(group attrs, [(name, Variable), ...]) of ``ds`` as ``to_zarr`` encodes its coordinates; each Variable
+    becomes its ``create_array`` arguments and data through ``_array_args(name, _vlen(v))``, one at a time
+    (``_group_keys``), fixed-width unicode written as variable-length strings (``store._attrs.portable``)."""
     variables, attrs = conventions.encode_dataset_coordinates(ds)
-    arrays = [_array_args(str(k), _vlen(v)) for k, v in variables.items()]
-    return {k: encode_zarr_attr_value(a) for k, a in attrs.items()}, arrays
+    return {k: encode_zarr_attr_value(a) for k, a in attrs.items()}, [(str(k), v) for k, v in variables.items()]
 
 
 def _vlen(v: xr.Variable) -> xr.Variable:
@@ -94,10 +95,12 @@ def _group_keys(ds: xr.Dataset) -> tuple[dict, dict]:
     attrs, arrays = encoded(ds)
     keys = {"zarr.json": GroupMetadata(attributes=attrs, zarr_format=3).to_buffer_dict(proto())["zarr.json"]}
     chunks = {}
-    for kw, data in arrays:
+    for name, var in arrays:               # one array's encoded copy (strings: Python objects) alive at a time
+        kw, data = _array_args(name, _vlen(var))
         meta, own = array_keys(kw, None if is_chunked_array(data) else data)
-        keys.update({f"{kw['name']}/{k}": v for k, v in own.items()})
-        chunks[kw["name"]] = tuple(meta.chunks)
+        keys.update({f"{name}/{k}": v for k, v in own.items()})
+        chunks[name] = tuple(meta.chunks)
+        del kw, data
     return keys, chunks
 
 
