@@ -102,3 +102,38 @@ def test_the_skeleton_holds_the_runs_pair_labels_once_not_once_per_variable():
     at a time, six variables cost little more than one."""
     one, six = _skeleton_peak(10_000, 1), _skeleton_peak(10_000, 6)
     assert six <= 1.3 * one, (one, six)
+
+
+def test_the_completion_reads_the_head_logits_numbers_without_the_pair_labels():
+    """A multi-chunk run's completion needs the head logits' numbers only (``run.stream``): read with the labels,
+    every pair's id, dimension and prompt id came back as Python strings (~10 MB at 100,000 pairs).
+    ``variable_values`` gives the stored numbers and reads no label chunk; a labelled read reads them."""
+    import xarray as xr
+    from zarr.storage import MemoryStore
+
+    from reward_lens_spec.store.groups import open_variable, variable_values, write_variables
+
+    class Recording(MemoryStore):
+        read: list = []
+
+        async def get(self, key, *a, **k):
+            Recording.read.append(key)
+            return await super().get(key, *a, **k)
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(5, 2, 1)).astype("f4")
+    da = xr.DataArray(logits, dims=("pair", "side", "output"),
+                      coords={"pair": [f"q{i}" for i in range(5)], "side": ["chosen", "rejected"],
+                              "dimension": ("pair", ["a", "b", "a", "c", "b"])})
+    zs = Recording()
+    write_variables(zs, da.to_dataset(name="head_logits"), "scratch")
+
+    def label_chunks_read():
+        return [k for k in Recording.read if "/c" in k and k.split("/c")[0].rsplit("/", 1)[-1] in ("pair", "dimension")]
+
+    Recording.read.clear()
+    assert np.array_equal(variable_values(zs, "scratch", "head_logits"), logits)
+    assert label_chunks_read() == [] and any(k.startswith("scratch/head_logits/head_logits/c") for k in Recording.read)
+    Recording.read.clear()
+    assert np.array_equal(open_variable(zs, "scratch", "head_logits").values, logits)
+    assert label_chunks_read()

@@ -47,7 +47,7 @@ from ..planning import data_dims, data_widths, passes, stages
 from ..result import Result
 from ..store.attempts import PREFIX, Attempt, list_attempts
 from ..store.digest import KEY as DIGESTS, result_digests
-from ..store.groups import open_variable, open_variables, write_variables
+from ..store.groups import open_variable, open_variables, variable_values, write_variables
 from ..store.published import HIDDEN
 from ..store.stored_inputs import StoredInputs
 from ..store.writer import check_storable, discard_unstarted, observable_attrs, with_digests
@@ -239,7 +239,7 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     stored = open_variables(zs, out_g, plan.outputs, lazy=EAGER_BYTES, labels=labels.held(out_g), staged=staged)
     logits = staged_values(staged, f"{scr_g}/{HEAD_LOGITS}/{HEAD_LOGITS}") if staged else None
     if logits is None:
-        logits = np.asarray(open_variables(zs, scr_g, [HEAD_LOGITS], lazy=False, labels=labels.held(scr_g))[HEAD_LOGITS])
+        logits = variable_values(zs, scr_g, HEAD_LOGITS)        # its numbers only: no pair labels read
     attrs = run_attrs(counts, chunk_info, stored, logits)
     if DIGESTS not in attrs:                    # seal_run puts them under the seal; other callers: here
         attrs = with_digests(attrs, {plan.observable: result_digests(stored)})

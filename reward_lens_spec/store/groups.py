@@ -15,6 +15,7 @@ be read). A group with no listing (one Dataset, store layout 2) is read as that 
 """
 from __future__ import annotations
 
+import numpy as np
 import xarray as xr
 
 from reward_lens_spec.result import Result
@@ -272,6 +273,14 @@ def group_labels(zstore, group: str) -> xr.Dataset:
 def _as_labels(ds: xr.Dataset) -> xr.Dataset:
     ds = ds.set_coords([v for v in ds.data_vars if ds[v].dims == ("pair",)])
     return ds.assign_coords({c: ds[c].variable.load() for c in ds.coords})
+
+
+def variable_values(zstore, group: str, name: str) -> np.ndarray:
+    """The values of the variable stored at ``group/name``, decoded as ``xr.open_zarr`` decodes them, in its stored
+    order along every dim; no labels are read (its ``pair`` ids, ``group``'s shared labels): for a reader that
+    needs the numbers only, whose per-pair strings would grow its memory with the pairs (issue 40 item 5)."""
+    ds = xr.open_zarr(zstore, group=f"{group}/{name}", chunks=None, drop_variables=["pair"], **ZARR_KW)
+    return np.asarray(ds[name].values)
 
 
 def open_variables(zstore, group: str, names=None, *, lazy: bool = True, digests: dict | None = None,
