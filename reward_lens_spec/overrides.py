@@ -187,11 +187,12 @@ def precheck_overrides(args: list[str]) -> None:
                                     fix=f"name an option, a file ({head}=./my_{head}.yaml), or add your folder "
                                         f"with --config-dir DIR (holding DIR/{head}/<name>.yaml).")
                 _check_file(head, v, args)
-        elif head in GROUP_SCHEMAS and rest:
-            names = [f.name for f in fields(GROUP_SCHEMAS[head])]
-            sub = rest.split(".")[0]
-            if sub not in names:
-                raise SpecError(key, "unknown key.", value=sub, options=names)
+        elif (head in GROUP_SCHEMAS and rest) or (not rest and head in ("mode", "seed")):
+            if rest:
+                names = [f.name for f in fields(GROUP_SCHEMAS[head])]
+                sub = rest.split(".")[0]
+                if sub not in names:
+                    raise SpecError(key, "unknown key.", value=sub, options=names)
             if "," not in value or value.startswith("["):        # a sweep is checked per job
                 try:
                     parsed = OmegaConf.from_dotlist([f"{key}={value}"])

@@ -346,7 +346,8 @@ def _spec_error(exc) -> SpecError:
     value = getattr(exc, "value", None) if hasattr(exc, "value") else None
     if enum_opts:
         bad = msg.split("'")[1] if "'" in msg else value
-        return SpecError(full or key, f"invalid value ({msg}).", value=bad, options=enum_opts)
+        return SpecError(full or key, f"{bad!r} is not one of its values.", value=bad, options=enum_opts,
+                         fix=f"set {full or key}=<value> with one of the valid values.")
     return SpecError(full or key, f"wrong type: {msg}")
 
 

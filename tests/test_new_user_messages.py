@@ -215,3 +215,38 @@ def test_a_basic_launcher_sweep_without_store_url_reuses_its_runs_when_rerun(tmp
     assert again.returncode == 0, again.stderr
     assert again.stdout.count("reused, not recomputed") == 2 and "computed in" not in again.stdout
     assert sorted(open_store(str(tmp_path / "outputs" / "store.zarr")).runs()["model"]) == ["tiny", "tiny_qwen2"]
+
+
+def _enum_keys(schema, prefix=""):
+    """Every config key of ``schema`` (a dataclass, walked through its nested dataclasses) whose type is an Enum."""
+    import dataclasses
+    import typing
+
+    out = []
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        t = hints[f.name]
+        args = [a for a in typing.get_args(t) if a is not type(None)] or [t]
+        for a in args:
+            if isinstance(a, type) and issubclass(a, __import__("enum").Enum):
+                out.append((prefix + f.name, [m.value for m in a]))
+            elif dataclasses.is_dataclass(a):
+                out += _enum_keys(a, f"{prefix}{f.name}.")
+    return out
+
+
+def test_every_enum_key_given_a_bad_value_names_the_key_the_valid_values_and_a_fix():
+    """A value outside an enum key's choices (``model.device=gpu``, found by a new user without a Fix line) is
+    refused in one line naming the key, its valid values and a fix; every enum-typed key of ``RunConfig``."""
+    from reward_lens_spec.run.compose import compose_run
+    from reward_lens_spec.spec import RunConfig
+
+    keys = _enum_keys(RunConfig)
+    assert {"model.device", "model.dtype"} <= {k for k, _ in keys}
+    for key, values in keys:
+        with pytest.raises(SpecError) as e:
+            compose_run([f"{key}=no_such_value"])
+        msg = str(e.value)
+        assert e.value.field == key and "\n" not in msg, msg
+        assert "'no_such_value' is not one of its values" in msg and "Fix:" in msg, msg
+        assert all(str(v) in msg for v in values), msg
