@@ -64,9 +64,23 @@ def _run(cmd, cwd=None, timeout=900):
     return res
 
 
+def _source_copy(dest: Path) -> Path:
+    """The project's files (tracked, or new and not ignored) copied to ``dest``: each wheel test builds from its
+    own copy, since two builds of one tree at once (xdist workers) race on its ``build/`` folder."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    return dest
+
+
 def _wheel(tmp_path) -> Path:
     dist = tmp_path / "dist"
-    _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", dist, ROOT], timeout=600)
+    src = _source_copy(tmp_path / "src")
+    _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", dist, src], timeout=600)
     wheel = next(dist.glob("reward_lens_spec-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     for init in (ROOT / "reward_lens_spec").rglob("__init__.py"):     # every package, derived not listed
