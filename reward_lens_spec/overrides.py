@@ -165,6 +165,14 @@ def prepare_overrides(argv: list[str]) -> list[str]:
     return out
 
 
+def _sweep_call(value: str) -> bool:
+    """Hydra's override grammar: a sweep or value function (``range(3)``, ``choice(a,b)``, ``interval(0,1)``,
+    ``glob(*)``) or an interpolation (``${...}``), whose jobs' values are checked when each job composes."""
+    import re
+
+    return "${" in value or re.fullmatch(r"[A-Za-z_]\w*\(.*\)", value.strip()) is not None
+
+
 def precheck_overrides(args: list[str]) -> None:
     """Check ``group=option`` and ``group.key=value`` overrides against the folders and the schemas."""
     for arg in args:
@@ -193,7 +201,7 @@ def precheck_overrides(args: list[str]) -> None:
                 sub = rest.split(".")[0]
                 if sub not in names:
                     raise SpecError(key, "unknown key.", value=sub, options=names)
-            if "," not in value or value.startswith("["):        # a sweep is checked per job
+            if ("," not in value or value.startswith("[")) and not _sweep_call(value):   # a sweep: checked per job
                 try:
                     parsed = OmegaConf.from_dotlist([f"{key}={value}"])
                 except Exception as exc:                   # YAML (e.g. an unquoted ": ") or OmegaConf syntax

@@ -250,3 +250,20 @@ def test_every_enum_key_given_a_bad_value_names_the_key_the_valid_values_and_a_f
         assert e.value.field == key and "\n" not in msg, msg
         assert "'no_such_value' is not one of its values" in msg and "Fix:" in msg, msg
         assert all(str(v) in msg for v in values), msg
+
+
+def test_hydra_sweep_functions_pass_the_precheck_and_a_plain_bad_value_does_not():
+    """The precheck (``overrides.precheck_overrides``, which every route crosses) checks a plain value now and
+    leaves Hydra's sweep and value functions to each job's composition: ``store.shard=range(16)`` (the Slurm
+    recipe in docs/sweeps.md) and ``seed=range(3)`` were refused as "wrong type" before."""
+    from reward_lens_spec.overrides import precheck_overrides
+
+    for arg in ("store.shard=range(16)", "seed=range(3)", "seed=choice(1,2)", "model.batch_size=range(4)",
+                "dataset.limit=interval(1,8)", "mode=choice(run,validate)", "seed=${oc.env:SEED,0}",
+                "model.batch_size=range(2,5)", "seed=1,2"):
+        precheck_overrides([arg])
+    for arg, key in (("seed=abc", "seed"), ("mode=bogus", "mode"), ("store.shard=four", "store.shard"),
+                     ("model.device=gpu", "model.device")):
+        with pytest.raises(SpecError) as e:
+            precheck_overrides([arg])
+        assert e.value.field == key and "\n" not in str(e.value), str(e.value)
