@@ -10,11 +10,9 @@ everything the run records, its pairs re-read (and checked against their bytes) 
 """
 from __future__ import annotations
 
-import gc
 import gzip
 import json
 import random
-import tracemalloc
 import warnings
 from dataclasses import replace
 from types import SimpleNamespace
@@ -24,7 +22,7 @@ import pytest
 from reward_lens_spec.data import dataset_checksum, effective_sample_size, load_pairs
 from reward_lens_spec.data.file_pairs import FilePairs
 from reward_lens_spec.errors import SpecError
-from tests.numbered_pairs import write_numbered_pairs
+from tests.numbered_pairs import held_by_a_run
 
 GROWTH_BYTES = 400     # measured 2026-12-04: ~290 B per added pair (token ids ~170, ids ~60, file index ~37, labels ~22)
 
@@ -133,29 +131,8 @@ def test_a_file_edited_mid_run_stops_the_command_line_in_one_line(tmp_path, monk
 
 
 def test_the_state_a_run_holds_grows_by_a_bounded_number_of_bytes_per_pair(tmp_path):
-    from reward_lens_spec.context import RunContext
-    from reward_lens_spec.inputs import encode, ops_view
-    from reward_lens_spec.models.tiny_tokenizer import build_tiny_tokenizer
-
-    lm = SimpleNamespace(tokenizer=build_tiny_tokenizer(), name="tiny")      # what encoding reads of a model
-    encode(lm, load_pairs("jsonl", path=str(write_numbered_pairs(tmp_path / "w.jsonl", 8))))     # warm: lazy imports, caches
-
     def held(n):
-        path = write_numbered_pairs(tmp_path / f"p{n}.jsonl", n)
-        gc.collect()
-        tracemalloc.start(1)
-        try:
-            start = tracemalloc.get_traced_memory()[0]
-            pairs = load_pairs("jsonl", path=str(path))
-            enc = encode(lm, pairs)
-            pairs = ops_view(pairs, ())            # as execute: the operators' view is the run's one copy
-            coords = RunContext(lm=lm, pairs=pairs, encoded=enc, capture=None, info=None).pair_coords()
-            gc.collect()
-            got = tracemalloc.get_traced_memory()[0] - start
-        finally:
-            tracemalloc.stop()
-        assert len(enc.pair_ids) == n and coords["pair"].shape == (n,)
-        return got
+        return held_by_a_run(tmp_path, n)
 
     n = 512
     small = held(n)

@@ -9,16 +9,13 @@ Bytes, never time.
 """
 from __future__ import annotations
 
-import gc
-import tracemalloc
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from reward_lens_spec.context import RunContext, take_pairs
 from reward_lens_spec.data import Pair, PairSet
-from tests.numbered_pairs import write_numbered_pairs
+from tests.numbered_pairs import held_by_a_run, write_numbered_pairs
 
 # Measured 2026-12-04 (2,048 and 4,096 pairs, the sides of benchmarks/memory.py): ~790 B per pair — the texts as
 # one Pair each (~390 B), token ids as int32 rows with offsets (~330 B), labels (~70 B). Token ids as Python lists
@@ -29,27 +26,8 @@ BYTES_PER_PAIR = 1000
 
 
 def test_the_per_pair_state_a_run_holds_is_bounded_in_bytes(tmp_path):
-    from reward_lens_spec.data import load_pairs
-    from reward_lens_spec.inputs import encode, ops_view
-    from reward_lens_spec.models.tiny_tokenizer import build_tiny_tokenizer
-
-    lm = SimpleNamespace(tokenizer=build_tiny_tokenizer(), name="tiny")      # what encoding reads of a model
     n = 2048
-    path = write_numbered_pairs(tmp_path / "p.jsonl", n)
-    encode(lm, load_pairs("jsonl", path=str(write_numbered_pairs(tmp_path / "w.jsonl", 8))))     # warm: lazy imports, caches
-    gc.collect()
-    tracemalloc.start(1)
-    try:
-        start = tracemalloc.get_traced_memory()[0]
-        pairs = load_pairs("jsonl", path=str(path))
-        enc = encode(lm, pairs)
-        pairs = ops_view(pairs, ())                     # as execute: the view is kept, the loader's pairs freed
-        coords = RunContext(lm=lm, pairs=pairs, encoded=enc, capture=None, info=None).pair_coords()
-        gc.collect()
-        held = tracemalloc.get_traced_memory()[0] - start
-    finally:
-        tracemalloc.stop()
-    assert len(enc.pair_ids) == n and coords["pair"].shape == (n,)
+    held = held_by_a_run(tmp_path, n)
     assert held / n <= BYTES_PER_PAIR, f"{held / n:.0f} B per pair held, over {BYTES_PER_PAIR}"
 
 
