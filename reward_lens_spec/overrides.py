@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import re
 from pathlib import Path
 
 from .errors import SpecError
@@ -168,8 +169,6 @@ def prepare_overrides(argv: list[str]) -> list[str]:
 def _sweep_call(value: str) -> bool:
     """Hydra's override grammar: a sweep or value function (``range(3)``, ``choice(a,b)``, ``interval(0,1)``,
     ``glob(*)``) or an interpolation (``${...}``), whose jobs' values are checked when each job composes."""
-    import re
-
     return "${" in value or re.fullmatch(r"[A-Za-z_]\w*\(.*\)", value.strip()) is not None
 
 

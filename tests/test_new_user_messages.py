@@ -220,6 +220,7 @@ def test_a_basic_launcher_sweep_without_store_url_reuses_its_runs_when_rerun(tmp
 def _enum_keys(schema, prefix=""):
     """Every config key of ``schema`` (a dataclass, walked through its nested dataclasses) whose type is an Enum."""
     import dataclasses
+    import enum
     import typing
 
     out = []
@@ -228,7 +229,7 @@ def _enum_keys(schema, prefix=""):
         t = hints[f.name]
         args = [a for a in typing.get_args(t) if a is not type(None)] or [t]
         for a in args:
-            if isinstance(a, type) and issubclass(a, __import__("enum").Enum):
+            if isinstance(a, type) and issubclass(a, enum.Enum):
                 out.append((prefix + f.name, [m.value for m in a]))
             elif dataclasses.is_dataclass(a):
                 out += _enum_keys(a, f"{prefix}{f.name}.")
