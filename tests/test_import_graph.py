@@ -125,7 +125,7 @@ LAYERS = (
     # the kinds table and a kind's light settings: spec checks model.kind through them before any model loads;
     # the settings of a kind that resolves nested models through models.door sit with the models
     ("config", ("spec", "spec_checks", "model_checks", "config_safety", "config_rules", "config_sources", "observables",
-                "models.admission", "kinds", "kinds.*.settings")),
+                "admission", "kinds", "kinds.*.settings")),
     ("models", ("models", "kinds.implicit.settings", "kinds.ensemble.settings")),
     ("engine", ("engine",)),
     ("kinds", ("kinds.*.*",)),                                  # a kind's loader, model, encode (torch)

@@ -20,7 +20,8 @@ import pytest
 from reward_lens_spec import spec as spec_module
 from reward_lens_spec.cli import main
 from reward_lens_spec.errors import SpecError
-from reward_lens_spec.models import admission, door
+from reward_lens_spec import admission
+from reward_lens_spec.models import door
 from reward_lens_spec.paths import ENV
 from reward_lens_spec.spec import ModelSpec, RunConfig
 

@@ -16,7 +16,7 @@ import torch
 from ..errors import SpecError
 from .families import Family, family_for
 from .head import get_module
-from .admission import permissions
+from ..admission import permissions
 from .hub import load_causal_lm, load_tokenizer
 from .loading import gguf_for, resolve_device, resolve_source
 from .tiny import TINY_CONFIGS, build_tiny_causal

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..errors import SpecError
 from ..signed_cache import read_signed, write_signed
-from .admission import permissions
+from ..admission import permissions
 from .families import FAMILIES, family_for
 from .fingerprint_cache import weights_key
 from .head_init import check_head_init

@@ -22,7 +22,7 @@ or an inline mapping; each is resolved by ``admit`` under the top level's rules:
 - **Artifacts read safely.** A spec's ``interventions`` (``models.artifacts``) are read here, under the spec's
   own key (``model.members.1.interventions.0.path``): ``.safetensors`` only, each file equal to the digest its
   provenance JSON records; the loader checks the bytes it reads again.
-- **The same loader guards.** Every spec leaves the door stamped (``models.admission``); every loader reads
+- **The same loader guards.** Every spec leaves the door stamped (``admission``); every loader reads
   its flags through ``admission.permitted``, so a spec changed after the door, or one a config produced that
   never crossed it, is refused with one line.
 
@@ -42,7 +42,7 @@ from ..config_sources import override_values
 from ..errors import SpecError, did_you_mean
 from ..paths import find_config, group_options
 from ..spec import ModelSpec, default_model_name
-from .admission import FLAGS, Admission, flag_error, stamp, stamp_of
+from ..admission import FLAGS, Admission, flag_error, stamp, stamp_of
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from .artifacts import check_files
 

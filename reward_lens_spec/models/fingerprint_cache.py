@@ -32,7 +32,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..signed_cache import cache_dir, package_digest, read_signed, write_signed  # noqa: F401  (cache_dir: public here)
-from .admission import permissions
+from ..admission import permissions
 from .hub import load_tokenizer
 from ..kinds import get_kind, kind_of, kind_settings
 from .sources import resolve_source

@@ -27,7 +27,7 @@ import threading
 from contextlib import contextmanager
 
 from ..errors import SpecError
-from .admission import permitted
+from ..admission import permitted
 
 _PROMPT_LOCK = threading.Lock()
 _DEPTH, _SAVED = [0], [None]          # how many callers are inside no_prompt; transformers' own timeout
@@ -35,7 +35,7 @@ _DEPTH, _SAVED = [0], [None]          # how many callers are inside no_prompt; t
 
 def trust_remote_code(spec) -> bool:
     """``model.trust_remote_code`` as a bool, never ``None`` (transformers asks on stdin when given ``None``),
-    honoured only as the model door allowed it (``models.admission.permitted``; ``SpecError`` otherwise)."""
+    honoured only as the model door allowed it (``admission.permitted``; ``SpecError`` otherwise)."""
     return permitted(spec, "trust_remote_code")
 
 

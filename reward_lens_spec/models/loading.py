@@ -27,7 +27,7 @@ from .discover import family_or_discovered
 from .families import Family
 from .head import FinalNorm, ReadoutHead, read_final_norm, read_head
 from .head_init import init_missing_head
-from .admission import permissions
+from ..admission import permissions
 from .hub import load_classifier, load_tokenizer, remote_code_error, trust_remote_code  # noqa: F401  (public here too)
 from .sources import gguf_for, resolve_source  # noqa: F401  (public here too)
 from .tiny import TINY_CONFIGS, build_tiny

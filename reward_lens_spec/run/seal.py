@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from ..trust.evidence import LEVELS, seal
+from ..result import LEVELS
+from ..trust.evidence import seal
 from ..trust.evidence_chain import Evidence
 from ..errors import StoreError
 from ..store.digest import KEY, result_digests

@@ -22,7 +22,6 @@ from .code_identity import CODE_MODULES, code_changes, code_hash  # noqa: F401  
 from .drift_criteria import UNDOSED
 from ..registries import CRITERIA
 
-LEVELS = ("exploratory", "calibrated", "registered", "adjudicated")
 CACHE_KEYS = ("trust", "trust_by_variable", "content_hash")
 STORE_KEYS = ("run_id", "observables", "created", "complete", "store_write_s", "writer", "attempt")
 DERIVED_KEYS = ("trust_stored", "trust_verified", "trust_reason", "trust_by_variable", "trust_scope")

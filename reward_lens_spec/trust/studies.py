@@ -43,7 +43,8 @@ import yaml
 
 from ..errors import SpecError, StoreError
 from ..result import Result
-from .evidence import LEVELS, NOT_RESULTS, seal
+from ..result import LEVELS
+from .evidence import NOT_RESULTS, seal
 from .evidence_chain import level_of
 
 from .study_doc import COMPARATORS, REDUCTIONS, load_study, predictions, study_hash, study_id

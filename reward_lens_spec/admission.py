@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import SpecError
+from .errors import SpecError
 
 FLAGS = ("trust_remote_code", "allow_pickle")
 _ATTR = "_admission"
