@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pandas as pd
 import xarray as xr
 
 from ..errors import StoreError
@@ -127,8 +128,6 @@ def _decoded_once(groups) -> list:
     access) decoded once: the ``pair`` ids as one object-dtype ``pandas.Index`` every template shares (pandas
     would otherwise build an index of its own string dtype per template, re-materialising every id on each
     read), the other labels as arrays: per-pair strings are held once, not once per variable."""
-    import pandas as pd
-
     done = {}
     out = []
     for group, res, pair_coords in groups:
