@@ -18,9 +18,6 @@ import xarray as xr
 
 from .errors import did_you_mean
 
-# the trust ladder a result's ``trust`` attr takes, lowest first: computed by the gates of ``trust/`` from the
-# evidence a run has, never set by hand; readers that combine runs (``compare``) take the lowest of theirs
-LEVELS = ("exploratory", "calibrated", "registered", "adjudicated")
 
 class Result(Mapping):
     """Variable name → ``xarray.DataArray`` (insertion order), plus the observable's ``attrs``.

@@ -48,7 +48,7 @@ from ..errors import RewardLensError
 from ..models.checkpoints import link
 from ..ops.margin_agreement import compare_margins
 from .runs import run_variables
-from ..result import LEVELS
+from ..levels import LEVELS
 from ..frames import as_direction, compare_directions, fit_shared
 from .. import __version__
 from ..store import is_complete, open_store, write_run

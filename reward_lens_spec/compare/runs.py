@@ -37,7 +37,7 @@ from ..errors import GaugeError, SpecError, did_you_mean
 from ..frames.compare import compare_directions
 from ..frames.gate import gauge_of, is_frame_dependent, require_shared_frame
 from ..ops.margin_agreement import compare_margins
-from ..result import LEVELS
+from ..levels import LEVELS
 from .paired import paired_accuracy
 from ..frames.io import load_frame
 from .. import __version__

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from ..result import LEVELS
+from ..levels import LEVELS
 from ..trust.evidence import seal
 from ..trust.evidence_chain import Evidence
 from ..errors import StoreError

@@ -50,7 +50,7 @@ No torch import: the store reader calls this.
 """
 from __future__ import annotations
 
-from ..result import LEVELS
+from ..levels import LEVELS
 from .evidence import card_verdict, content_hash, identities_ok, numerics_of, seal_error
 from .sae_gate import sae_caps              # SAE attribution: exploratory below the reconstruction floor
 from .study_doc import COMPARATORS, predictions, study_hash

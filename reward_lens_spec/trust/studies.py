@@ -43,7 +43,7 @@ import yaml
 
 from ..errors import SpecError, StoreError
 from ..result import Result
-from ..result import LEVELS
+from ..levels import LEVELS
 from .evidence import NOT_RESULTS, seal
 from .evidence_chain import level_of
 
