@@ -227,7 +227,14 @@ def _check_command(word: str) -> None:
                     fix="reward-lens-spec help lists the commands; a config choice is group=option.")
 
 
+# Arrow's allocator for this process unless the user chose one: pandas holds string labels in Arrow arrays, and
+# Arrow's default pool (mimalloc) keeps what it freed, ~10 MB a 100,000-label index built; the C library's
+# returns it (benchmarks/results.md §25). Read by Arrow at its first allocation, so set before any.
+ARROW_POOL = ("ARROW_DEFAULT_MEMORY_POOL", "system")
+
+
 def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault(*ARROW_POOL)
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         cmd = argv[0] if argv else None

@@ -5,6 +5,8 @@
   Python-traced bytes (``tracemalloc``: Python objects and NumPy buffers) per pair of short synthetic sides.
 - The command line prints from the run document and never reads the stored result back whole.
 - A chunk's pair labels are the run's, sliced: no pass over every pair per chunk.
+- The command line's process gives Arrow (pandas' string labels) the C library's allocator, which returns what it
+  frees, unless the user chose one (``ARROW_DEFAULT_MEMORY_POOL``).
 Bytes, never time.
 """
 from __future__ import annotations
@@ -42,6 +44,23 @@ def test_the_command_line_never_reads_the_result_back(tmp_path, monkeypatch, cap
           f"dataset.path={write_numbered_pairs(tmp_path / 'p.jsonl', 8)}", f"store.url={tmp_path / 's.zarr'}"])
     out = capsys.readouterr().out
     assert "run id: dla-" in out and "dla_heads" in out      # the table, from the run document
+
+
+_POOL = ("from reward_lens_spec.cli import main; main(['help']); import pyarrow; "
+         "print('POOL', pyarrow.default_memory_pool().backend_name)")
+
+
+@pytest.mark.parametrize("chosen", [None, "mimalloc"])
+def test_the_command_line_gives_arrow_an_allocator_that_returns_memory(chosen):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    if chosen:
+        env["ARROW_DEFAULT_MEMORY_POOL"] = chosen
+    out = subprocess.run([sys.executable, "-c", _POOL], env=env, capture_output=True, text=True, check=True).stdout
+    assert f"POOL {chosen or 'system'}" in out.splitlines()
 
 
 def _ctx(n):

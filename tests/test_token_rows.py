@@ -83,3 +83,51 @@ def test_many_pairs_encode_in_slices_as_one_call_per_text(monkeypatch):
     assert enc.pair_ids == [p.id for p in pairs if cut[p.id][0] != cut[p.id][1] or want[p.id][0] == want[p.id][1]]
     for pid, c, r in zip(enc.pair_ids, enc.chosen, enc.rejected):
         assert [c, r] == cut[pid]
+
+
+def test_spilled_rows_read_as_the_rows_in_memory():
+    """``spilled()``: every access gives what the in-memory rows give; a chunk comes back in memory."""
+    import reward_lens_spec.models.token_rows as tr
+
+    rows = [[(7 * i + j) % 70001 for j in range(i % 5)] for i in range(40)]
+    t = TokenRows(rows)
+    s = t[3:].spilled()
+    assert s == rows[3:] and list(s) == rows[3:] and len(s) == 37 and s.lengths().tolist() == t[3:].lengths().tolist()
+    assert [s[i] for i in range(37)] == rows[3:] and s[-1] == rows[-1] and s[::3] == rows[3::3]
+    chunk = s[5:9]
+    assert chunk == rows[8:12] and isinstance(chunk._flat, np.ndarray) and chunk._off[0] == 0
+    assert pickle.loads(pickle.dumps(s)) == rows[3:] and TokenRows.concat([s[:2], s[2:]]) == rows[3:]
+    assert s.nbytes == 8 * 38 and s == t[3:] and t[3:] == s
+    small = tr.READ_ROWS
+    try:
+        tr.READ_ROWS = 4                     # iteration across read blocks
+        assert list(s) == rows[3:]
+    finally:
+        tr.READ_ROWS = small
+
+
+def test_a_run_holds_its_token_ids_in_a_file_above_the_spill_size(monkeypatch):
+    """``encode_pairs`` above ``SPILL_BYTES``: the same rows and digest, and the encoding's traced bytes (ids and
+    offsets; tracemalloc) grow by no token bytes: at most ``PER_PAIR`` a pair (measured 35; in memory 184)."""
+    import tracemalloc
+
+    import reward_lens_spec.models.token_rows as tr
+
+    tok = build_tiny_tokenizer()
+    pairs = [_P(i) for i in range(3000)]
+    template = "User: {prompt}\nAssistant: {response}"
+    kept = encode_pairs(tok, pairs, template=template)
+    assert isinstance(kept.chosen._flat, np.ndarray)                       # under the spill size: in memory
+    monkeypatch.setattr(tr, "SPILL_BYTES", 0)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    enc = encode_pairs(tok, pairs, template=template)
+    held = (tracemalloc.get_traced_memory()[0] - before) / len(pairs)
+    tracemalloc.stop()
+    assert enc.chosen == kept.chosen and enc.rejected == kept.rejected and enc.digest() == kept.digest()
+    assert enc.chosen.nbytes + enc.rejected.nbytes == 16 * len(pairs) + 16
+    assert kept.chosen.nbytes + kept.rejected.nbytes > 80 * len(pairs)       # the token bytes now in the file
+    assert held <= PER_PAIR, held
+
+
+PER_PAIR = 60

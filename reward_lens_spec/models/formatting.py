@@ -45,6 +45,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import CaptureError, SpecError
+from . import token_rows
 from .token_rows import TokenRows
 import json
 
@@ -208,6 +209,13 @@ def _encode_slice(tokenizer, pairs, fmt, template, max_length, bos_id, model_nam
     return raw
 
 
+def _held(rows: TokenRows) -> TokenRows:
+    """``rows`` as a run holds them: their tokens in a temporary file when they hold more than
+    ``token_rows.SPILL_BYTES`` (a chunk reads its own: a run's memory no longer grows by 2 bytes a token with
+    the pairs), else in memory."""
+    return rows.spilled() if rows.nbytes > token_rows.SPILL_BYTES else rows
+
+
 def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
                  template: str = "User: {prompt}\nAssistant: {response}", max_length: int = 512,
                  model_name: str = "model", truncated_responses: str = "exclude") -> EncodedPairs:
@@ -284,7 +292,8 @@ def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
         warnings.warn(f"model {model_name!r}: {len(resp_cut)} pair(s) do not fit max_length={max_length} even "
                       f"without their prompt, so their response start was cut ({resp_cut[:5]}); {what}. Fix: "
                       "raise model.max_length (up to the model's position limit).", stacklevel=2)
-    return EncodedPairs(pair_ids=ids_out, chosen=TokenRows.concat(chosen), rejected=TokenRows.concat(rejected),
+    chosen, rejected = (_held(TokenRows.concat(side)) for side in (chosen, rejected))
+    return EncodedPairs(pair_ids=ids_out, chosen=chosen, rejected=rejected,
                         excluded={"identical_after_truncation": identical, "response_truncated": dropped_cut},
                         n_truncated=n_trunc, bos_count=bos, max_length=max_length, fmt=fmt,
                         response_truncated=resp_cut, prompt_truncated=prompt_cut,

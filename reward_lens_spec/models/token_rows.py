@@ -11,9 +11,18 @@ It reads as a sequence of ``list[int]``: ``rows[i]`` is a fresh list, ``rows[a:b
 view sharing the flat array, iteration yields lists, it compares equal to any sequence of the same
 rows, and ``a + b`` is the list of both's rows. Token ids must fit ``int32`` (every vocabulary
 does); a negative or larger id is a ``ValueError``.
+
+``rows.spilled()``: the same rows with the flat array in an unlinked temporary file (only the offsets, 8 bytes a
+row, stay in memory), for a run's whole dataset (``models.formatting.encode_pairs`` spills above
+``SPILL_BYTES``): ``rows[a:b]`` (a chunk) then reads its tokens into an in-memory ``TokenRows``, ``rows[i]``
+one row, iteration ``READ_ROWS`` rows at a time; every value read is the one the in-memory rows give. Reads are
+explicit (no memory map), so a pass over every token (the run's digest) does not leave the file's pages in the
+process's resident memory (benchmarks/results.md §25).
 """
 from __future__ import annotations
 
+import tempfile
+import threading
 from collections.abc import Sequence
 from itertools import chain
 
@@ -21,6 +30,8 @@ import numpy as np
 
 _MAX = np.iinfo(np.int32).max
 _U16 = np.iinfo(np.uint16).max
+SPILL_BYTES = 1 << 20        # encode_pairs spills a side above this many bytes (sides of ~40 tokens: ~12,000 pairs)
+READ_ROWS = 4096             # rows read per file access when iterating spilled rows
 
 
 def compact(flat: np.ndarray) -> np.ndarray:
@@ -28,6 +39,33 @@ def compact(flat: np.ndarray) -> np.ndarray:
     ``int32``. Rows read back as Python ints either way, so no consumer sees the difference."""
     small = flat.size == 0 or (int(flat.min()) >= 0 and int(flat.max()) <= _U16)
     return flat.astype(np.uint16 if small else np.int32, copy=False)
+
+
+class _FileTokens:
+    """A flat token array in an unlinked temporary file: ``[a:b]`` (step 1) reads those tokens into a new array."""
+
+    __slots__ = ("_file", "_lock", "dtype", "size")
+
+    def __init__(self, flat: np.ndarray):
+        self._file = tempfile.TemporaryFile()
+        flat.tofile(self._file)
+        self._file.flush()
+        self._lock = threading.Lock()
+        self.dtype, self.size = flat.dtype, int(flat.size)
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    def __getitem__(self, sl: slice) -> np.ndarray:
+        a, b, _ = sl.indices(self.size)
+        out = np.empty(max(0, b - a), self.dtype)
+        with self._lock:
+            self._file.seek(a * self.itemsize)
+            got = self._file.readinto(memoryview(out).cast("B"))
+        if got != out.nbytes:
+            raise OSError(f"token file: read {got} of {out.nbytes} bytes")
+        return out
 
 
 class TokenRows(Sequence):
@@ -69,9 +107,17 @@ class TokenRows(Sequence):
     def __len__(self) -> int:
         return self._off.size - 1
 
+    def spilled(self) -> "TokenRows":
+        """These rows with their tokens in a temporary file (see the module doc); the offsets stay in memory."""
+        off = self._off - self._off[0]
+        return TokenRows._view(_FileTokens(self._flat[self._off[0]:self._off[-1]]), off)
+
     def __getitem__(self, i):
         if isinstance(i, slice):
             a, b, step = i.indices(len(self))
+            if step == 1 and isinstance(self._flat, _FileTokens):     # a chunk: its tokens read into memory
+                off = self._off[a:max(a, b) + 1]
+                return TokenRows._view(self._flat[off[0]:off[-1]], off - off[0])
             if step == 1:
                 return TokenRows._view(self._flat, self._off[a:max(a, b) + 1])
             return TokenRows(self[k] for k in range(a, b, step))
@@ -84,6 +130,10 @@ class TokenRows(Sequence):
         return self._flat[self._off[k]:self._off[k + 1]].tolist()
 
     def __iter__(self):
+        if isinstance(self._flat, _FileTokens):
+            for a in range(0, len(self), READ_ROWS):
+                yield from self[a:a + READ_ROWS]
+            return
         flat, off = self._flat, self._off
         for k in range(off.size - 1):
             yield flat[off[k]:off[k + 1]].tolist()
@@ -112,8 +162,11 @@ class TokenRows(Sequence):
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: the rows' tokens (only those this view spans are counted) and its offsets."""
-        return int(self._flat.itemsize * (self._off[-1] - self._off[0]) + self._off.nbytes) if self._off.size else 0
+        """Bytes held in memory: the rows' tokens (only those this view spans; none when spilled) and its offsets."""
+        if not self._off.size:
+            return 0
+        tokens = 0 if isinstance(self._flat, _FileTokens) else self._flat.itemsize * (self._off[-1] - self._off[0])
+        return int(tokens + self._off.nbytes)
 
     def __getstate__(self):
         return {"flat": self._flat[self._off[0]:self._off[-1]].copy(), "off": self._off - self._off[0]}

@@ -160,8 +160,9 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
 
     Memory: besides one chunk's work, the run holds per pair where its line lies in a plain JSON-Lines file
     (``data.file_pairs``: ~50 bytes; the texts are re-read where needed; other sources: one ``Pair`` each), its
-    token ids (``TokenRows``, 2 or 4 bytes a token) and its labels as bytes (``context.PairLabels``); every other
-    per-pair array is written by chunk and read back by chunk (benchmarks/results.md §16, §21)."""
+    token ids' offsets (``TokenRows``: the tokens themselves, 2 or 4 bytes each, in a temporary file above 1 MiB a
+    side, read per chunk) and its labels as bytes (``context.PairLabels``); every other per-pair array is written
+    by chunk and read back by chunk (benchmarks/results.md §16, §21, §25)."""
     t0 = time.perf_counter()
     store = store_handle(store_url, dict(run.store.storage_options))   # the run's one store handle, handed down
     study = None
