@@ -143,11 +143,40 @@ def _encode_all(tokenizer, items: list[tuple], fmt: str, template: str) -> list[
     if fmt != "plain" or not items:
         return [encode_text(tokenizer, *it[:2], fmt, template) for it in items]
     out: list[list[int]] = []
+    backend = _plain_backend(tokenizer)
     for start in range(0, len(items), ENCODE_SLICE):
         texts = [_fill(template, *it) for it in items[start:start + ENCODE_SLICE]]   # (prompt, response[, other])
+        if backend is not None:
+            out.extend(e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=True))
+            continue
         enc = tokenizer(texts, add_special_tokens=True, padding=False, truncation=False)
         out.extend([int(t) for t in ids] for ids in enc["input_ids"])
     return out
+
+
+_CALL_STEPS = ("__call__", "_call_one", "encode_plus", "batch_encode_plus", "_encode_plus", "_batch_encode_plus")
+
+
+def _plain_backend(tokenizer):
+    """The Rust tokenizer behind ``tokenizer`` when ``tokenizer(texts, add_special_tokens=True, padding=False,
+    truncation=False)`` is that backend's ``encode_batch`` with no truncation or padding (a
+    ``PreTrainedTokenizerFast`` overriding none of the call's steps, its special tokens not split), its
+    truncation and padding switched off as the call switches them off; else None. Its ``encode_batch_fast``
+    gives the same ids without the character offsets the call computes and drops (~30 % of the call)."""
+    from transformers import PreTrainedTokenizerFast
+
+    if not isinstance(tokenizer, PreTrainedTokenizerFast) or any(
+            getattr(type(tokenizer), k, None) is not getattr(PreTrainedTokenizerFast, k, None) for k in _CALL_STEPS):
+        return None
+    backend = tokenizer.backend_tokenizer
+    if not hasattr(backend, "encode_batch_fast") or (
+            backend.encode_special_tokens != bool(getattr(tokenizer, "split_special_tokens", False))):
+        return None
+    if backend.truncation is not None:
+        backend.no_truncation()
+    if backend.padding is not None:
+        backend.no_padding()
+    return backend
 
 
 def common_prefix(base: list[int], full: list[int]) -> int:
