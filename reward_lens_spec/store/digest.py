@@ -61,14 +61,16 @@ def values_digest(values) -> str:
     kind = "str" if is_str(a.dtype) else f"{a.dtype.kind}{a.dtype.itemsize}"
     h.update(f"{kind}|{a.shape}|".encode())
     c = _canonical(a)
-    if c is None:
+    if c is None:                             # the bytes of every value, hashed in one update
+        parts = []
         for x in a.reshape(-1):
             if x is None:
-                h.update(b"\xff\xff\xff\xff")
+                parts.append(b"\xff\xff\xff\xff")
                 continue
             s = (x.decode("utf-8", "surrogatepass") if isinstance(x, bytes) else str(x)).encode("utf-8",
                                                                                                 "surrogatepass")
-            h.update(len(s).to_bytes(4, "little") + s)
+            parts += (len(s).to_bytes(4, "little"), s)
+        h.update(b"".join(parts))
     else:
         h.update(memoryview(c.reshape(-1).view(np.uint8)))
     return h.hexdigest()[:HEX]
@@ -95,8 +97,9 @@ def chunk_shape(da) -> tuple[int, ...]:
     return tuple(int(max(1, c)) for c in ch)
 
 
-def variable_digest(da, chunks=None) -> dict:
-    """``{dtype, shape, chunks, blocks, coords}`` of one DataArray (read block by block if lazy)."""
+def variable_digest(da, chunks=None, seen: dict | None = None) -> dict:
+    """``{dtype, shape, chunks, blocks, coords}`` of one DataArray (read block by block if lazy). ``seen``: a
+    memo of coord digests (``result_digests``: the pair labels its variables share are digested once)."""
     chunks = tuple(chunks or chunk_shape(da))
     data = da.data
     blocks = []
@@ -105,13 +108,28 @@ def variable_digest(da, chunks=None) -> dict:
         blocks.append(values_digest(np.asarray(block.compute() if hasattr(block, "compute") else block)))
     return {"dtype": "str" if is_str(da.dtype) else str(np.dtype(da.dtype)),
             "shape": list(da.shape), "chunks": list(chunks), "blocks": blocks,
-            "coords": {str(k): values_digest(c.values) for k, c in da.coords.items()}}
+            "coords": {str(k): _coord_digest(str(k), c.values, seen) for k, c in da.coords.items()}}
+
+
+def _coord_digest(name: str, values: np.ndarray, seen: dict | None) -> str:
+    """``values_digest(values)``, memoised in ``seen`` by coord name, dtype and shape for values whose
+    equality means equal bytes (strings with no NA, bools, ints; not floats: -0.0 == 0.0)."""
+    a = np.asarray(values)
+    if seen is None or a.dtype.kind not in "biuUST" or hasattr(a.dtype, "na_object"):
+        return values_digest(a)
+    key = (name, a.dtype.str, a.shape)
+    hit = seen.get(key)
+    if hit is None or not np.array_equal(hit[0], a):
+        hit = seen[key] = (a, values_digest(a))
+    return hit[1]
 
 
 def result_digests(res) -> dict:
-    """``{variable: variable_digest}`` of every variable of a Result / Dataset."""
+    """``{variable: variable_digest}`` of every variable of a Result / Dataset (a coord array several
+    variables share digested once)."""
     items = res.items() if hasattr(res, "items") and not hasattr(res, "data_vars") else res.data_vars.items()
-    return {str(k): variable_digest(v) for k, v in items}
+    seen: dict = {}
+    return {str(k): variable_digest(v, seen=seen) for k, v in items}
 
 
 def check_coords(da, want: dict, where: str) -> None:
