@@ -73,6 +73,7 @@ def test_only_the_handle_builds_a_filesystem_or_a_zarr_store_from_a_url():
         ("store/_backend.py", "Backend.__init__", "url_to_fs"),
         ("store/_backend.py", "Backend.zarr_store", "LocalStore"),
         ("store/_backend.py", "Backend.zarr_store", "from_url"),
+        ("store/_backend.py", "Backend.zarr_store", "FsspecStore"),     # a synchronous filesystem's, wrapped once
         ("store/_backend.py", "store_handle", "Backend")}, (
         "a store is opened outside store.store_handle; take the handle from your caller instead: " + repr(sorted(raw)))
 

@@ -43,6 +43,23 @@ def group_doc(attributes: dict) -> bytes:
     return json.dumps(doc, indent=2, sort_keys=True).encode()
 
 
+_ASYNC_FS: dict = {}      # id(a synchronous fsspec filesystem) -> (it, its async wrapper for zarr)
+_ASYNC_FS_KEPT = 8
+
+
+def _async_wrapper(fs):
+    """zarr's async wrapper of the synchronous filesystem ``fs`` (``memory://``), made once per filesystem
+    instance (wrapping every method of ``fs`` costs ~1 ms; ``FsspecStore.from_url`` makes one per store)."""
+    from zarr.storage._fsspec import _make_async
+
+    held = _ASYNC_FS.get(id(fs))
+    if held is None or held[0] is not fs:
+        if len(_ASYNC_FS) >= _ASYNC_FS_KEPT:
+            _ASYNC_FS.pop(next(iter(_ASYNC_FS)))
+        held = _ASYNC_FS[id(fs)] = (fs, _make_async(fs))
+    return held[1]
+
+
 def store_handle(store, storage_options: dict | None = None) -> "Backend":
     """The one handle on a result store: ``store`` itself when it is one (a ``Backend``), else the store URL
     ``store`` (a local path or an fsspec URL) opened with ``storage_options``.
@@ -94,23 +111,26 @@ class Backend:
 
     def zarr_store(self, prefix: str = ""):
         """The zarr Store object xarray reads and writes through; ``prefix``: a store rooted at that key
-        (an attempt: a Zarr hierarchy of its own, so zarr never writes a group document above it)."""
-        if prefix:
-            import zarr.storage
+        (an attempt: a Zarr hierarchy of its own, so zarr never writes a group document above it). A
+        synchronous filesystem's store is ``FsspecStore.from_url``'s, on this handle's filesystem wrapped once
+        (``_async_wrapper``)."""
+        if not prefix and self._zarr_store is not None:
+            return self._zarr_store
+        import zarr.storage
 
-            if self.local:
-                return zarr.storage.LocalStore(self.path(prefix))
-            return zarr.storage.FsspecStore.from_url(f"{self.url.rstrip('/')}/{prefix}",
-                                                     storage_options=self.storage_options)
-        if self._zarr_store is None:
-            import zarr.storage
+        if self.local:
+            zs = zarr.storage.LocalStore(self.path(prefix))
+        elif self.fs.async_impl:
+            zs = zarr.storage.FsspecStore.from_url(f"{self.url.rstrip('/')}/{prefix}" if prefix else self.url,
+                                                   storage_options=self.storage_options)
+        else:
+            from zarr.storage._fsspec import ALLOWED_EXCEPTIONS
 
-            if self.local:
-                self._zarr_store = zarr.storage.LocalStore(self.root)
-            else:
-                self._zarr_store = zarr.storage.FsspecStore.from_url(
-                    self.url, storage_options=self.storage_options)
-        return self._zarr_store
+            zs = zarr.storage.FsspecStore(fs=_async_wrapper(self.fs), path=self.path(prefix),
+                                          allowed_exceptions=ALLOWED_EXCEPTIONS)
+        if not prefix:
+            self._zarr_store = zs
+        return zs
 
     def _fail(self, what: str, e: BaseException) -> StoreError:
         return StoreError(f"store {self.url}: cannot {what} ({type(e).__name__}: {e}).")
