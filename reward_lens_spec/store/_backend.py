@@ -28,6 +28,7 @@ import fsspec
 from fsspec.utils import get_protocol
 
 from reward_lens_spec.errors import StoreError
+from reward_lens_spec.store.json_text import dumps_indented
 
 LAYOUT_KEY = "reward_lens_spec_layout"
 LAYOUT_VERSION = 4
@@ -40,24 +41,7 @@ RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,199}$")   # a run id or o
 def group_doc(attributes: dict) -> bytes:
     """Serialise a Zarr v3 group document with ``attributes``."""
     doc = {"zarr_format": 3, "node_type": "group", "attributes": attributes}
-    return json.dumps(doc, indent=2, sort_keys=True).encode()
-
-
-_ASYNC_FS: dict = {}      # id(a synchronous fsspec filesystem) -> (it, its async wrapper for zarr)
-_ASYNC_FS_KEPT = 8
-
-
-def _async_wrapper(fs):
-    """zarr's async wrapper of the synchronous filesystem ``fs`` (``memory://``), made once per filesystem
-    instance (wrapping every method of ``fs`` costs ~1 ms; ``FsspecStore.from_url`` makes one per store)."""
-    from zarr.storage._fsspec import _make_async
-
-    held = _ASYNC_FS.get(id(fs))
-    if held is None or held[0] is not fs:
-        if len(_ASYNC_FS) >= _ASYNC_FS_KEPT:
-            _ASYNC_FS.pop(next(iter(_ASYNC_FS)))
-        held = _ASYNC_FS[id(fs)] = (fs, _make_async(fs))
-    return held[1]
+    return dumps_indented(doc, sort_keys=True).encode()
 
 
 def store_handle(store, storage_options: dict | None = None) -> "Backend":
@@ -113,7 +97,7 @@ class Backend:
         """The zarr Store object xarray reads and writes through; ``prefix``: a store rooted at that key
         (an attempt: a Zarr hierarchy of its own, so zarr never writes a group document above it). A
         synchronous filesystem's store is ``FsspecStore.from_url``'s, on this handle's filesystem wrapped once
-        (``_async_wrapper``)."""
+        (``store.async_fs``)."""
         if not prefix and self._zarr_store is not None:
             return self._zarr_store
         import zarr.storage
@@ -126,7 +110,9 @@ class Backend:
         else:
             from zarr.storage._fsspec import ALLOWED_EXCEPTIONS
 
-            zs = zarr.storage.FsspecStore(fs=_async_wrapper(self.fs), path=self.path(prefix),
+            from reward_lens_spec.store.async_fs import async_wrapper
+
+            zs = zarr.storage.FsspecStore(fs=async_wrapper(self.fs), path=self.path(prefix),
                                           allowed_exceptions=ALLOWED_EXCEPTIONS)
         if not prefix:
             self._zarr_store = zs
