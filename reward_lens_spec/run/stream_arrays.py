@@ -104,8 +104,11 @@ def ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skeleto
         made = {group: _skeleton(res, pair_coords, n, size, run_names, wrote) for group, res, pair_coords in groups}
         if mode == "w-":        # every group and array in one concurrent pass (store.zarr_io), fenced per key
             att.fence(marker)
-            first = {group: label_dataset(pair_coords["pair"], _labels_of(pair_coords), direct=True)
-                     for group, _, pair_coords in groups} if labels else {}   # (strings made portable as written)
+            first, shared = {}, {}        # one labels Dataset per distinct labels: encoded once (zarr_io.stage)
+            for group, _, pair_coords in groups if labels else ():
+                if id(pair_coords) not in shared:             # (strings made portable as written)
+                    shared[id(pair_coords)] = label_dataset(pair_coords["pair"], _labels_of(pair_coords), direct=True)
+                first[group] = shared[id(pair_coords)]
             write_new_groups(zs, first, {f"{group}/{name}": with_checksum(tmpl.to_dataset(name=name).copy(deep=False))
                                          for group, tmpls in made.items() for name, tmpl in tmpls.items()},
                              staged=staged if wrote else None)

@@ -114,12 +114,15 @@ def stage(first: dict, then: dict, attrs_of=None) -> tuple[dict, dict]:
     """``({key: Buffer}, {path: {array: chunk shape}})``: each group of ``first``, then of ``then``, encoded
     on its own (so zarr makes no parent documents per array), its keys under the group's path; ``attrs_of =
     (path, attrs)`` added to that group's attrs; each parent group above them that is not one of them gets the
-    implicit group document zarr would have made. No I/O."""
+    implicit group document zarr would have made. One Dataset object given for several groups (a run's pair
+    labels in each of its groups) is encoded once. No I/O."""
     from zarr.core.group import GroupMetadata
 
-    staged, out, own = {}, {}, {}
+    staged, out, own, done = {}, {}, {}, {}
     for p, ds in [*first.items(), *then.items()]:
-        own[p], out[p] = _group_keys(ds)
+        if id(ds) not in done:                     # (every ds is held by first/then: no id is reused)
+            done[id(ds)] = _group_keys(ds)
+        own[p], out[p] = dict(done[id(ds)][0]), dict(done[id(ds)][1])
     if attrs_of is not None:
         g = GroupMetadata.from_dict(json.loads(own[attrs_of[0]]["zarr.json"].to_bytes()))
         g = GroupMetadata(attributes={**g.attributes, **attrs_of[1]}, zarr_format=3)
