@@ -28,7 +28,6 @@ import fsspec
 from fsspec.utils import get_protocol
 
 from reward_lens_spec.errors import StoreError
-from reward_lens_spec.store.json_text import dumps_indented
 
 LAYOUT_KEY = "reward_lens_spec_layout"
 LAYOUT_VERSION = 4
@@ -41,7 +40,7 @@ RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,199}$")   # a run id or o
 def group_doc(attributes: dict) -> bytes:
     """Serialise a Zarr v3 group document with ``attributes``."""
     doc = {"zarr_format": 3, "node_type": "group", "attributes": attributes}
-    return dumps_indented(doc, sort_keys=True).encode()
+    return json.dumps(doc, indent=2, sort_keys=True).encode()
 
 
 def store_handle(store, storage_options: dict | None = None) -> "Backend":

@@ -31,7 +31,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 from reward_lens_spec.errors import StoreError
 from reward_lens_spec.store._backend import DOC, RUNS, Backend, group_doc
-from reward_lens_spec.store.json_text import dumps_indented
 
 VARIABLES = "output_variables"
 STORED_AS = "stored_as"
@@ -249,7 +248,7 @@ def publish_group(b: Backend, src: str, dst: str, attempt: str, fence=None) -> d
     for name, (node, doc) in arrays.items():
         doc, flat = _flat_keys(doc)
         copies += [(f"{src}/{node}/{c}", f"{dst}/{name}/{flat(c)}") for c in chunks.get(node, [])]
-        docs[f"{dst}/{name}/{DOC}"] = dumps_indented(doc).encode()
+        docs[f"{dst}/{name}/{DOC}"] = json.dumps(doc, indent=2).encode()
         entries[f"{dst}/{name}"] = _entry(doc)
     if fence is not None:
         fence()
