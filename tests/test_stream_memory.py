@@ -137,3 +137,32 @@ def test_the_completion_reads_the_head_logits_numbers_without_the_pair_labels():
     Recording.read.clear()
     assert np.array_equal(open_variable(zs, "scratch", "head_logits").values, logits)
     assert label_chunks_read()
+
+
+def test_the_completion_of_a_chunked_run_reads_no_pair_labels_and_returns_the_same_result(monkeypatch):
+    """Issue 40 item 5: a multi-chunk run's completion read its observable group's pair labels back from the store
+    (ids, dimensions, prompt ids: ~22 MB of RSS at 100,000 pairs with the index pandas built from them), the labels
+    it wrote with the skeleton from what it holds. It now builds them from the run's own labels
+    (``run.stream_arrays.run_labels``): no read of the group's own arrays, and the same result as one chunk's."""
+    import xarray as xr
+
+    import reward_lens_spec.store.groups as groups_mod
+    import reward_lens_spec.store.zarr_io as zarr_io
+
+    lm, pairs = tiny_lm("tiny_llama"), make_pairs(7)
+    plan, info = plan_of(lm, "dla")
+    whole, _, _ = compute(lm, pairs, plan, info, batch_size=2)          # one chunk: its staged bytes, as before
+    reads, real = [], zarr_io.read_groups
+
+    def recording(zstore, group, children, **kw):
+        reads.append((group, kw.get("own", True)))
+        return real(zstore, group, children, **kw)
+    monkeypatch.setattr(zarr_io, "read_groups", recording)
+    monkeypatch.setattr(groups_mod, "read_groups", recording)
+    chunked, _, _ = compute(lm, pairs, plan, info, batch_size=2, chunk_pairs=2)
+    assert ("dla", False) in reads and ("dla", True) not in reads, reads
+    assert list(chunked) == list(whole)
+    for name in whole:
+        xr.testing.assert_identical(chunked[name], whole[name])
+        for k, c in chunked[name].coords.items():
+            assert c.dtype == whole[name].coords[k].dtype, (name, k, c.dtype, whole[name].coords[k].dtype)

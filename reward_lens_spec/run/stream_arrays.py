@@ -127,16 +127,34 @@ def _decoded_once(groups) -> list:
     """``groups`` with each distinct ``pair_coords`` (a ``context.PairLabels`` decodes its labels anew on every
     access) decoded once: the ``pair`` ids as one object-dtype ``pandas.Index`` every template shares (pandas
     would otherwise build an index of its own string dtype per template, re-materialising every id on each
-    read), the other labels as arrays: per-pair strings are held once, not once per variable."""
+    read), the other labels as arrays (text as numpy ``StringDType``: the same stored bytes as fixed-width
+    unicode, a third of its memory for short labels): per-pair strings are held once, not once per variable."""
     done = {}
     out = []
     for group, res, pair_coords in groups:
         if id(pair_coords) not in done:
             d = {k: pair_coords[k] for k in pair_coords}
+            d = {k: (v[0], v[1].astype(np.dtypes.StringDType())) if k != "pair" and v[1].dtype.kind == "U" else v
+                 for k, v in d.items()}
             d["pair"] = pd.Index(np.asarray(d["pair"], dtype=object), dtype=object, name="pair")
             done[id(pair_coords)] = d
         out.append((group, res, done[id(pair_coords)]))
     return out
+
+
+def run_labels(pair_coords) -> xr.Dataset:
+    """The run's pair labels (``pair_coords``: ``RunContext.pair_coords``, e.g. a ``context.PairLabels``) as the
+    coords-only Dataset ``store.groups.group_labels`` reads back from a group the skeleton wrote them to: the same
+    names, dims, values and dtypes (``pair`` ids as the index; text labels as numpy ``StringDType`` arrays, as zarr
+    reads them; flags as bools), built without reading the store (issue 40 item 5)."""
+    def text(a):
+        return a.astype(np.dtypes.StringDType()) if a.dtype.kind == "U" else a
+
+    coords = {}
+    for k in pair_coords:
+        v = pair_coords[k]
+        coords[k] = text(np.asarray(v)) if k == "pair" else (v[0], text(np.asarray(v[1])))
+    return xr.Dataset(coords=coords)
 
 
 def _labels_of(pair_coords) -> dict:
