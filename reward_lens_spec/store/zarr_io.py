@@ -34,7 +34,7 @@ import xarray as xr
 from xarray import conventions
 from xarray.backends.zarr import (FillValueCoder, encode_zarr_attr_value, encode_zarr_variable,
                                   extract_zarr_variable_encoding)
-from xarray.coding.strings import check_vlen_dtype
+from xarray.coding.strings import check_vlen_dtype, create_vlen_dtype
 from xarray.namedarray.pycompat import is_chunked_array
 from xarray.backends.memory import InMemoryDataStore
 from xarray.backends.store import StoreBackendEntrypoint
@@ -75,13 +75,20 @@ def encoded(ds: xr.Dataset) -> tuple[dict, list]:
     return {k: encode_zarr_attr_value(a) for k, a in attrs.items()}, [(str(k), v) for k, v in variables.items()]
 
 
+def vlen_strings(a: np.ndarray) -> np.ndarray:
+    """Fixed-width unicode ``a`` as the variable-length strings zarr reads a ``string`` array back as: numpy's
+    ``StringDType`` (numpy ≥ 2: no Python string per element; issue 40 item 5), else xarray's object strings.
+    Either is stored as the same ``string`` array (document and vlen-utf8 chunks; ``tests/test_store_direct.py``)."""
+    sdt = getattr(np.dtypes, "StringDType", None)
+    return a.astype(sdt() if sdt is not None else create_vlen_dtype(str))
+
+
 def _vlen(v: xr.Variable) -> xr.Variable:
-    """Fixed-width unicode as numpy's variable-length ``StringDType``, which zarr stores as the same ``string``
-    array (document and vlen-utf8 chunks) as xarray's object strings, without a Python string per element
-    (``tests/test_store_direct.py``; issue 40 item 5)."""
+    """Fixed-width unicode as variable-length strings (``vlen_strings``), which xarray's encoder keeps as they
+    are instead of inferring each element's type."""
     if v.dtype.kind != "U":
         return v
-    return xr.Variable(v.dims, v.values.astype(np.dtypes.StringDType()), v.attrs,   # fastpath: no pandas round trip
+    return xr.Variable(v.dims, vlen_strings(v.values), v.attrs,   # fastpath: no pandas round trip
                        {k: e for k, e in v.encoding.items() if k != "dtype"}, fastpath=True)
 
 
