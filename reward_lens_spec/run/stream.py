@@ -54,7 +54,7 @@ from ..store.writer import check_storable, discard_unstarted, observable_attrs, 
 from ..store.staged import staged_values
 from .chunk_checks import unverified_chunks
 from .stream_arrays import (ensure_skeleton, label_group, labels_once, pad_widths, region_digests,
-                            run_labels, write_region)
+                            write_region)
 
 SCRATCH = "_stage"           # not a valid observable name (store.writer.check_name), so no clash
 READOUT_H = "readout_h"
@@ -236,10 +236,8 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
                   "by_writer": by_writer, **({"widths": widths} if widths else {})}
     zs = att.zarr_store()     # the outputs as stored: small ones read in one pass, bigger ones block by block;
     staged = None if any(st[o] == "reduce" for o in plan.outputs) else shared["staged"]   # (a one-chunk run's: its bytes)
-    held = labels.held(out_g)                      # (else the labels the skeleton wrote, from memory: no read)
-    if held is None and not staged:
-        held = run_labels(full_coords)
-    stored = open_variables(zs, out_g, plan.outputs, lazy=EAGER_BYTES, labels=held, staged=staged)
+    stored = open_variables(zs, out_g, plan.outputs, lazy=EAGER_BYTES, staged=staged,   # labels: not read back
+                            labels=labels.held(out_g) if staged else labels.known(out_g, full_coords))
     logits = staged_values(staged, f"{scr_g}/{HEAD_LOGITS}/{HEAD_LOGITS}") if staged else None
     if logits is None:
         logits = variable_values(zs, scr_g, HEAD_LOGITS)        # its numbers only: no pair labels read

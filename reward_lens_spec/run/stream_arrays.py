@@ -79,6 +79,12 @@ class GroupLabels:
     def held(self, group):
         return self._memo.get(group)
 
+    def known(self, group, pair_coords):
+        """The group's labels when read already, else the run's own (``run_labels(pair_coords)``: the labels the
+        skeleton wrote, as read back), not read from the store."""
+        held = self._memo.get(group)
+        return held if held is not None else run_labels(pair_coords)
+
 
 def ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skeleton", labels=True,
                     filled=False, staged: dict | None = None) -> bool:
@@ -135,7 +141,7 @@ def _decoded_once(groups) -> list:
     for group, res, pair_coords in groups:
         if id(pair_coords) not in done:
             d = {k: pair_coords[k] for k in pair_coords}
-            d = {k: (v[0], vlen_strings(v[1])) if k != "pair" and v[1].dtype.kind == "U" else v for k, v in d.items()}
+            d = {k: _vlen_label(v) if k != "pair" else v for k, v in d.items()}
             d["pair"] = pd.Index(np.asarray(d["pair"], dtype=object), dtype=object, name="pair")
             done[id(pair_coords)] = d
         out.append((group, res, done[id(pair_coords)]))
@@ -193,6 +199,13 @@ def _bytes_index(raw) -> pd.Index | None:
     except pa.ArrowInvalid:
         return None
     return pd.Index(pd.array(arr, dtype=dtype), name="pair", copy=False)
+
+
+def _vlen_label(v):
+    """A ``("pair", fixed-width unicode)`` label as ``("pair", vlen_strings(...))``; any other label as it is."""
+    if isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], np.ndarray) and v[1].dtype.kind == "U":
+        return v[0], vlen_strings(v[1])
+    return v
 
 
 def _labels_of(pair_coords) -> dict:
