@@ -86,6 +86,11 @@ class PairLabels(Mapping):
             np.zeros(0, dtype=f"<U{self._widths[name]}")
         return values if name == "pair" else ("pair", values)
 
+    def raw(self, name) -> np.ndarray | None:
+        """Text label ``name`` as held: fixed-width UTF-8 bytes (trailing NULs dropped), one row per pair; None
+        for a flag."""
+        return self._text.get(name)
+
     def take(self, idx) -> dict:
         """The labels at positions ``idx`` (a slice or a list of positions), as ``take_pairs`` gives them."""
         idx = idx if isinstance(idx, slice) else np.asarray(idx, dtype=np.int64)

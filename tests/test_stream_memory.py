@@ -137,3 +137,60 @@ def test_the_completion_reads_the_head_logits_numbers_without_the_pair_labels():
     Recording.read.clear()
     assert np.array_equal(open_variable(zs, "scratch", "head_logits").values, logits)
     assert label_chunks_read()
+
+
+def test_the_completion_of_a_chunked_run_reads_no_pair_labels_and_returns_the_same_result(monkeypatch):
+    """Issue 40 item 5: a multi-chunk run's completion read its observable group's pair labels back from the store
+    (ids, dimensions, prompt ids: ~22 MB of RSS at 100,000 pairs with the index pandas built from them), the labels
+    it wrote with the skeleton from what it holds. It now builds them from the run's own labels
+    (``run.stream_arrays.run_labels``): no read of the group's own arrays, and the same result as one chunk's."""
+    import xarray as xr
+
+    import reward_lens_spec.store.groups as groups_mod
+    import reward_lens_spec.store.zarr_io as zarr_io
+
+    lm, pairs = tiny_lm("tiny_llama"), make_pairs(7)
+    plan, info = plan_of(lm, "dla")
+    whole, _, _ = compute(lm, pairs, plan, info, batch_size=2)          # one chunk: its staged bytes, as before
+    reads, real = [], zarr_io.read_groups
+
+    def recording(zstore, group, children, **kw):
+        reads.append((group, kw.get("own", True)))
+        return real(zstore, group, children, **kw)
+    monkeypatch.setattr(zarr_io, "read_groups", recording)
+    monkeypatch.setattr(groups_mod, "read_groups", recording)
+    chunked, _, _ = compute(lm, pairs, plan, info, batch_size=2, chunk_pairs=2)
+    assert ("dla", False) in reads and ("dla", True) not in reads, reads
+    assert list(chunked) == list(whole)
+    for name in whole:
+        xr.testing.assert_identical(chunked[name], whole[name])
+        for k, c in chunked[name].coords.items():
+            assert c.dtype == whole[name].coords[k].dtype, (name, k, c.dtype, whole[name].coords[k].dtype)
+
+
+def test_run_labels_equal_the_labels_read_back_from_the_skeleton():
+    """``run_labels`` (the completion's labels, from the run's ``PairLabels``) gives what ``group_labels`` reads
+    back from the group the skeleton wrote: names, values, dtypes and the ``pair`` index's dtype, for ASCII and
+    non-ASCII ids; a plain ``pair_coords`` dict gives the same."""
+    import xarray as xr
+    from zarr.storage import MemoryStore
+
+    from reward_lens_spec.context import PairLabels
+    from reward_lens_spec.run.stream_arrays import _decoded_once, _labels_of, run_labels
+    from reward_lens_spec.store.groups import group_labels, label_dataset
+    from reward_lens_spec.store.zarr_io import write_new_groups
+
+    for ids in ([f"q{i}" for i in range(50)], [f"é{i}·π" if i % 3 else "" for i in range(50)]):
+        text = {"pair": np.array([s.encode() for s in ids]),
+                "prompt_id": np.array([f"{i * 7919:012x}".encode() for i in range(50)]),
+                "dimension": np.array([("chat" if i % 2 else "").encode() for i in range(50)])}
+        labels = PairLabels(text, {k: max(1, max(len(x.decode()) for x in v)) for k, v in text.items()},
+                            {"duplicate": np.arange(50) % 4 == 0})
+        zs = MemoryStore()
+        [(_, _, coords)] = _decoded_once([("obs", {}, labels)])
+        write_new_groups(zs, {"obs": label_dataset(coords["pair"], _labels_of(coords), direct=True)}, {})
+        stored = group_labels(zs, "obs")
+        for made in (run_labels(labels), run_labels(dict(labels))):
+            xr.testing.assert_identical(made, stored)
+            assert {k: c.dtype for k, c in made.coords.items()} == {k: c.dtype for k, c in stored.coords.items()}
+            assert made.indexes["pair"].dtype == stored.indexes["pair"].dtype

@@ -236,7 +236,8 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
                   "by_writer": by_writer, **({"widths": widths} if widths else {})}
     zs = att.zarr_store()     # the outputs as stored: small ones read in one pass, bigger ones block by block;
     staged = None if any(st[o] == "reduce" for o in plan.outputs) else shared["staged"]   # (a one-chunk run's: its bytes)
-    stored = open_variables(zs, out_g, plan.outputs, lazy=EAGER_BYTES, labels=labels.held(out_g), staged=staged)
+    stored = open_variables(zs, out_g, plan.outputs, lazy=EAGER_BYTES, staged=staged,   # labels: not read back
+                            labels=labels.held(out_g) if staged else labels.known(out_g, full_coords))
     logits = staged_values(staged, f"{scr_g}/{HEAD_LOGITS}/{HEAD_LOGITS}") if staged else None
     if logits is None:
         logits = variable_values(zs, scr_g, HEAD_LOGITS)        # its numbers only: no pair labels read

@@ -20,13 +20,14 @@ import time
 import numpy as np
 import pandas as pd
 import xarray as xr
+from xarray.indexes import PandasIndex
 
 from ..errors import StoreError
 from ..store.digest import values_digest
 from ..store.groups import (VARIABLES, WRITE_KW, group_labels, label_dataset, set_group_attrs, variable_dataset,
                            with_checksum, write_labels)
 from ..store.staged import update_staged_group
-from ..store.zarr_io import plain_region, write_new_groups, write_regions
+from ..store.zarr_io import plain_region, vlen_strings, write_new_groups, write_regions
 
 
 def pad_widths(v: xr.DataArray, widths: dict, where: str) -> xr.DataArray:
@@ -77,6 +78,12 @@ class GroupLabels:
 
     def held(self, group):
         return self._memo.get(group)
+
+    def known(self, group, pair_coords):
+        """The group's labels when read already, else the run's own (``run_labels(pair_coords)``: the labels the
+        skeleton wrote, as read back), not read from the store."""
+        held = self._memo.get(group)
+        return held if held is not None else run_labels(pair_coords)
 
 
 def ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skeleton", labels=True,
@@ -130,16 +137,78 @@ def _decoded_once(groups) -> list:
     """``groups`` with each distinct ``pair_coords`` (a ``context.PairLabels`` decodes its labels anew on every
     access) decoded once: the ``pair`` ids as one object-dtype ``pandas.Index`` every template shares (pandas
     would otherwise build an index of its own string dtype per template, re-materialising every id on each
-    read), the other labels as arrays: per-pair strings are held once, not once per variable."""
+    read), the other labels as arrays (text as ``store.zarr_io.vlen_strings``: the same stored bytes as
+    fixed-width unicode, a third of its memory for short labels): per-pair strings are held once, not once per variable."""
     done = {}
     out = []
     for group, res, pair_coords in groups:
         if id(pair_coords) not in done:
             d = {k: pair_coords[k] for k in pair_coords}
+            d = {k: _vlen_label(v) if k != "pair" else v for k, v in d.items()}
             d["pair"] = pd.Index(np.asarray(d["pair"], dtype=object), dtype=object, name="pair")
             done[id(pair_coords)] = d
         out.append((group, res, done[id(pair_coords)]))
     return out
+
+
+def run_labels(pair_coords) -> xr.Dataset:
+    """The run's pair labels (``pair_coords``: ``RunContext.pair_coords``, e.g. a ``context.PairLabels``) as the
+    coords-only Dataset ``store.groups.group_labels`` reads back from a group the skeleton wrote them to: the same
+    names, dims, values and dtypes (``pair`` ids as the index; text labels as zarr reads them,
+    ``store.zarr_io.vlen_strings``; flags as bools), built without reading the store (issue 40 item 5). From a
+    ``PairLabels``'s UTF-8 bytes the ids' index is an Arrow string array made from those bytes, not through a
+    Python string per id (pandas' own ``str`` dtype, as it indexes the strings zarr reads)."""
+    raw = getattr(pair_coords, "raw", None)
+    fast = _bytes_index(raw("pair")) if raw is not None else None
+    coords = {}
+    for k in pair_coords:
+        b = raw(k) if fast is not None and k != "pair" else None
+        if b is not None:
+            try:
+                coords[k] = ("pair", b.astype(np.dtypes.StringDType()))    # numpy decodes the UTF-8 bytes
+                continue
+            except UnicodeDecodeError:                                     # (e.g. a lone surrogate): decoded below
+                pass
+        if k != "pair" or fast is None:
+            v = pair_coords[k]
+            v = np.asarray(v) if k == "pair" else v[1]
+            v = vlen_strings(v) if v.dtype.kind == "U" else v
+            coords[k] = v if k == "pair" else ("pair", v)
+    if fast is None:
+        return xr.Dataset(coords=coords)
+    index = PandasIndex(fast, "pair", coord_dtype=np.dtypes.StringDType())
+    return xr.Dataset(coords=xr.Coordinates(index.create_variables(), {"pair": index})).assign_coords(coords)
+
+
+def _bytes_index(raw) -> pd.Index | None:
+    """The ``pair`` index of fixed-width UTF-8 bytes ``raw`` (trailing NULs not part of a value), in pandas'
+    ``str`` dtype over an Arrow string array built from the bytes; None where that is not how pandas holds
+    strings (no pyarrow, numpy < 2) or the bytes are not valid UTF-8 (the caller decodes them)."""
+    dtype = pd.Index(np.array(["a"])).dtype
+    if raw is None or getattr(dtype, "storage", None) != "pyarrow" or not hasattr(np.dtypes, "StringDType"):
+        return None
+    import pyarrow as pa
+
+    n, w = len(raw), raw.dtype.itemsize
+    u8 = raw.view(np.uint8).reshape(n, w)
+    nz = u8 != 0
+    lengths = np.where(nz.any(axis=1), w - np.argmax(nz[:, ::-1], axis=1), 0)
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    data = u8[np.arange(w) < lengths[:, None]]                 # each row's bytes, concatenated in order
+    try:
+        arr = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+        arr = arr.cast(pa.string())                              # validates the UTF-8
+    except pa.ArrowInvalid:
+        return None
+    return pd.Index(pd.array(arr, dtype=dtype), name="pair", copy=False)
+
+
+def _vlen_label(v):
+    """A ``("pair", fixed-width unicode)`` label as ``("pair", vlen_strings(...))``; any other label as it is."""
+    if isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], np.ndarray) and v[1].dtype.kind == "U":
+        return v[0], vlen_strings(v[1])
+    return v
 
 
 def _labels_of(pair_coords) -> dict:

@@ -334,7 +334,7 @@ def open_variables(zstore, group: str, names=None, *, lazy: bool = True, digests
         from reward_lens_spec.store.zarr_io import read_groups
 
         cap = ONE_PASS_BYTES if lazy is False else min(lazy, ONE_PASS_BYTES)
-        lab, read = pre or read_groups(zstore, group, want, shared=("pair",), max_bytes=cap)
+        lab, read = pre or read_groups(zstore, group, want, shared=("pair",), max_bytes=cap, own=labels is None)
         labels = _as_labels(lab) if labels is None else labels
     elif labels is None:
         labels = group_labels(zstore, group)

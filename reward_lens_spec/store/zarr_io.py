@@ -75,12 +75,20 @@ def encoded(ds: xr.Dataset) -> tuple[dict, list]:
     return {k: encode_zarr_attr_value(a) for k, a in attrs.items()}, [(str(k), v) for k, v in variables.items()]
 
 
+def vlen_strings(a: np.ndarray) -> np.ndarray:
+    """Fixed-width unicode ``a`` as the variable-length strings zarr reads a ``string`` array back as: numpy's
+    ``StringDType`` (numpy ≥ 2: no Python string per element; issue 40 item 5), else xarray's object strings.
+    Either is stored as the same ``string`` array (document and vlen-utf8 chunks; ``tests/test_store_direct.py``)."""
+    sdt = getattr(np.dtypes, "StringDType", None)
+    return a.astype(sdt() if sdt is not None else create_vlen_dtype(str))
+
+
 def _vlen(v: xr.Variable) -> xr.Variable:
-    """Fixed-width unicode as xarray's variable-length string dtype (an object array marked ``str``: xarray's
-    encoder then keeps it as it is instead of inferring each element's type, the same array it infers)."""
+    """Fixed-width unicode as variable-length strings (``vlen_strings``), which xarray's encoder keeps as they
+    are instead of inferring each element's type."""
     if v.dtype.kind != "U":
         return v
-    return xr.Variable(v.dims, v.values.astype(create_vlen_dtype(str)), v.attrs,   # fastpath: no pandas round trip
+    return xr.Variable(v.dims, vlen_strings(v.values), v.attrs,   # fastpath: no pandas round trip
                        {k: e for k, e in v.encoding.items() if k != "dtype"}, fastpath=True)
 
 
@@ -275,7 +283,7 @@ def decoded(variables: dict, attrs: dict) -> xr.Dataset:
 
 
 def read_groups(zstore, group: str, children, *, shared=(), max_bytes: int | None = None,
-                root_max_bytes: int | None = None) -> tuple[xr.Dataset | None, dict]:
+                root_max_bytes: int | None = None, own: bool = True) -> tuple[xr.Dataset | None, dict]:
     """``group`` and its child groups ``children``, each as ``xr.open_zarr(..., chunks=None)`` decodes it
     (the same variables, attrs and encoding; no default indexes built: a caller building DataArrays makes
     its own) with its data read now: every metadata document and array in one concurrent pass.
@@ -285,7 +293,9 @@ def read_groups(zstore, group: str, children, *, shared=(), max_bytes: int | Non
     child whose variable (the array named as the child) holds more is not read (None in the returned dict:
     open it lazily instead). ``root_max_bytes``: when ``group``'s own arrays hold more together, nothing is read
     and ``(None, {})`` comes back (open it lazily instead). Returns ``(group's Dataset, {child: Dataset or
-    None})``; ``KeyError`` for a child that is not a group of arrays.
+    None})``; ``KeyError`` for a child that is not a group of arrays. ``own=False``: ``group``'s own arrays are
+    not read (its Dataset comes back empty; ``shared`` still names what the children skip): a caller holding
+    them already (the pair labels of a run, issue 40 item 5).
     """
     import zarr.api.asynchronous as za
     from zarr.core.sync import sync
@@ -297,6 +307,8 @@ def read_groups(zstore, group: str, children, *, shared=(), max_bytes: int | Non
         if root_max_bytes is not None and sum(n.nbytes for n in picked[""].values()) > root_max_bytes:
             return None, None
         skip = set(shared) & set(picked[""])
+        if not own:
+            picked[""] = {}
         for c in children:
             if not hasattr(nodes.get(c), "members"):
                 raise KeyError(f"{group}/{c}: no such group")
