@@ -94,7 +94,8 @@ def summary_of(ds) -> dict:
             other = [d for d in var.dims if d != "pair"]
             n = int(np.isfinite(var).any(other).sum()) if other else int(np.isfinite(var).sum())
         rows.append({"variable": name, "dims": list(var.dims), "units": str(var.attrs.get("units", "")),
-                     "summary": summary_cell(var), "n_pairs": n, "gauge": str(var.attrs.get("gauge", ""))})
+                     "summary": summary_cell(var, None if n is None else n > 0),   # n > 0: a finite cell
+                     "n_pairs": n, "gauge": str(var.attrs.get("gauge", ""))})
     out = {"rows": rows}
     if "margin" in ds and "pair" in ds["margin"].dims:
         margin = ds["margin"].transpose("pair", ...)

@@ -76,10 +76,12 @@ def _constant_sum_dim(var) -> str | None:
         if d == "pair" or var.sizes[d] < 2:
             continue
         s = var.sum(d, skipna=False)
-        finite = s.where(np.isfinite(s))
         n = int(np.isfinite(s).sum())
+        if n == 0:                      # no finite slice: no min or max to read (one pass over the data, not three)
+            continue
+        finite = s.where(np.isfinite(s))
         lo, hi = float(finite.min(skipna=True)), float(finite.max(skipna=True))
-        if n == 0 or abs(hi - lo) > SUM_RTOL * max(1.0, abs(hi)):
+        if abs(hi - lo) > SUM_RTOL * max(1.0, abs(hi)):
             continue
         if n >= 2 or (var.attrs.get("units") == "fraction" and abs(hi - 1.0) <= SUM_RTOL):
             return d
@@ -96,11 +98,13 @@ def _per_element(var, d) -> str:
     return f"peak at {labels[k]} ({_f(float(vals[k]))})"
 
 
-def summary_cell(var) -> str:
-    """The statistic that fits ``var`` (an ``xarray.DataArray``, any dims), as one named cell of text."""
+def summary_cell(var, finite: bool | None = None) -> str:
+    """The statistic that fits ``var`` (an ``xarray.DataArray``, any dims), as one named cell of text.
+    ``finite``: whether ``var`` has a finite cell, when the caller knows it already (a lazily read output is
+    then not read once more to find out); None: read."""
     if var.size == 0:
         return "(empty)"
-    if not bool(np.isfinite(var).any()):
+    if not (bool(np.isfinite(var).any()) if finite is None else finite):
         return "(no finite)"
     for rule in (_interval, _off_diagonal):
         cell = rule(var)
