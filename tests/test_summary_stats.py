@@ -103,3 +103,32 @@ def test_a_rerun_prints_the_same_table_from_the_run_document(tmp_path):
     assert len(t1) == 2 and t1 == t2
     margin = first.result["margin"].values
     assert np.isclose(_num(t1[0], "mean "), margin.mean(), rtol=1e-3)
+
+
+def _lazy_grids():
+    """A dla-like grid (pair × layer × component: the embedding only at layer -1, so no sum over a dim is finite)
+    and a finite pair × layer × head grid, in blocks of 10 pairs as a completion reads them (dask)."""
+    dla = RNG.normal(size=(40, 3, 3))
+    dla[:, 0, 1:] = np.nan
+    dla[:, 1:, 0] = np.nan
+    heads = RNG.normal(size=(40, 3, 4))
+    coords = {"layer": [-1, 0, 1]}
+    return xr.Dataset({"dla": (("pair", "layer", "component"), dla), "dla_heads": (("pair", "layer", "head"), heads)},
+                      coords={**coords, "component": ["embed", "attn", "mlp"]}).chunk({"pair": 10})
+
+
+def test_a_lazily_read_output_is_not_read_for_answers_the_summary_knows():
+    """Issue 40 item 5: the completion's summary reads the stored blocks once per statistic it uses: no pass for
+    "any finite cell" (its finite pairs say) nor for the min and max of a sum with no finite slice. The summary is
+    the one of the same values in memory (main read them 18 times here: fails)."""
+    from dask.callbacks import Callback
+
+    ds = _lazy_grids()
+    passes = []
+    with Callback(start=lambda dsk: passes.append(1)):
+        lazy = summary_of(ds)
+    assert lazy == summary_of(ds.load())
+    assert [r["summary"].split()[0] for r in lazy["rows"]] == ["mean", "mean"]
+    # dla: its finite pairs, the finite slices of its two sums, its mean; dla_heads: its finite pairs, count,
+    # min and max of each of its two sums, its mean
+    assert len(passes) == 4 + 8
