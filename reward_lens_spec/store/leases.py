@@ -53,6 +53,13 @@ def fenced_store(zstore, guard):
     return store
 
 
+def fenced_parts(zstore):
+    """``(guard, the store it wraps)`` of a store ``fenced_store`` made; None for any other store."""
+    if _FENCED and isinstance(zstore, _FENCED[0]):
+        return zstore._guard, zstore._store
+    return None
+
+
 _FENCED = []
 
 

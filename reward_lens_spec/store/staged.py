@@ -57,7 +57,7 @@ def update_staged_group(zstore, staged: dict, group: str, attrs: dict) -> None:
     key = f"{group}/zarr.json"
     doc = GroupMetadata(attributes={**staged_attrs(staged, group), **attrs}, zarr_format=3)
     staged[key] = doc.to_buffer_dict(proto())["zarr.json"]
-    sync(put_fenced(zstore, [(key, staged[key])], False))
+    sync(put_fenced(zstore, [([(key, staged[key])], False)]))
 
 
 def staged_values(staged: dict, path: str) -> np.ndarray | None:
@@ -74,14 +74,19 @@ def staged_values(staged: dict, path: str) -> np.ndarray | None:
     if any(k in attrs for k in cf) or ("_FillValue" in attrs and not np.isnan(
             FillValueCoder.decode(attrs["_FillValue"], arr.dtype))):
         return None
-    return _values(staged, path)
+    return _values(staged, path, arr)
 
 
-def _values(staged, path: str) -> np.ndarray | None:
-    """A C-ordered copy of the values written at array ``path`` (``zarr_io.Written.arrays``), as a read of
-    the whole array returns them; None when none were kept (an array created without its data)."""
+def _values(staged, path: str, arr) -> np.ndarray | None:
+    """A copy of the values written at array ``path`` (``zarr_io.Written.arrays``) as zarr's read of the whole
+    array ``arr`` returns them: a new C-ordered array of its native dtype object (e.g. ``dtype('<f8')``, not
+    ``float64``: xarray's encoding keeps it). None when none were kept (an array created without its data)."""
     kept = staged.arrays.get(path)
-    return None if kept is None else np.array(kept, order="C")
+    if kept is None:
+        return None
+    out = np.empty(kept.shape, dtype=arr.metadata.data_type.to_native_dtype())
+    out[...] = kept
+    return out
 
 
 def read_staged(staged: dict, group: str, children, *, shared=(), max_bytes: int | None = None
@@ -108,7 +113,7 @@ def read_staged(staged: dict, group: str, children, *, shared=(), max_bytes: int
             return None
         out = {}
         for name, arr in found.items():
-            values = _values(staged, f"{p}/{name}")
+            values = _values(staged, f"{p}/{name}", arr)
             if values is None:
                 return False                  # created without its data: read it from the store
             v = as_read(arr, values)

@@ -148,29 +148,79 @@ def stage(first: dict, then: dict, attrs_of=None, kept: dict | None = None) -> t
 async def _upload(zstore, staged: dict, paths: list, last: str | None) -> None:
     """Copy ``staged`` (key -> Buffer) into ``zstore``: first refuse when a group in ``paths`` exists (as
     ``mode="w-"`` does), then every key under ``paths`` concurrently, ``last`` after them; keys above them
-    (parent groups zarr made implicitly) only where absent, so nothing stored is replaced."""
+    (parent groups zarr made implicitly) only where absent, so nothing stored is replaced. A fenced store
+    checks its writer's role before each of the three batches; on a synchronous filesystem (``_sync_target``)
+    all of it runs in order in one worker-thread call."""
     from zarr.errors import ContainsGroupError
 
-    found = await asyncio.gather(*(zstore.exists(f"{p}/zarr.json") for p in paths))
+    inside = tuple(f"{p}/" for p in paths)
+    batches = [([(k, staged[k]) for k in staged if not k.startswith(inside) and k != last], True),
+               ([(k, staged[k]) for k in staged if k.startswith(inside) and k != last], False)]
+    if last is not None:
+        batches.append(([(last, staged[last])], False))
+    checks = [f"{p}/zarr.json" for p in paths]
+    target = await _sync_target(zstore)
+    if target is not None:
+        found = await asyncio.to_thread(_put_sync, *target, batches, checks)
+    else:
+        found = await asyncio.gather(*(zstore.exists(k) for k in checks))
     if any(found):
         raise ContainsGroupError(f"a group exists at {[p for p, f in zip(paths, found) if f]}; "
                                  "nothing was written there")
-    inside = tuple(f"{p}/" for p in paths)
-    ours = [k for k in staged if k.startswith(inside) and k != last]
-    parents = [k for k in staged if not k.startswith(inside) and k != last]
-    await put_fenced(zstore, [(k, staged[k]) for k in parents], True)
-    await put_fenced(zstore, [(k, staged[k]) for k in ours], False)
-    if last is not None:
-        await zstore.set(last, staged[last])
+    if target is None:
+        await put_fenced(zstore, batches)
 
 
-async def put_fenced(zstore, items: list, if_absent: bool) -> None:
-    """Every ``(key, Buffer)`` of ``items`` stored concurrently (``if_absent``: only where no key is); a fenced
-    store (``store.leases.fenced_store``) checks its writer's role once for the batch."""
-    if hasattr(zstore, "set_all"):
-        await zstore.set_all(items, if_absent=if_absent)
+async def put_fenced(zstore, batches: list) -> None:
+    """Each ``(items, if_absent)`` of ``batches`` in order: every ``(key, Buffer)`` of ``items`` stored
+    concurrently (``if_absent``: only where no key is); a fenced store (``store.leases.fenced_store``) checks its
+    writer's role once per batch, before it. On a synchronous filesystem (``_sync_target``) every batch runs in
+    one worker-thread call."""
+    target = await _sync_target(zstore)
+    if target is not None:
+        await asyncio.to_thread(_put_sync, *target, batches)
         return
-    await put_many(zstore, items, if_absent)
+    for items, if_absent in batches:
+        if hasattr(zstore, "set_all"):
+            await zstore.set_all(items, if_absent=if_absent)
+        else:
+            await put_many(zstore, items, if_absent)
+
+
+async def _sync_target(zstore) -> tuple | None:
+    """``(guard, filesystem, root)`` when ``zstore``, or the store a fenced store wraps (``guard``: its role
+    check, else None), is a writable ``FsspecStore`` over a synchronous filesystem (zarr wraps each of its calls
+    in its own worker-thread hop, e.g. ``memory://``, local files); the store is opened as its ``set`` opens it.
+    None for any other store."""
+    from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
+    from zarr.storage import FsspecStore
+
+    from .leases import fenced_parts
+
+    guard, inner = fenced_parts(zstore) or (None, zstore)
+    if not (isinstance(inner, FsspecStore) and isinstance(inner.fs, AsyncFileSystemWrapper)) or inner.read_only:
+        return None
+    if not inner._is_open:
+        await inner._open()
+    return guard, inner.fs.sync_fs, inner.path.rstrip("/")
+
+
+def _put_sync(guard, fs, root: str, batches: list, checks=()) -> list:
+    """In this thread: whether each key of ``checks`` exists; when none does, each ``(items, if_absent)`` of
+    ``batches`` in order, ``guard()`` (when given) first, every key stored as ``FsspecStore.set`` stores it
+    (``fs.pipe_file`` of its bytes; ``if_absent``: only where ``fs.exists`` says no key is). Returns the
+    checks' answers."""
+    path = (lambda k: f"{root}/{k}") if root else (lambda k: k)
+    found = [fs.exists(path(k)) for k in checks]
+    if any(found):
+        return found
+    for items, if_absent in batches:
+        if guard is not None:
+            guard()
+        for k, v in items:
+            if not (if_absent and fs.exists(path(k))):
+                fs.pipe_file(path(k), v.to_bytes())
+    return found
 
 
 async def put_many(zstore, items: list, if_absent: bool = False) -> None:
