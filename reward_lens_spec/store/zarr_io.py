@@ -188,17 +188,14 @@ async def put_fenced(zstore, batches: list) -> None:
 
 
 async def _sync_target(zstore) -> tuple | None:
-    """``(guard, filesystem, root)`` when ``zstore``, or the store a fenced store wraps (``guard``: its role
-    check, else None), is a writable ``FsspecStore`` over a synchronous filesystem (zarr wraps each of its calls
-    in its own worker-thread hop, e.g. ``memory://``, local files); the store is opened as its ``set`` opens it.
-    None for any other store."""
-    from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
+    """``(guard, filesystem, root)`` when ``zstore``, or the store a fenced store wraps (``store.leases``:
+    ``fence_parts()``; ``guard`` its role check, else None), is a writable ``FsspecStore`` over a synchronous
+    filesystem in fsspec's async wrapper (``sync_fs``: zarr makes each of its calls its own worker-thread hop,
+    e.g. ``memory://``, local files); the store is opened as its ``set`` opens it. None for any other store."""
     from zarr.storage import FsspecStore
 
-    from .leases import fenced_parts
-
-    guard, inner = fenced_parts(zstore) or (None, zstore)
-    if not (isinstance(inner, FsspecStore) and isinstance(inner.fs, AsyncFileSystemWrapper)) or inner.read_only:
+    guard, inner = zstore.fence_parts() if hasattr(zstore, "fence_parts") else (None, zstore)
+    if not (isinstance(inner, FsspecStore) and hasattr(inner.fs, "sync_fs")) or inner.read_only:
         return None
     if not inner._is_open:
         await inner._open()
