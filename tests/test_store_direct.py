@@ -259,15 +259,15 @@ def _same_encoding(ea: dict, eb: dict, where) -> None:
 
 
 def test_read_staged_equals_a_read_of_the_store(tmp_path):
-    """What ``write_new_groups`` wrote, decoded from the keys it hands back (``read_staged``: no store read),
-    is what ``read_groups`` reads from the store: every variable, value, dtype, attr and encoding; a group it
-    did not write gives None; a flipped bit in a staged chunk fails its crc32c checksum."""
+    """What ``write_new_groups`` wrote, built from the values it kept (``read_staged``: no store read, no
+    decode of its bytes), is what ``read_groups`` reads from the store: every variable, value, dtype, attr and
+    encoding, in arrays of its own; a group it did not write, or an array kept without its values, gives None."""
     from reward_lens_spec.store.staged import read_staged
-    from reward_lens_spec.store.zarr_io import write_new_groups
+    from reward_lens_spec.store.zarr_io import Written, write_new_groups
 
     res = mixed()
     zs = new_store(tmp_path / "s")
-    staged: dict = {}
+    staged = Written()
     pair = res["margin"]["pair"].variable
     shared = shared_pair_labels(res)
     from reward_lens_spec.store.groups import label_dataset, with_checksum
@@ -283,6 +283,9 @@ def test_read_staged_equals_a_read_of_the_store(tmp_path):
         for k in w.variables:
             assert g.variables[k].identical(w.variables[k]), (where, k)
             assert g.variables[k].dtype == w.variables[k].dtype, (where, k)
+            assert type(g.variables[k].data) is type(w.variables[k].data), (where, k)
+            assert g.variables[k].values.flags.c_contiguous, (where, k)
+            assert not any(np.shares_memory(g.variables[k].values, a) for a in staged.arrays.values()), (where, k)
             _same_encoding(g[k].encoding, w[k].encoding, (where, k))
     assert read_staged(staged, "obs", ["nope"]) is None and read_staged(staged, "other", []) is None
     # a float array's values alone (a run's head logits), as plain xarray reads them; None for what it decodes
@@ -296,12 +299,10 @@ def test_read_staged_equals_a_read_of_the_store(tmp_path):
     assert np.array_equal(got, want, equal_nan=True) and np.array_equal(got, logits, equal_nan=True)
     for other in ("count", "when", "lens", "nope"):         # ints, times, units (maybe a time): xarray decodes
         assert staged_values(staged, f"obs/{other}/{other}") is None, other
-    key = next(k for k in staged if k.startswith("obs/lens/lens/c"))
-    raw = bytearray(staged[key].to_bytes())
-    raw[len(raw) // 2] ^= 0x01
-    staged[key] = type(staged[key]).from_bytes(bytes(raw))
-    with pytest.raises(Exception, match="(?i)checksum|crc"):
-        read_staged(staged, "obs", ["lens"], shared=("pair",))
+    del staged.arrays["obs/lens/lens"]
+    assert read_staged(staged, "obs", ["lens"], shared=("pair",)) is None
+    staged.clear()
+    assert not staged and not staged.arrays
 
 
 def test_label_chunks_reused_only_for_equal_values(tmp_path):
@@ -340,3 +341,55 @@ def test_opened_variables_carry_the_coords_encoding_a_plain_read_gives(tmp_path)
     a, b = got["margin"], got["count"]
     assert a.coords.variables["dimension"] is not b.coords.variables["dimension"]
     assert not np.shares_memory(a["flag"].values, group_labels(zs, "obs")["flag"].values)
+
+
+def test_upload_to_a_synchronous_filesystem_is_one_worker_call_with_each_batch_fenced(tmp_path, monkeypatch):
+    """On ``memory://`` (a synchronous filesystem zarr wraps call by call) a fenced ``write_new_groups`` runs
+    its existence checks and its three batches in one worker-thread call, in the same order: the writer's role
+    checked before the parents' documents, before the new keys, and before the group document stored last;
+    the keys are those the generic route stores (a local store); an existing group refuses before anything
+    is written, and a failed role check stops the upload there."""
+    import asyncio
+    import uuid
+
+    from reward_lens_spec.store.groups import label_dataset, with_checksum
+    from reward_lens_spec.store.leases import fenced_store
+    from reward_lens_spec.store.zarr_io import write_new_groups
+
+    res = mixed()
+    pair, shared = res["margin"]["pair"].variable, shared_pair_labels(res)
+    first = {"a/obs": label_dataset(pair, shared, direct=True)}
+    then = {f"a/obs/{n}": with_checksum(da.drop_vars([k for k in shared if k in da.coords]).to_dataset(name=n))
+            for n, da in res.items()}
+    url = f"memory://direct-{uuid.uuid4().hex}"
+    inner = zarr.storage.FsspecStore.from_url(url)
+    fs = inner.fs.sync_fs
+    root = inner.path.rstrip("/")
+    seen = []
+
+    def guard():
+        seen.append(sorted(k[len(root) + 1:] for k in fs.find(root)))
+        if len(seen) == fail_at:
+            raise StoreError("role lost")
+
+    hops = []
+    real = asyncio.to_thread
+    monkeypatch.setattr(asyncio, "to_thread", lambda f, *a, **k: (hops.append(f), real(f, *a, **k))[1])
+    fail_at = None
+    write_new_groups(fenced_store(inner, guard), first, then, attrs_of=("a/obs", {"x": 1}))
+    assert len(hops) == 1 and len(seen) == 3
+    assert seen[0] == [] and seen[1] == ["a/zarr.json", "zarr.json"] and "a/obs/zarr.json" not in seen[2]
+    local = new_store(tmp_path / "l")
+    write_new_groups(local, first, then, attrs_of=("a/obs", {"x": 1}))
+    got = {k[len(root) + 1:]: fs.cat_file(k) for k in fs.find(root)}
+    got = {k: json.loads(v) if k.endswith("zarr.json") else v for k, v in got.items()}
+    assert got == files(str(tmp_path / "l"))
+    with pytest.raises(zarr.errors.ContainsGroupError):
+        write_new_groups(fenced_store(inner, guard), {}, {"a/obs/margin": then["a/obs/margin"]})
+    assert len(seen) == 3
+    other = zarr.storage.FsspecStore.from_url(f"memory://direct-{uuid.uuid4().hex}")
+    seen.clear()
+    fail_at = 2
+    with pytest.raises(StoreError, match="role lost"):
+        write_new_groups(fenced_store(other, guard), first, then)
+    assert sorted(k.rsplit("/", 1)[-1] for k in other.fs.sync_fs.find(other.path)) == ["zarr.json"] * 2

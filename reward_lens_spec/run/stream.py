@@ -52,16 +52,16 @@ from ..store.published import HIDDEN
 from ..store.stored_inputs import StoredInputs
 from ..store.writer import check_storable, discard_unstarted, observable_attrs, with_digests
 from ..store.staged import staged_values
+from ..store.zarr_io import Written
 from .chunk_checks import unverified_chunks
-from .stream_arrays import (ensure_skeleton, label_group, labels_once, pad_widths, region_digests,
-                            write_region)
+from .stream_arrays import ensure_skeleton, label_group, labels_once, pad_widths, region_digests, write_region
 
 SCRATCH = "_stage"           # not a valid observable name (store.writer.check_name), so no clash
 READOUT_H = "readout_h"
 HEAD_LOGITS = "head_logits"  # the model's own head output (pair × side × output): the identities' reference
 EAGER_BYTES = 2**20         # an output up to this size is read whole when the run completes; a bigger one lazily
 KEEP_PREFIX_MAX = 64         # patched rows whose prefix KV cache a capture keeps (capture(keep_prefix=))
-STAGED_BYTES = 16 * 2**20    # a one-chunk run up to this size keeps the bytes it wrote for its completion (store.staged)
+STAGED_BYTES = 16 * 2**20    # a one-chunk run up to this size keeps what it wrote for its completion (store.staged)
 
 
 @dataclass
@@ -190,7 +190,7 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
                   positions=pair_positions(pairs, enc.pair_ids),      # a chunk's operators see its pairs only
                   st=st, ps=ps, slices=slices, keep=keep, capture_kw=capture_kw, frame=frame, need_h=need_h,
                   full_coords=full_coords, groups=(out_g, scr_g), size=store_spec.chunk_pairs,
-                  keep_context=keep_context, staged={},   # keys written with their data (a one-chunk run)
+                  keep_context=keep_context, staged=Written(),   # keys and values written (a one-chunk run)
                   pads={name: {d: widths[d] for d in dims} for name, dims in data_dims(plan).items()})
     done = att.chunks_done()
     ours = [k for k in range(len(slices)) if k % store_spec.shards == store_spec.shard]
@@ -235,7 +235,7 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     chunk_info = {"n": len(slices), "chunk_pairs": store_spec.chunk_pairs, "shards": store_spec.shards,
                   "by_writer": by_writer, **({"widths": widths} if widths else {})}
     zs = att.zarr_store()     # the outputs as stored: small ones read in one pass, bigger ones block by block;
-    staged = None if any(st[o] == "reduce" for o in plan.outputs) else shared["staged"]   # (a one-chunk run's: its bytes)
+    staged = None if any(st[o] == "reduce" for o in plan.outputs) else shared["staged"]   # (a one-chunk run's: its values)
     stored = open_variables(zs, out_g, plan.outputs, lazy=EAGER_BYTES, staged=staged,   # labels: not read back
                             labels=labels.held(out_g) if staged else labels.known(out_g, full_coords))
     logits = staged_values(staged, f"{scr_g}/{HEAD_LOGITS}/{HEAD_LOGITS}") if staged else None

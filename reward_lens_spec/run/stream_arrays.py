@@ -87,15 +87,16 @@ class GroupLabels:
 
 
 def ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skeleton", labels=True,
-                    filled=False, staged: dict | None = None) -> bool:
+                    filled=False, staged=None) -> bool:
     """Create every run array of one pass once per attempt (full pair length, zarr chunks = run chunks):
     each group holds the run's pair labels once (written with the first pass's skeleton, ``labels``),
     each variable its own group (``store.groups``) with its own coords; then marker ``marker``.
     ``filled``: the run is this one chunk (``groups`` hold every pair), so the first holder writes each
     array with its data in the same pass (the bytes a region write of the whole run would store); returns
     True when it did (no region write follows), False when the arrays wait for their regions. ``staged``: a
-    dict given every key the first holder wrote with the data (``zarr_io.write_new_groups``), so the run's
-    completion decodes those bytes instead of reading them back (``store.staged.read_staged``)."""
+    ``zarr_io.Written`` given every key the first holder wrote with the data and the values it wrote
+    (``zarr_io.write_new_groups``), so the run's completion takes those instead of reading them back
+    (``store.staged.read_staged``)."""
     wrote = False
     while att.marker(marker) is None:
         if not att.claim(marker):

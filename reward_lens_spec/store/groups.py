@@ -302,8 +302,9 @@ def open_variables(zstore, group: str, names=None, *, lazy: bool = True, digests
     (``store.digest``), checked as each variable is read (``open_variable``); a variable it lacks, or a
     listed variable missing from it, raises ``DigestError``. ``labels``: the group's pair labels
     (``group_labels``) when the caller read them already (a streamed run opens its groups several times).
-    ``staged``: the keys this process wrote there (``zarr_io.write_new_groups(staged=)``): ``names`` read
-    eagerly are decoded from those bytes (``store.staged.read_staged``) when they hold them all, not read back.
+    ``staged``: what this process wrote there (``zarr_io.write_new_groups(staged=)``, a ``zarr_io.Written``):
+    ``names`` read eagerly are built from the values it kept (``store.staged.read_staged``) when it holds them
+    all, not read back.
     """
     if names is not None and not list(names):
         return Result({})

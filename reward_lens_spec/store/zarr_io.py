@@ -18,8 +18,8 @@ anything is written (``mode="w-"``), nothing is ever deleted; writes into existi
 
 ``write_regions`` writes a streamed chunk's regions of existing arrays (numbers and flags; a string or
 CF-encoded variable goes through ``to_zarr(region=...)``) in one concurrent pass, the same bytes.
-``read_groups`` reads groups as ``xr.open_zarr`` decodes them, in one concurrent pass; ``store.staged`` reads
-what ``write_new_groups`` wrote from the bytes it wrote.
+``read_groups`` reads groups as ``xr.open_zarr`` decodes them, in one concurrent pass; ``store.staged`` gives
+what ``write_new_groups`` wrote from the values it kept (``Written``).
 
 ``decoded_as_read`` gives a variable as a reader of those bytes decodes it (xarray's decoder applied to
 the encoded variable), so a writer can digest what it wrote without reading it back.
@@ -92,24 +92,27 @@ def _vlen(v: xr.Variable) -> xr.Variable:
                        {k: e for k, e in v.encoding.items() if k != "dtype"}, fastpath=True)
 
 
-def _group_keys(ds: xr.Dataset) -> tuple[dict, dict]:
-    """``({key: Buffer}, {array: chunk shape})`` of ``ds`` as one new group (keys relative to it): the group
-    document and every array's document and chunks (``store.zarr_sync``: made in this thread by zarr's own
-    classes); a dask-backed variable's array is created, not written (``to_zarr(compute=False)``)."""
+def _group_keys(ds: xr.Dataset, keep: bool) -> tuple[dict, dict, dict]:
+    """``({key: Buffer}, {array: chunk shape}, {array: values})`` of ``ds`` as one new group (keys relative to
+    it): the group document and every array's document and chunks (``store.zarr_sync``: made in this thread by
+    zarr's own classes); a dask-backed variable's array is created, not written (``to_zarr(compute=False)``).
+    ``keep``: the values of each array written with data, as ``zarr_sync.array_keys`` gives them (else {})."""
     from zarr.core.group import GroupMetadata
 
     from .zarr_sync import array_keys
 
     attrs, arrays = encoded(ds)
     keys = {"zarr.json": GroupMetadata(attributes=attrs, zarr_format=3).to_buffer_dict(proto())["zarr.json"]}
-    chunks = {}
+    chunks, kept = {}, {}
     for name, var in arrays:               # one array's encoded copy (strings: Python objects) alive at a time
         kw, data = _array_args(name, _vlen(var))
-        meta, own = array_keys(kw, None if is_chunked_array(data) else data)
+        meta, own, values = array_keys(kw, None if is_chunked_array(data) else data)
         keys.update({f"{name}/{k}": v for k, v in own.items()})
         chunks[name] = tuple(meta.chunks)
-        del kw, data
-    return keys, chunks
+        if keep and values is not None:
+            kept[name] = values
+        del kw, data, values
+    return keys, chunks, kept
 
 
 def proto():
@@ -118,19 +121,23 @@ def proto():
     return default_buffer_prototype()
 
 
-def stage(first: dict, then: dict, attrs_of=None) -> tuple[dict, dict]:
+def stage(first: dict, then: dict, attrs_of=None, kept: dict | None = None) -> tuple[dict, dict]:
     """``({key: Buffer}, {path: {array: chunk shape}})``: each group of ``first``, then of ``then``, encoded
     on its own (so zarr makes no parent documents per array), its keys under the group's path; ``attrs_of =
     (path, attrs)`` added to that group's attrs; each parent group above them that is not one of them gets the
     implicit group document zarr would have made. One Dataset object given for several groups (a run's pair
-    labels in each of its groups) is encoded once. No I/O."""
+    labels in each of its groups) is encoded once. ``kept``: a dict given ``{array path: values}`` of every
+    array written with data (``_group_keys``; one group's arrays the same objects as another's where the
+    Dataset is). No I/O."""
     from zarr.core.group import GroupMetadata
 
     staged, out, own, done = {}, {}, {}, {}
     for p, ds in [*first.items(), *then.items()]:
         if id(ds) not in done:                     # (every ds is held by first/then: no id is reused)
-            done[id(ds)] = _group_keys(ds)
+            done[id(ds)] = _group_keys(ds, kept is not None)
         own[p], out[p] = dict(done[id(ds)][0]), dict(done[id(ds)][1])
+        if kept is not None:
+            kept.update({f"{p}/{name}": v for name, v in done[id(ds)][2].items()})
     if attrs_of is not None:
         g = GroupMetadata.from_dict(json.loads(own[attrs_of[0]]["zarr.json"].to_bytes()))
         g = GroupMetadata(attributes={**g.attributes, **attrs_of[1]}, zarr_format=3)
@@ -149,29 +156,76 @@ def stage(first: dict, then: dict, attrs_of=None) -> tuple[dict, dict]:
 async def _upload(zstore, staged: dict, paths: list, last: str | None) -> None:
     """Copy ``staged`` (key -> Buffer) into ``zstore``: first refuse when a group in ``paths`` exists (as
     ``mode="w-"`` does), then every key under ``paths`` concurrently, ``last`` after them; keys above them
-    (parent groups zarr made implicitly) only where absent, so nothing stored is replaced."""
+    (parent groups zarr made implicitly) only where absent, so nothing stored is replaced. A fenced store
+    checks its writer's role before each of the three batches; on a synchronous filesystem (``_sync_target``)
+    all of it runs in order in one worker-thread call."""
     from zarr.errors import ContainsGroupError
 
-    found = await asyncio.gather(*(zstore.exists(f"{p}/zarr.json") for p in paths))
+    inside = tuple(f"{p}/" for p in paths)
+    batches = [([(k, staged[k]) for k in staged if not k.startswith(inside) and k != last], True),
+               ([(k, staged[k]) for k in staged if k.startswith(inside) and k != last], False)]
+    if last is not None:
+        batches.append(([(last, staged[last])], False))
+    checks = [f"{p}/zarr.json" for p in paths]
+    target = await _sync_target(zstore)
+    if target is not None:
+        found = await asyncio.to_thread(_put_sync, *target, batches, checks)
+    else:
+        found = await asyncio.gather(*(zstore.exists(k) for k in checks))
     if any(found):
         raise ContainsGroupError(f"a group exists at {[p for p, f in zip(paths, found) if f]}; "
                                  "nothing was written there")
-    inside = tuple(f"{p}/" for p in paths)
-    ours = [k for k in staged if k.startswith(inside) and k != last]
-    parents = [k for k in staged if not k.startswith(inside) and k != last]
-    await put_fenced(zstore, [(k, staged[k]) for k in parents], True)
-    await put_fenced(zstore, [(k, staged[k]) for k in ours], False)
-    if last is not None:
-        await zstore.set(last, staged[last])
+    if target is None:
+        await put_fenced(zstore, batches)
 
 
-async def put_fenced(zstore, items: list, if_absent: bool) -> None:
-    """Every ``(key, Buffer)`` of ``items`` stored concurrently (``if_absent``: only where no key is); a fenced
-    store (``store.leases.fenced_store``) checks its writer's role once for the batch."""
-    if hasattr(zstore, "set_all"):
-        await zstore.set_all(items, if_absent=if_absent)
+async def put_fenced(zstore, batches: list) -> None:
+    """Each ``(items, if_absent)`` of ``batches`` in order: every ``(key, Buffer)`` of ``items`` stored
+    concurrently (``if_absent``: only where no key is); a fenced store (``store.leases.fenced_store``) checks its
+    writer's role once per batch, before it. On a synchronous filesystem (``_sync_target``) every batch runs in
+    one worker-thread call."""
+    target = await _sync_target(zstore)
+    if target is not None:
+        await asyncio.to_thread(_put_sync, *target, batches)
         return
-    await put_many(zstore, items, if_absent)
+    for items, if_absent in batches:
+        if hasattr(zstore, "set_all"):
+            await zstore.set_all(items, if_absent=if_absent)
+        else:
+            await put_many(zstore, items, if_absent)
+
+
+async def _sync_target(zstore) -> tuple | None:
+    """``(guard, filesystem, root)`` when ``zstore``, or the store a fenced store wraps (``store.leases``:
+    ``fence_parts()``; ``guard`` its role check, else None), is a writable ``FsspecStore`` over a synchronous
+    filesystem in fsspec's async wrapper (``sync_fs``: zarr makes each of its calls its own worker-thread hop,
+    e.g. ``memory://``, local files); the store is opened as its ``set`` opens it. None for any other store."""
+    from zarr.storage import FsspecStore
+
+    guard, inner = zstore.fence_parts() if hasattr(zstore, "fence_parts") else (None, zstore)
+    if not (isinstance(inner, FsspecStore) and hasattr(inner.fs, "sync_fs")) or inner.read_only:
+        return None
+    if not inner._is_open:
+        await inner._open()
+    return guard, inner.fs.sync_fs, inner.path.rstrip("/")
+
+
+def _put_sync(guard, fs, root: str, batches: list, checks=()) -> list:
+    """In this thread: whether each key of ``checks`` exists; when none does, each ``(items, if_absent)`` of
+    ``batches`` in order, ``guard()`` (when given) first, every key stored as ``FsspecStore.set`` stores it
+    (``fs.pipe_file`` of its bytes; ``if_absent``: only where ``fs.exists`` says no key is). Returns the
+    checks' answers."""
+    path = (lambda k: f"{root}/{k}") if root else (lambda k: k)
+    found = [fs.exists(path(k)) for k in checks]
+    if any(found):
+        return found
+    for items, if_absent in batches:
+        if guard is not None:
+            guard()
+        for k, v in items:
+            if not (if_absent and fs.exists(path(k))):
+                fs.pipe_file(path(k), v.to_bytes())
+    return found
 
 
 async def put_many(zstore, items: list, if_absent: bool = False) -> None:
@@ -191,25 +245,41 @@ async def put_many(zstore, items: list, if_absent: bool = False) -> None:
     await asyncio.gather(*(put(k, v) for k, v in items))
 
 
+class Written(dict):
+    """What ``write_new_groups(staged=)`` wrote under new groups: key -> Buffer, and ``arrays``: array path ->
+    the values its chunks encode, in the dtype zarr reads them back in (``zarr_sync.array_keys``; not copies:
+    a reader copies them). ``clear`` empties both."""
+
+    def __init__(self):
+        super().__init__()
+        self.arrays: dict = {}
+
+    def clear(self) -> None:
+        super().clear()
+        self.arrays.clear()
+
+
 def write_new_groups(zstore, first: dict, then: dict, *, attrs_of: tuple[str, dict] | None = None,
-                     staged: dict | None = None) -> dict:
+                     staged: Written | None = None) -> dict:
     """Create the groups ``first`` (``{path: Dataset}``), then ``then`` (their children), then add
     ``attrs_of = (path, attrs)`` to the attrs of one of them, whose document is stored last.
 
     Encoded in this thread (``stage``: no I/O), then uploaded to ``zstore`` concurrently (one blocking call).
     Every group is created exclusively (``mode="w-"``: ``ContainsGroupError`` when one exists, before anything
-    is written); never deletes. ``staged``: a dict given the keys written under the new groups (key -> Buffer;
-    not the parents' implicit documents), for a reader of what this call wrote (``store.staged.read_staged``). Returns
-    ``{path: {array: chunk shape}}``.
+    is written); never deletes. ``staged``: a ``Written`` given the keys written under the new groups (key ->
+    Buffer; not the parents' implicit documents) and each array's values, for a reader of what this call wrote
+    (``store.staged.read_staged``). Returns ``{path: {array: chunk shape}}``.
     """
     from zarr.core.sync import sync
 
-    keys, chunks = stage(first, then, attrs_of)
+    kept = None if staged is None else {}
+    keys, chunks = stage(first, then, attrs_of, kept)
     last = None if attrs_of is None else f"{attrs_of[0]}/zarr.json"
     sync(_upload(zstore, keys, [*first, *then], last))
     if staged is not None:                 # (not the parents' implicit documents: stored only where absent)
         inside = tuple(f"{p}/" for p in [*first, *then])
         staged.update({k: v for k, v in keys.items() if k.startswith(inside)})
+        staged.arrays.update(kept)
     return chunks
 
 

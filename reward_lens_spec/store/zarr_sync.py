@@ -9,9 +9,8 @@ the caller's thread, each done by the zarr code ``init_array`` and the codec pip
 ``_parse_chunk_encoding_v3``, ``AsyncArray._create_metadata_v3`` and ``ArrayV3Metadata.to_buffer_dict`` make
 the ``zarr.json`` document; each chunk is padded with the fill value past the array's edge as zarr's codec
 pipeline pads it, and encoded by the metadata's own codecs (``_encode_sync``: bytes or vlen-utf8, zstd,
-crc32c). ``tests/test_store_direct.py`` checks every key against ``Dataset.to_zarr``. ``read_array`` decodes
-such keys back (each codec's ``_decode_sync``; a flipped bit fails the crc32c check) into the array zarr's
-``getitem`` returns, with the metadata parsed from the stored document as zarr parses it.
+crc32c). ``tests/test_store_direct.py`` checks every key against ``Dataset.to_zarr``. ``metadata_of`` parses
+a stored document as zarr parses it.
 """
 from __future__ import annotations
 
@@ -100,14 +99,16 @@ def _grid(meta):
         yield coords, tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in zip(coords, chunks, meta.shape))
 
 
-def array_keys(kw: dict, data=None) -> tuple[object, dict]:
-    """``(metadata, {key: Buffer})`` of a new array: its ``zarr.json`` and, when ``data`` is given (a numpy
-    array of ``kw["shape"]``), every chunk as ``AsyncArray.setitem`` of the whole array stores it (written even
-    where it equals the fill value, as ``write_empty_chunks=True``). Keys are relative to the array."""
+def array_keys(kw: dict, data=None) -> tuple[object, dict, np.ndarray | None]:
+    """``(metadata, {key: Buffer}, values)`` of a new array: its ``zarr.json`` and, when ``data`` is given (a
+    numpy array of ``kw["shape"]``), every chunk as ``AsyncArray.setitem`` of the whole array stores it (written
+    even where it equals the fill value, as ``write_empty_chunks=True``); ``values``: ``data`` in the dtype
+    zarr reads it back in (strings: ``StringDType``; maybe ``data`` itself, not a copy), None without data.
+    Keys are relative to the array."""
     key, meta, doc = _document(kw)
     out = {"zarr.json": doc}
     if data is None:
-        return meta, out
+        return meta, out, None
     native = meta.data_type.to_native_dtype()
     value = np.asarray(data)
     if value.dtype.name != native.name:
@@ -118,8 +119,8 @@ def array_keys(kw: dict, data=None) -> tuple[object, dict]:
         vkey = (key, value.dtype.str, tuple(value.ravel().tolist()) if value.dtype.kind in "OT" else value.tobytes())
         if vkey not in _CHUNKS:
             _keep(_CHUNKS, vkey, _chunks(meta, value, native, kw))
-        return meta, {**out, **_CHUNKS[vkey]}
-    return meta, {**out, **_chunks(meta, value, native, kw)}
+        return meta, {**out, **_CHUNKS[vkey]}, value
+    return meta, {**out, **_chunks(meta, value, native, kw)}, value
 
 
 def _chunks(meta, value, native, kw) -> dict:
@@ -146,19 +147,3 @@ def metadata_of(doc) -> object:
     raw = doc.to_bytes() if hasattr(doc, "to_bytes") else doc
     return ArrayV3Metadata.from_dict(json.loads(raw))
 
-
-def read_array(meta, keys: dict) -> np.ndarray:
-    """The whole array ``meta`` describes, decoded from ``keys`` (chunk key -> Buffer, relative to the array),
-    as zarr's ``getitem(...)`` gives it (a missing chunk: the fill value). Raises zarr's codec errors (a
-    failed crc32c checksum) for damaged bytes."""
-    spec = _spec(meta)
-    native = meta.data_type.to_native_dtype()
-    out = np.full(meta.shape, meta.fill_value, dtype=native)
-    for coords, sel in _grid(meta):
-        raw = keys.get(meta.encode_chunk_key(coords))
-        if raw is None:
-            continue
-        for codec in reversed(meta.codecs):
-            raw = codec._decode_sync(raw, spec)
-        out[sel] = raw.as_numpy_array()[tuple(slice(0, s.stop - s.start) for s in sel)]
-    return out
