@@ -18,7 +18,7 @@ from reward_lens_spec.store import open_store, write_run
 from reward_lens_spec.store.groups import (WRITE_KW, ZARR_KW, set_group_attrs, shared_pair_labels,
                                            variable_dataset, write_labels, write_variables, written_digests)
 from reward_lens_spec.store.writer import stored_digests
-from reward_lens_spec.store.zarr_io import read_groups
+from reward_lens_spec.store.zarr_read import read_groups
 
 N = 12
 

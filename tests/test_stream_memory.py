@@ -147,17 +147,17 @@ def test_the_completion_of_a_chunked_run_reads_no_pair_labels_and_returns_the_sa
     import xarray as xr
 
     import reward_lens_spec.store.groups as groups_mod
-    import reward_lens_spec.store.zarr_io as zarr_io
+    import reward_lens_spec.store.zarr_read as zarr_read
 
     lm, pairs = tiny_lm("tiny_llama"), make_pairs(7)
     plan, info = plan_of(lm, "dla")
     whole, _, _ = compute(lm, pairs, plan, info, batch_size=2)          # one chunk: its staged bytes, as before
-    reads, real = [], zarr_io.read_groups
+    reads, real = [], zarr_read.read_groups
 
     def recording(zstore, group, children, **kw):
         reads.append((group, kw.get("own", True)))
         return real(zstore, group, children, **kw)
-    monkeypatch.setattr(zarr_io, "read_groups", recording)
+    monkeypatch.setattr(zarr_read, "read_groups", recording)
     monkeypatch.setattr(groups_mod, "read_groups", recording)
     chunked, _, _ = compute(lm, pairs, plan, info, batch_size=2, chunk_pairs=2)
     assert ("dla", False) in reads and ("dla", True) not in reads, reads

@@ -22,14 +22,14 @@ from xarray.core.indexes import PandasIndex
 from reward_lens_spec.result import Result
 from reward_lens_spec.store._attrs import portable
 from reward_lens_spec.store.digest import values_digest, variable_digest
-from reward_lens_spec.store.zarr_io import decoded_as_read, read_groups
+from reward_lens_spec.store.zarr_read import decoded_as_read, read_groups
 
 VARIABLES = "output_variables"
 ZARR_KW = dict(consolidated=False, zarr_format=3)
 # writes: every chunk is stored, even one equal to the fill value (zarr would otherwise delete its key, and
 # an attempt's arrays are write-once: the fenced store refuses deletes; a missing chunk is then damage)
 WRITE_KW = dict(ZARR_KW, write_empty_chunks=True)
-# reads: variables up to this size come in one concurrent pass (``zarr_io.read_groups``); a bigger one is
+# reads: variables up to this size come in one concurrent pass (``zarr_read.read_groups``); a bigger one is
 # opened on its own (its chunks dominate; measured: a 146 MB array read 0.9 s alone, 1.2 s in the pass)
 ONE_PASS_BYTES = 16 * 2**20
 
@@ -150,7 +150,7 @@ def write_variables(zstore, res, group: str, attrs: dict | None = None, *, label
 
 def written_digests(res, chunks: dict) -> dict | None:
     """``{variable: digest}`` (``store.digest``) of ``res`` as written by ``write_variables`` (``chunks``: what
-    it returned), decoded as a reader decodes the stored bytes (``zarr_io.decoded_as_read``), so equal to
+    it returned), decoded as a reader decodes the stored bytes (``zarr_read.decoded_as_read``), so equal to
     reading them back; None where a reader would see other coords (a pair-dim variable with no ``pair``
     index gets the group's): read them back then."""
     res = Result.of(res)
@@ -190,7 +190,7 @@ def open_variable(zstore, group: str, name: str, *, lazy: bool = True, labels=No
     ``digest``: the variable's sealed digest (``store.digest``): its coords are checked now, its data
     block by block as they are read (now, or when a dask block is computed); a mismatch raises
     ``store.digest.DigestError`` naming ``where`` (run, observable) and the variable.
-    ``read``: the variable's group as ``zarr_io.read_groups`` read it (data in memory), else opened here.
+    ``read``: the variable's group as ``zarr_read.read_groups`` read it (data in memory), else opened here.
     ``known``: digests of the group's labels (``{coord: hex}``), computed once for all its variables.
     """
     if labels is None:
@@ -274,7 +274,7 @@ def _data_array(var: xr.Variable, coords: dict, name: str) -> xr.DataArray:
 
 def group_labels(zstore, group: str) -> xr.Dataset:
     """The group's shared pair labels, as coords (a coords-only group may read them back as data vars): its
-    own arrays, read in one concurrent pass (``zarr_io.read_groups``), decoded as ``xr.open_zarr`` does."""
+    own arrays, read in one concurrent pass (``zarr_read.read_groups``), decoded as ``xr.open_zarr`` does."""
     return _as_labels(read_groups(zstore, group, ())[0])
 
 
@@ -332,7 +332,7 @@ def open_variables(zstore, group: str, names=None, *, lazy: bool = True, digests
                               "run's seal records; the stored data were changed after the run was written.")
     read = {}
     if lazy is not True:              # every small variable's arrays and the labels in one concurrent pass
-        from reward_lens_spec.store.zarr_io import read_groups
+        from reward_lens_spec.store.zarr_read import read_groups
 
         cap = ONE_PASS_BYTES if lazy is False else min(lazy, ONE_PASS_BYTES)
         lab, read = pre or read_groups(zstore, group, want, shared=("pair",), max_bytes=cap, own=labels is None)

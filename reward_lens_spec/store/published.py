@@ -20,9 +20,9 @@ HIDDEN = (VARIABLES, STORED_AS, ATTEMPT, COORDS)     # the group's own bookkeepi
 
 def _dataset(zstore, group: str, lazy) -> xr.Dataset:
     """The group as ``xr.open_zarr(..., chunks=None)`` decodes it: every array read in one concurrent pass
-    (``zarr_io.read_groups``) when ``lazy`` is False and the group is small, else lazily indexed."""
+    (``zarr_read.read_groups``) when ``lazy`` is False and the group is small, else lazily indexed."""
     if lazy is False:                 # one pass: the group's metadata, then its arrays when small enough
-        from reward_lens_spec.store.zarr_io import read_groups
+        from reward_lens_spec.store.zarr_read import read_groups
 
         ds = read_groups(zstore, group, (), root_max_bytes=ONE_PASS_BYTES)[0]
         if ds is not None:

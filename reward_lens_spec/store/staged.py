@@ -3,7 +3,7 @@
 
 A one-chunk run writes each array with its data in its skeleton (``run.stream_arrays.ensure_skeleton``); its
 completion needs those arrays as a reader of the store gets them (values, dtypes, attrs, encoding: the seal's
-digests, the observable group's attrs, the returned result). ``read_staged`` gives what ``zarr_io.read_groups``
+digests, the observable group's attrs, the returned result). ``read_staged`` gives what ``zarr_read.read_groups``
 would read, built in this thread from the values written (a copy of each, in the dtype zarr reads it back in:
 strings as ``StringDType``; the metadata parsed from the stored documents as zarr parses them) by the decoding
 a read goes through; ``staged_values`` one float array's values; ``update_staged_group`` writes a group's new
@@ -22,7 +22,8 @@ from zarr.core.group import GroupMetadata
 from zarr.core.sync import sync
 from zarr.storage import MemoryStore, StorePath
 
-from .zarr_io import as_read, decoded, proto, put_fenced
+from .zarr_io import proto, put_fenced
+from .zarr_read import as_read, decoded
 from .zarr_sync import DOCS_KEPT, metadata_of
 
 
@@ -31,7 +32,7 @@ _ARRAYS: dict = {}       # a stored array document (bytes) -> zarr's AsyncArray 
 
 def _staged_array(doc):
     """zarr's ``AsyncArray`` on the metadata parsed from an array document (``zarr_sync.metadata_of``), as
-    ``zarr_io.as_read`` asks about it; never touches a store; None for a group's document. Made once per distinct
+    ``zarr_read.as_read`` asks about it; never touches a store; None for a group's document. Made once per distinct
     document (the same kinds recur)."""
     raw = doc.to_bytes()
     if raw in _ARRAYS:
