@@ -241,11 +241,8 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
             "run_id": run_id, "created": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
             **({"data_shape": parts["data_shape"]} if parts.get("data_shape") else {}),   # a TRL shape (data.readers)
         }
-        # identities, seal, derived trust cache; the margin's pair ids: the result's own index (the run's ids,
-        # which the skeleton wrote), so no second index of per-pair strings is built (issue 40 item 5)
-        own = next((v.indexes["pair"] for v in result.data_vars.values() if "pair" in v.indexes), None)
         return seal_run(run_id, attrs, result, run.observable, run.experiment, store, logits=logits,
-                        pair_ids=enc.pair_ids if own is None or len(own) != len(enc.pair_ids) else own, lm=lm)
+                        pair_ids=enc.pair_ids, lm=lm)         # identities, seal, derived trust cache
 
     done = stream(store, run_id, lm, pairs, enc, plan, info, frame=frame,
                   store_spec=run.store, run_attrs=run_attrs, progress=progress and not defer_lines,

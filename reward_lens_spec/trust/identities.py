@@ -56,7 +56,6 @@ the readout input, so it restores the source reward exactly.
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import xarray as xr
 
 from .certificate import certificate_gap
@@ -70,15 +69,9 @@ def _margin(logits: np.ndarray, pair_ids, objectives) -> tuple[xr.DataArray, flo
     m = lg[:, 0] - lg[:, 1]
     reward_rms = float(np.sqrt(np.mean(lg ** 2))) if lg.size else 0.0
     if m.shape[-1] == 1:
-        return xr.DataArray(m[:, 0], dims=("pair",), coords={"pair": _ids(pair_ids)}), reward_rms
+        return xr.DataArray(m[:, 0], dims=("pair",), coords={"pair": list(pair_ids)}), reward_rms
     return xr.DataArray(m, dims=("pair", "objective"),
-                        coords={"pair": _ids(pair_ids), "objective": list(objectives)}), reward_rms
-
-
-def _ids(pair_ids):
-    """``pair_ids`` as a ``pair`` coord: a ``pandas.Index`` as it is (e.g. the result's own: aligning to it then
-    compares no labels, and no index of per-pair strings is built again), anything else as a list."""
-    return pair_ids if isinstance(pair_ids, pd.Index) else list(pair_ids)
+                        coords={"pair": list(pair_ids), "objective": list(objectives)}), reward_rms
 
 
 def identity_record(var, what, err: xr.DataArray, margin: xr.DataArray, reward_rms, dtype) -> dict | None:
@@ -109,7 +102,7 @@ def claims_reward(name: str, da: xr.DataArray) -> str | None:
 
 def _rewards(logits, pair_ids, objectives) -> xr.DataArray:
     lg = np.asarray(logits, np.float64)
-    dims, coords = ("pair", "side"), {"pair": _ids(pair_ids), "side": ["chosen", "rejected"]}
+    dims, coords = ("pair", "side"), {"pair": list(pair_ids), "side": ["chosen", "rejected"]}
     if lg.shape[-1] == 1:
         return xr.DataArray(lg[..., 0], dims=dims, coords=coords)
     return xr.DataArray(lg, dims=dims + ("objective",), coords={**coords, "objective": list(objectives)})
