@@ -30,6 +30,7 @@ from reward_lens_spec.errors import StoreError
 
 KEY = "data_digests"
 HEX = 32                     # 128 bits of sha256 per block: enough to tell any edit apart, half the text
+STR_SLICE = 4096             # strings hashed per update: the bytes made for hashing stay bounded (issue 40 item 5)
 
 
 class DigestError(StoreError):
@@ -61,19 +62,25 @@ def values_digest(values) -> str:
     kind = "str" if is_str(a.dtype) else f"{a.dtype.kind}{a.dtype.itemsize}"
     h.update(f"{kind}|{a.shape}|".encode())
     c = _canonical(a)
-    if c is None:                             # the bytes of every value, hashed in one update
-        parts = []
-        for x in a.reshape(-1):
-            if x is None:
-                parts.append(b"\xff\xff\xff\xff")
-                continue
-            s = (x.decode("utf-8", "surrogatepass") if isinstance(x, bytes) else str(x)).encode("utf-8",
-                                                                                                "surrogatepass")
-            parts += (len(s).to_bytes(4, "little"), s)
-        h.update(b"".join(parts))
+    if c is None:                             # the bytes of every value, STR_SLICE values per update
+        flat = a.reshape(-1)
+        for start in range(0, flat.size, STR_SLICE):
+            h.update(b"".join(_str_parts(flat[start:start + STR_SLICE])))
     else:
         h.update(memoryview(c.reshape(-1).view(np.uint8)))
     return h.hexdigest()[:HEX]
+
+
+def _str_parts(values) -> list[bytes]:
+    """Each string of ``values`` as its UTF-8 byte length (4 bytes, little-endian) and bytes; ``None`` as 4 0xff."""
+    parts = []
+    for x in values:
+        if x is None:
+            parts.append(b"\xff\xff\xff\xff")
+            continue
+        s = (x.decode("utf-8", "surrogatepass") if isinstance(x, bytes) else str(x)).encode("utf-8", "surrogatepass")
+        parts += (len(s).to_bytes(4, "little"), s)
+    return parts
 
 
 def grid(shape, chunks) -> list[tuple[slice, ...]]:

@@ -1,0 +1,51 @@
+"""The completion's memory does not grow with the run's string labels (issue 40 item 5): what it makes to digest,
+check or summarise the stored pair labels stays bounded, and every digest is the same as before."""
+from __future__ import annotations
+
+import hashlib
+import tracemalloc
+
+import numpy as np
+
+from reward_lens_spec.store.digest import HEX, values_digest
+
+
+def _one_update(a) -> str:
+    """The string digest as one update over every value's bytes (what ``values_digest`` hashed before)."""
+    a = np.asarray(a)
+    h = hashlib.sha256(f"str|{a.shape}|".encode())
+    parts = []
+    for x in a.reshape(-1):
+        if x is None:
+            parts.append(b"\xff\xff\xff\xff")
+            continue
+        s = (x.decode("utf-8", "surrogatepass") if isinstance(x, bytes) else str(x)).encode("utf-8", "surrogatepass")
+        parts += (len(s).to_bytes(4, "little"), s)
+    h.update(b"".join(parts))
+    return h.hexdigest()[:HEX]
+
+
+def test_string_digests_are_the_same_hashed_slice_by_slice():
+    n = 2 * 4096 + 3                             # crosses two of the 4,096-value slices
+    ids = [f"q{i}-é" if i % 7 else f"p{i}" for i in range(n)]
+    cases = [np.array(ids), np.array(ids, dtype=object), np.array([x.encode() for x in ids], dtype=object),
+             np.array(ids[:-1] + [None], dtype=object), np.array(ids).reshape(-1, 1), np.array([], dtype="<U1"),
+             np.array(["\ud800x"], dtype=object)]
+    if hasattr(np.dtypes, "StringDType"):
+        cases.append(np.array(ids, dtype=np.dtypes.StringDType()))
+    for a in cases:
+        assert values_digest(a) == _one_update(a)
+
+
+def test_digesting_string_labels_makes_bytes_for_one_slice_at_a_time():
+    """Hashed in one update, every label's bytes and its length prefix existed at once (13.7 MB of Python
+    objects traced for 50,000 ids before this change); by slices, one slice's."""
+    ids = np.array([f"pair-{i:07d}" for i in range(50_000)], dtype=object)
+    values_digest(ids[:10])
+    tracemalloc.start()
+    try:
+        values_digest(ids)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1.5 * 2**20, peak
