@@ -24,8 +24,8 @@ from xarray.indexes import PandasIndex
 
 from ..errors import StoreError
 from ..store.digest import values_digest
-from ..store.groups import (VARIABLES, WRITE_KW, group_labels, label_dataset, set_group_attrs, variable_dataset,
-                           with_checksum, write_labels)
+from ..store.groups import (VARIABLES, WRITE_KW, data_array, group_labels, label_dataset, set_group_attrs,
+                           variable_dataset, with_checksum, write_labels)
 from ..store.staged import update_staged_group
 from ..store.zarr_io import plain_region, vlen_strings, write_new_groups, write_regions
 
@@ -220,15 +220,19 @@ def _skeleton(res, pair_coords, n, size, run_names, filled=False) -> dict:
     """``{name: template}``: each variable of one chunk's ``res`` as a dask-zeros DataArray of the run's full
     pair length (zarr chunks = the run's chunks), the run's ``pair`` index and the operator's own per-pair
     coords (dask zeros too: written by region) on it. ``filled``: ``res`` is the whole run (one chunk):
-    its own values instead of the zeros, in one zarr chunk along ``pair`` as the dask zeros would have."""
-    out = {}
+    its own values instead of the zeros, in one zarr chunk along ``pair`` as the dask zeros would have.
+    Each template is ``xr.DataArray(template, coords=...)`` built by ``store.groups.data_array`` (the
+    constructor deep-copied the run's pair ids for every variable)."""
+    out, pair = {}, None
     for name, v in res.items():
         coords = {k: c for k, c in v.coords.variables.items() if "pair" not in c.dims}
         if "pair" in v.dims:
-            coords["pair"] = pair_coords["pair"]
+            if pair is None:                         # the run's ids as the constructor makes them, once
+                pair = xr.Coordinates({"pair": pair_coords["pair"]}).variables["pair"]
+            coords["pair"] = pair
         for k in op_pair_coords(v, run_names):      # an operator's own per-pair labels: regions too
             coords[k] = _template(v.coords[k].variable, n, size, f"{name}.{k}", filled)
-        out[name] = xr.DataArray(_template(v.variable, n, size, name, filled), coords=coords)
+        out[name] = data_array(_template(v.variable, n, size, name, filled), coords, None)
     return out
 
 

@@ -245,17 +245,17 @@ def finish_variable(v: xr.DataArray, coords: dict, name: str, *, lazy, digest: d
             from reward_lens_spec.store.digest import check_values
 
             check_values(var.values, digest, label)
-    out = _data_array(var, coords, name)
+    out = data_array(var, coords, name)
     out.encoding = v.encoding
     return out
 
 
-def _data_array(var: xr.Variable, coords: dict, name: str) -> xr.DataArray:
-    """``xr.DataArray(var, coords=coords, name=name)`` (its encoding left empty, as that constructor leaves it)
-    with each coord's encoding (as read) on its own shallow copy, built directly: each dim coord's default
-    index made as the constructor makes it, no copy or check beyond that (the constructor's ~40 Variable objects
-    per call were ~250 µs a variable). Coords whose dims do not fit ``var`` go through the constructor (its
-    error)."""
+def data_array(var: xr.Variable, coords: dict, name) -> xr.DataArray:
+    """``xr.DataArray(var, coords=coords, name=name)`` (``coords``: name -> Variable; its encoding left empty, as
+    that constructor leaves it) with each coord's encoding (as read) on its own shallow copy, built directly:
+    each dim coord's default index made as the constructor makes it, no copy or check beyond that (the
+    constructor's ~40 Variable objects and deep copy of every coord were ~250 µs a variable). Coords whose dims
+    do not fit ``var`` go through the constructor (its error)."""
     sizes = dict(zip(var.dims, var.shape))
     if any(sizes.get(d, -1) != n for c in coords.values() for d, n in zip(c.dims, c.shape)):
         return xr.DataArray(var, coords=coords, name=name)
