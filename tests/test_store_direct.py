@@ -393,3 +393,20 @@ def test_upload_to_a_synchronous_filesystem_is_one_worker_call_with_each_batch_f
     with pytest.raises(StoreError, match="role lost"):
         write_new_groups(fenced_store(other, guard), first, then)
     assert sorted(k.rsplit("/", 1)[-1] for k in other.fs.sync_fs.find(other.path)) == ["zarr.json"] * 2
+
+
+def test_decoded_hands_over_the_values_it_is_given():
+    """``zarr_read.decoded`` (the last step of ``read_groups`` and ``read_staged``, whose variables are made for
+    that read alone) decodes them as ``xr.open_zarr`` does without copying their data; their attrs and encoding
+    are the Dataset's own dicts."""
+    from reward_lens_spec.store.zarr_read import decoded
+
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    given = {"x": xr.Variable(("pair", "side"), x, {"_FillValue": np.float32(np.nan), "gauge": "g"},
+                              {"chunks": (3, 2), "preferred_chunks": {"pair": 3, "side": 2}})}
+    ds = decoded(given, {"x_attr": 1})
+    assert np.shares_memory(ds["x"].values, x) and np.array_equal(ds["x"].values, x)
+    assert ds["x"].attrs == {"gauge": "g"} and ds.attrs == {"x_attr": 1}
+    ds["x"].attrs["gauge"] = "h"
+    ds["x"].encoding["chunks"] = (1, 1)
+    assert given["x"].attrs["gauge"] == "g" and given["x"].encoding["chunks"] == (3, 2)
