@@ -291,10 +291,15 @@ def write_region(zstore, group, res, sl, run_names) -> dict:
 
 def region_digests(group, res, run_names) -> dict:
     """The digests ``write_region`` would record for ``res``, whose rows a filled skeleton
-    (``ensure_skeleton(filled=True)``) has written already."""
+    (``ensure_skeleton(filled=True)``) has written already, from its arrays as they are."""
     digests = {}
-    for name, v in _regions(res, run_names).items():
-        digests.update(_digests(group, name, v))
+    for name, v in res.items():
+        if "pair" not in v.dims:
+            raise StoreError(f"pair-stage output {name!r} has no pair dim; it cannot be written by chunk.")
+        own = set(op_pair_coords(v, run_names))     # the coords ``_regions`` keeps, in their order, undropped
+        digests[f"{group}/{name}"] = values_digest(v.values)
+        digests.update({f"{group}/{name}:{c}": values_digest(x.values) for c, x in v.coords.variables.items()
+                        if c in own and c != "pair"})
     return digests
 
 
