@@ -279,8 +279,12 @@ def group_labels(zstore, group: str) -> xr.Dataset:
 
 
 def _as_labels(ds: xr.Dataset) -> xr.Dataset:
-    ds = ds.set_coords([v for v in ds.data_vars if ds[v].dims == ("pair",)])
-    return ds.assign_coords({c: ds[c].variable.load() for c in ds.coords})
+    """A group's labels as read (``zarr_read``: no indexes) as coords, in memory, each dim coord with its default
+    index (what ``assign_coords`` of the loaded coords makes, without its merge: ~0.3 ms a read)."""
+    ds = ds.set_coords([v for v in ds.data_vars if ds[v].dims == ("pair",)]).load()
+    for c in [c for c, v in ds.coords.variables.items() if v.dims == (c,) and c not in ds.xindexes]:
+        ds = ds.set_xindex(c)
+    return ds
 
 
 def variable_values(zstore, group: str, name: str) -> np.ndarray:
