@@ -24,8 +24,9 @@ from xarray.indexes import PandasIndex
 
 from ..errors import StoreError
 from ..store.digest import values_digest
-from ..store.groups import (VARIABLES, WRITE_KW, data_array, group_labels, label_dataset, set_group_attrs,
-                           variable_dataset, with_checksum, write_labels)
+from ..arrays import data_array
+from ..store.groups import (VARIABLES, WRITE_KW, group_labels, label_dataset, set_group_attrs, variable_dataset,
+                           with_checksum, write_labels)
 from ..store.staged import update_staged_group
 from ..store.zarr_io import plain_region, vlen_strings, write_new_groups, write_regions
 
@@ -221,7 +222,7 @@ def _skeleton(res, pair_coords, n, size, run_names, filled=False) -> dict:
     pair length (zarr chunks = the run's chunks), the run's ``pair`` index and the operator's own per-pair
     coords (dask zeros too: written by region) on it. ``filled``: ``res`` is the whole run (one chunk):
     its own values instead of the zeros, in one zarr chunk along ``pair`` as the dask zeros would have.
-    Each template is ``xr.DataArray(template, coords=...)`` built by ``store.groups.data_array`` (the
+    Each template is ``xr.DataArray(template, coords=...)`` built by ``arrays.data_array`` (the
     constructor deep-copied the run's pair ids for every variable)."""
     out, pair = {}, None
     for name, v in res.items():

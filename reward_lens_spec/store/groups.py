@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 import xarray as xr
-from xarray.core.indexes import PandasIndex
 
+from reward_lens_spec.arrays import data_array
 from reward_lens_spec.result import Result
 from reward_lens_spec.store._attrs import portable
 from reward_lens_spec.store.digest import values_digest, variable_digest
@@ -248,28 +248,6 @@ def finish_variable(v: xr.DataArray, coords: dict, name: str, *, lazy, digest: d
     out = data_array(var, coords, name)
     out.encoding = v.encoding
     return out
-
-
-def data_array(var: xr.Variable, coords: dict, name) -> xr.DataArray:
-    """``xr.DataArray(var, coords=coords, name=name)`` (``coords``: name -> Variable; its encoding left empty, as
-    that constructor leaves it) with each coord's encoding (as read) on its own shallow copy, built directly:
-    each dim coord's default index made as the constructor makes it, no copy or check beyond that (the
-    constructor's ~40 Variable objects and deep copy of every coord were ~250 µs a variable). Coords whose dims
-    do not fit ``var`` go through the constructor (its error)."""
-    sizes = dict(zip(var.dims, var.shape))
-    if any(sizes.get(d, -1) != n for c in coords.values() for d, n in zip(c.dims, c.shape)):
-        return xr.DataArray(var, coords=coords, name=name)
-    own, indexes = {}, {}
-    for k, c in coords.items():
-        v = c
-        if c.dims == (k,):                       # a dim coord: its default index, as the constructor builds it
-            indexes[k] = PandasIndex.from_variables({k: c}, options={})
-            v = indexes[k].create_variables({k: c})[k]
-        own[k] = v.copy(deep=False)
-        own[k].encoding = dict(c.encoding) if c.encoding else {}
-    data = var.copy(deep=False)
-    data.encoding = {}
-    return xr.DataArray(data, coords=own, name=name, indexes=indexes, fastpath=True)
 
 
 def group_labels(zstore, group: str) -> xr.Dataset:
