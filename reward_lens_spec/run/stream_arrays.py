@@ -22,9 +22,9 @@ import pandas as pd
 import xarray as xr
 from xarray.indexes import PandasIndex
 
+from ..arrays import data_array
 from ..errors import StoreError
 from ..store.digest import values_digest
-from ..arrays import data_array
 from ..store.groups import (VARIABLES, WRITE_KW, group_labels, label_dataset, set_group_attrs, variable_dataset,
                            with_checksum, write_labels)
 from ..store.staged import update_staged_group
