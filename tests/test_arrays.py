@@ -41,3 +41,17 @@ def test_data_array_is_the_constructors_with_coord_encodings_kept():
     want = xr.DataArray(var, coords={"pair": ids, "other": other})
     _same(got, want)
     assert got.coords["other"].encoding == {"dtype": "int16"} and got.encoding == {}
+
+
+def test_new_array_takes_variables_as_the_constructor_does():
+    """Coords given as Variables (an operator passing its input's coords on) plus a new dim's labels."""
+    x = xr.DataArray(np.zeros((3, 2, 4)), dims=("pair", "side", "d_model"),
+                     coords={"pair": ["a", "b", "c"], "side": ["chosen", "rejected"],
+                             "flag": ("pair", [True, False, True])})
+    coords = {k: v for k, v in x.coords.variables.items() if "d_model" not in v.dims}
+    data = np.ones((3, 2, 2))
+    as_arrays = {k: v for k, v in x.coords.items() if "d_model" not in v.dims}
+    want = xr.DataArray(data, dims=("pair", "side", "objective"), coords={**as_arrays, "objective": ["h", "s"]})
+    _same(new_array(data, ("pair", "side", "objective"), {**coords, "objective": ["h", "s"]}), want)
+    _same(data_array(xr.Variable(("pair", "side"), data[..., 0]), coords, None),
+          xr.DataArray(data[..., 0], dims=("pair", "side"), coords=as_arrays))
