@@ -393,3 +393,51 @@ def test_upload_to_a_synchronous_filesystem_is_one_worker_call_with_each_batch_f
     with pytest.raises(StoreError, match="role lost"):
         write_new_groups(fenced_store(other, guard), first, then)
     assert sorted(k.rsplit("/", 1)[-1] for k in other.fs.sync_fs.find(other.path)) == ["zarr.json"] * 2
+
+
+def test_decoded_hands_over_the_values_it_is_given():
+    """``zarr_read.decoded`` (the last step of ``read_groups`` and ``read_staged``, whose variables are made for
+    that read alone) decodes them as ``xr.open_zarr`` does without copying their data; their attrs and encoding
+    are the Dataset's own dicts."""
+    from reward_lens_spec.store.zarr_read import decoded
+
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    given = {"x": xr.Variable(("pair", "side"), x, {"_FillValue": np.float32(np.nan), "gauge": "g"},
+                              {"chunks": (3, 2), "preferred_chunks": {"pair": 3, "side": 2}})}
+    ds = decoded(given, {"x_attr": 1})
+    assert np.shares_memory(ds["x"].values, x) and np.array_equal(ds["x"].values, x)
+    assert ds["x"].attrs == {"gauge": "g"} and ds.attrs == {"x_attr": 1}
+    ds["x"].attrs["gauge"] = "h"
+    ds["x"].encoding["chunks"] = (1, 1)
+    assert given["x"].attrs["gauge"] == "g" and given["x"].encoding["chunks"] == (3, 2)
+
+
+def test_object_strings_same_bytes_as_to_zarr(tmp_path, monkeypatch):
+    """Object arrays of ``str`` (a pair index as pandas holds it, a string variable) go to zarr as variable-length
+    strings without xarray inferring each element's type; other object arrays (with ``None``) through xarray's
+    inference as before: every key the bytes ``to_zarr`` writes."""
+    import pandas as pd
+    from xarray.backends import zarr as xzarr
+
+    from reward_lens_spec.store.zarr_io import write_new_groups
+
+    ids = pd.Index(np.array([f"p{i:03d}" for i in range(N)], dtype=object), dtype=object, name="pair")
+    ds = xr.Dataset({"best": ("pair", np.array([f"tok{i}" for i in range(N)], dtype=object)),
+                     "maybe": ("pair", np.array([None if i % 4 else f"m{i}" for i in range(N)], dtype=object)),
+                     "x": ("pair", np.arange(N) * 0.5)}, coords={"pair": ids})
+    a, b = new_store(tmp_path / "a"), new_store(tmp_path / "b")
+    ds.to_zarr(a, group="obs/x", mode="w-", **WRITE_KW)
+    inferred = []
+    real = xzarr.ensure_dtype_not_object
+
+    def spy(var, name=None):
+        if var.dtype.kind == "O":
+            inferred.append(name)
+        return real(var, name)
+
+    monkeypatch.setattr(xzarr, "ensure_dtype_not_object", spy)
+    zarr.open_group(b, path="obs", mode="w-", zarr_format=3)
+    write_new_groups(b, {}, {"obs/x": ds})
+    fa, fb = files(str(tmp_path / "a")), files(str(tmp_path / "b"))
+    assert sorted(fa) == sorted(fb) and all(fa[k] == fb[k] for k in fa)
+    assert inferred == ["maybe"]

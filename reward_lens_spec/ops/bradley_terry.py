@@ -52,5 +52,5 @@ class BradleyTerry(Operator):
         return INVARIANT
 
     def run(self, ctx, x):
-        out = x.copy(data=bt(x.values, self.p.quantity))
+        out = x.copy(deep=False, data=bt(x.values, self.p.quantity))     # new values; coords not copied again
         return labelled(out, _Q[self.p.quantity][0], INVARIANT)

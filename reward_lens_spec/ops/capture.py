@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
+from ..arrays import new_array
 from ..errors import SpecError
 from ..models.artifacts import resid_layers
 from ..registries import OPERATORS
@@ -76,7 +77,7 @@ class Capture(Operator):
         coords = ctx.pair_coords()
         side = ["chosen", "rejected"]
         if site == "readout":
-            arr = xr.DataArray(cap.h, dims=("pair", "side", "d_model"), coords={**coords, "side": side})
+            arr = new_array(cap.h, ("pair", "side", "d_model"), {**coords, "side": side})
         elif site == "resid":
             data = np.concatenate([cap.sites["embed"], cap.sites["resid_post"]], axis=2)
             arr = xr.DataArray(data, dims=("pair", "side", "layer", "d_model"),

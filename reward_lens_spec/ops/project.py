@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
+from ..arrays import data_array, new_array
 from ..errors import SpecError
 from ..registries import OPERATORS
 from .base import INVARIANT, Operator, labelled, need_dim, without
@@ -95,11 +96,11 @@ class Project(Operator):
         if self.p.bias:
             data = data + b
         dims = tuple(d for d in x.dims if d != "d_model")
-        coords = {k: v for k, v in x.coords.items() if "d_model" not in v.dims}
+        coords = {k: v for k, v in x.coords.variables.items() if "d_model" not in v.dims}
         if len(names) > 1 or self.p.direction == "objectives":
-            arr = xr.DataArray(data, dims=dims + ("objective",), coords={**coords, "objective": names})
+            arr = new_array(data, dims + ("objective",), {**coords, "objective": names})
         else:
-            arr = xr.DataArray(data[..., 0], dims=dims, coords=coords)
+            arr = data_array(xr.Variable(dims, data[..., 0]), coords, None)
         return labelled(arr, "reward", INVARIANT)
 
     def _run_gated(self, ctx, x):

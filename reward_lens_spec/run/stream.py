@@ -39,8 +39,8 @@ import json
 from dataclasses import dataclass, replace
 
 import numpy as np
-import xarray as xr
 
+from ..arrays import new_array
 from ..context import RunContext, pair_positions, pairs_at, take_pairs
 from ..errors import SpecError, StoreError
 from ..planning import data_dims, data_widths, passes, stages
@@ -355,12 +355,11 @@ def _pair_chunk(lm, pairs, enc_k, plan, steps, info_k, keep, capture_kw, frame, 
                 values.pop(name, None)
     ds_out = express(Result({o: kept[o] for o in plan.outputs if o in kept}), frame, info_k.model_name)
     scratch = {k: v for k, v in kept.items() if k not in plan.outputs}
+    sided = {**coords, "side": ["chosen", "rejected"]}
     if first:
-        scratch[HEAD_LOGITS] = xr.DataArray(np.asarray(cap.logits), dims=("pair", "side", "output"),
-                                            coords={**coords, "side": ["chosen", "rejected"]})
+        scratch[HEAD_LOGITS] = new_array(np.asarray(cap.logits), ("pair", "side", "output"), sided)
     if need_h:
-        scratch[READOUT_H] = xr.DataArray(cap.h, dims=("pair", "side", "d_model"),
-                                          coords={**coords, "side": ["chosen", "rejected"]})
+        scratch[READOUT_H] = new_array(cap.h, ("pair", "side", "d_model"), sided)
     return ds_out, Result(scratch), ctx.counts, ctx
 
 

@@ -22,6 +22,7 @@ import pandas as pd
 import xarray as xr
 from xarray.indexes import PandasIndex
 
+from ..arrays import data_array
 from ..errors import StoreError
 from ..store.digest import values_digest
 from ..store.groups import (VARIABLES, WRITE_KW, group_labels, label_dataset, set_group_attrs, variable_dataset,
@@ -220,15 +221,19 @@ def _skeleton(res, pair_coords, n, size, run_names, filled=False) -> dict:
     """``{name: template}``: each variable of one chunk's ``res`` as a dask-zeros DataArray of the run's full
     pair length (zarr chunks = the run's chunks), the run's ``pair`` index and the operator's own per-pair
     coords (dask zeros too: written by region) on it. ``filled``: ``res`` is the whole run (one chunk):
-    its own values instead of the zeros, in one zarr chunk along ``pair`` as the dask zeros would have."""
-    out = {}
+    its own values instead of the zeros, in one zarr chunk along ``pair`` as the dask zeros would have.
+    Each template is ``xr.DataArray(template, coords=...)`` built by ``arrays.data_array`` (the
+    constructor deep-copied the run's pair ids for every variable)."""
+    out, pair = {}, None
     for name, v in res.items():
         coords = {k: c for k, c in v.coords.variables.items() if "pair" not in c.dims}
         if "pair" in v.dims:
-            coords["pair"] = pair_coords["pair"]
+            if pair is None:                         # the run's ids as the constructor makes them, once
+                pair = xr.Coordinates({"pair": pair_coords["pair"]}).variables["pair"]
+            coords["pair"] = pair
         for k in op_pair_coords(v, run_names):      # an operator's own per-pair labels: regions too
             coords[k] = _template(v.coords[k].variable, n, size, f"{name}.{k}", filled)
-        out[name] = xr.DataArray(_template(v.variable, n, size, name, filled), coords=coords)
+        out[name] = data_array(_template(v.variable, n, size, name, filled), coords, None)
     return out
 
 
@@ -287,10 +292,15 @@ def write_region(zstore, group, res, sl, run_names) -> dict:
 
 def region_digests(group, res, run_names) -> dict:
     """The digests ``write_region`` would record for ``res``, whose rows a filled skeleton
-    (``ensure_skeleton(filled=True)``) has written already."""
+    (``ensure_skeleton(filled=True)``) has written already, from its arrays as they are."""
     digests = {}
-    for name, v in _regions(res, run_names).items():
-        digests.update(_digests(group, name, v))
+    for name, v in res.items():
+        if "pair" not in v.dims:
+            raise StoreError(f"pair-stage output {name!r} has no pair dim; it cannot be written by chunk.")
+        own = set(op_pair_coords(v, run_names))     # the coords ``_regions`` keeps, in their order, undropped
+        digests[f"{group}/{name}"] = values_digest(v.values)
+        digests.update({f"{group}/{name}:{c}": values_digest(x.values) for c, x in v.coords.variables.items()
+                        if c in own and c != "pair"})
     return digests
 
 

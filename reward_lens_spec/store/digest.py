@@ -115,7 +115,7 @@ def variable_digest(da, chunks=None, seen: dict | None = None) -> dict:
         blocks.append(values_digest(np.asarray(block.compute() if hasattr(block, "compute") else block)))
     return {"dtype": "str" if is_str(da.dtype) else str(np.dtype(da.dtype)),
             "shape": list(da.shape), "chunks": list(chunks), "blocks": blocks,
-            "coords": {str(k): _coord_digest(str(k), c.values, seen) for k, c in da.coords.items()}}
+            "coords": {str(k): _coord_digest(str(k), c.values, seen) for k, c in da.coords.variables.items()}}
 
 
 def _coord_digest(name: str, values: np.ndarray, seen: dict | None) -> str:

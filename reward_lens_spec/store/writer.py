@@ -98,7 +98,7 @@ def check_storable(res, observable: str, ops: dict | None = None, run_id: str | 
         label = f"{obs}, variable {name!r}" + (f" (operator {ops[name]})" if name in (ops or {})
                                                                  else "")
         where.append((label, var.attrs, True))
-        where += [(f"{label}, coord {c!r}", var.coords[c].attrs, True) for c in var.coords if var.coords[c].attrs]
+        where += [(f"{label}, coord {c!r}", x.attrs, True) for c, x in var.coords.variables.items() if x.attrs]
     for label, attrs, numpy_top in where:
         found = attrs_problem(attrs, numpy_top=numpy_top)
         if found:

@@ -1,0 +1,25 @@
+"""``diff``: chosen minus rejected by the ``side`` labels, whatever their order; the rest of the input as it was."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from reward_lens_spec.ops.base import NoParams
+from reward_lens_spec.ops.diff import Diff
+
+
+def test_diff_is_chosen_minus_rejected_by_label():
+    rng = np.random.default_rng(0)
+    x = xr.DataArray(rng.standard_normal((5, 2, 3)).astype(np.float32), dims=("pair", "side", "layer"),
+                     coords={"pair": [f"p{i}" for i in range(5)], "side": ["rejected", "chosen"],
+                             "layer": [-1, 0, 1], "dimension": ("pair", list("abcab"))},
+                     attrs={"gauge": "g", "affine": "point"}, name="h")
+    x.encoding = {"chunks": (5, 2, 3)}
+    got = Diff(NoParams()).run(None, x)
+    want = x.sel(side="chosen", drop=True) - x.sel(side="rejected", drop=True)
+    assert got.identical(want.assign_attrs(gauge="g", affine="vector"))
+    assert got.dtype == np.float32 and got.encoding == {} and x.attrs["affine"] == "point"
+    np.testing.assert_array_equal(got.values, x.values[:, 1] - x.values[:, 0])
+    with pytest.raises(KeyError):
+        Diff(NoParams()).run(None, x.assign_coords(side=["chosen", "other"]))
