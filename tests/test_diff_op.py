@@ -23,3 +23,14 @@ def test_diff_is_chosen_minus_rejected_by_label():
     np.testing.assert_array_equal(got.values, x.values[:, 1] - x.values[:, 0])
     with pytest.raises(KeyError):
         Diff(NoParams()).run(None, x.assign_coords(side=["chosen", "other"]))
+
+
+def test_a_per_side_coord_does_not_survive_as_the_pairs():
+    """A coord along ``side`` (e.g. ``implicit_reward``'s ``response_tokens``) differs between the sides: the
+    margin must not carry one side's values as if they were the pair's."""
+    x = xr.DataArray(np.arange(6.0).reshape(3, 2), dims=("pair", "side"),
+                     coords={"pair": ["a", "b", "c"], "side": ["chosen", "rejected"],
+                             "response_tokens": (("pair", "side"), [[1, 2], [3, 4], [5, 6]])})
+    got = Diff(NoParams()).run(None, x)
+    assert "response_tokens" not in got.coords
+    np.testing.assert_array_equal(got.values, [-1.0, -1.0, -1.0])

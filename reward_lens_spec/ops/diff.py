@@ -24,11 +24,8 @@ class Diff(Operator):
         return without(in_dims[0], "side")
 
     def run(self, ctx, x):
-        side = x.get_index("side")                      # KeyError for a side it does not hold, as sel raises
-        chosen = x.isel(side=side.get_loc("chosen"), drop=True)
-        # both sides share every other coord (one array): their difference needs no alignment
-        out = chosen.copy(deep=False, data=chosen.data - x.isel(side=side.get_loc("rejected"), drop=True).data)
-        out.encoding, out.attrs = {}, dict(x.attrs)      # (a new array: no encoding, as the subtraction gave)
+        out = x.sel(side="chosen", drop=True) - x.sel(side="rejected", drop=True)
+        out.attrs = dict(x.attrs)
         if "affine" in out.attrs:
             out.attrs["affine"] = "vector"              # point − point is a displacement
         return out
