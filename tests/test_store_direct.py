@@ -288,6 +288,7 @@ def test_read_staged_equals_a_read_of_the_store(tmp_path):
             assert not any(np.shares_memory(g.variables[k].values, a) for a in staged.arrays.values()), (where, k)
             _same_encoding(g[k].encoding, w[k].encoding, (where, k))
     assert read_staged(staged, "obs", ["nope"]) is None and read_staged(staged, "other", []) is None
+    assert staged and all(k.endswith("zarr.json") for k in staged)    # documents only: no encoded chunk is held
     # a float array's values alone (a run's head logits), as plain xarray reads them; None for what it decodes
     from reward_lens_spec.store.staged import staged_values
     logits = res["lens"].values.reshape(N, 2, 2)

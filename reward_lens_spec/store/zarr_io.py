@@ -256,8 +256,9 @@ async def put_many(zstore, items: list, if_absent: bool = False) -> None:
 
 
 class Written(dict):
-    """What ``write_new_groups(staged=)`` wrote under new groups: key -> Buffer, and ``arrays``: array path ->
-    the values its chunks encode, in the dtype zarr reads them back in (``zarr_sync.array_keys``; not copies:
+    """What ``write_new_groups(staged=)`` wrote under new groups: each group's and array's document (key ->
+    Buffer; not the encoded chunks, which no reader takes from here), and ``arrays``: array path -> the values
+    its chunks encode, in the dtype zarr reads them back in (``zarr_sync.array_keys``; not copies:
     a reader copies them). ``clear`` empties both."""
 
     def __init__(self):
@@ -276,8 +277,8 @@ def write_new_groups(zstore, first: dict, then: dict, *, attrs_of: tuple[str, di
 
     Encoded in this thread (``stage``: no I/O), then uploaded to ``zstore`` concurrently (one blocking call).
     Every group is created exclusively (``mode="w-"``: ``ContainsGroupError`` when one exists, before anything
-    is written); never deletes. ``staged``: a ``Written`` given the keys written under the new groups (key ->
-    Buffer; not the parents' implicit documents) and each array's values, for a reader of what this call wrote
+    is written); never deletes. ``staged``: a ``Written`` given the documents written under the new groups
+    (key -> Buffer; not the parents' implicit documents, not the chunks) and each array's values, for a reader of what this call wrote
     (``store.staged.read_staged``). Returns ``{path: {array: chunk shape}}``.
     """
     from zarr.core.sync import sync
@@ -288,7 +289,7 @@ def write_new_groups(zstore, first: dict, then: dict, *, attrs_of: tuple[str, di
     sync(_upload(zstore, keys, [*first, *then], last))
     if staged is not None:                 # (not the parents' implicit documents: stored only where absent)
         inside = tuple(f"{p}/" for p in [*first, *then])
-        staged.update({k: v for k, v in keys.items() if k.startswith(inside)})
+        staged.update({k: v for k, v in keys.items() if k.startswith(inside) and k.endswith("zarr.json")})
         staged.arrays.update(kept)
     return chunks
 
