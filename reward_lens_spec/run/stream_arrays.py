@@ -295,12 +295,8 @@ def region_digests(group, res, run_names) -> dict:
     (``ensure_skeleton(filled=True)``) has written already, from its arrays as they are."""
     digests = {}
     for name, v in res.items():
-        if "pair" not in v.dims:
-            raise StoreError(f"pair-stage output {name!r} has no pair dim; it cannot be written by chunk.")
-        own = set(op_pair_coords(v, run_names))     # the coords ``_regions`` keeps, in their order, undropped
-        digests[f"{group}/{name}"] = values_digest(v.values)
-        digests.update({f"{group}/{name}:{c}": values_digest(x.values) for c, x in v.coords.variables.items()
-                        if c in own and c != "pair"})
+        _need_pair(name, v)
+        digests.update(_digests(group, name, v, op_pair_coords(v, run_names)))
     return digests
 
 
@@ -308,17 +304,23 @@ def _regions(res, run_names) -> dict:
     """Each variable of ``res`` as its region is written: its data and the operator's own per-pair coords."""
     out = {}
     for name, v in res.items():
-        if "pair" not in v.dims:
-            raise StoreError(f"pair-stage output {name!r} has no pair dim; it cannot be written by chunk.")
+        _need_pair(name, v)
         v = v.drop_vars([k for k in v.coords if k not in op_pair_coords(v, run_names)])
         v.attrs = {}
         out[name] = v
     return out
 
 
-def _digests(group, name, v) -> dict:
+def _need_pair(name, v) -> None:
+    if "pair" not in v.dims:
+        raise StoreError(f"pair-stage output {name!r} has no pair dim; it cannot be written by chunk.")
+
+
+def _digests(group, name, v, coords=None) -> dict:
+    """``{"<group>/<name>": digest of v's values, "<group>/<name>:<coord>": each coord's}`` (``coords``: only
+    those; None: every coord but ``pair``)."""
     out = {f"{group}/{name}": values_digest(v.values)}
     for c, x in v.coords.variables.items():
-        if c != "pair":
+        if c != "pair" and (coords is None or c in coords):
             out[f"{group}/{name}:{c}"] = values_digest(x.values)
     return out
