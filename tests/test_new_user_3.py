@@ -118,6 +118,8 @@ def test_the_run_line_says_what_this_job_did():
         "; resumed: 2 of 12 chunk(s) were stored by an earlier job"
     assert "another job completed the same run first" in job_note(SimpleNamespace(chunks=2, computed=2,
                                                                                    published=False))
+    assert job_note(SimpleNamespace(chunks=12, computed=6, published=True, shard=(1, 2))) == \
+        "; this job computed 6 of 12 chunk(s), the other shards' jobs the rest"
     assert job_note(SimpleNamespace(chunks=12, computed=12, published=True)) == ""
     assert job_note(SimpleNamespace(chunks=0, computed=0, published=True)) == ""     # reused
 

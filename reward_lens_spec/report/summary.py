@@ -70,12 +70,17 @@ def print_summary(outcome) -> None:
 
 def job_note(outcome) -> str:
     """What this job did that the stored provenance cannot say: it resumed chunks an earlier job stored, or
-    another job completed the same run first (the stored copy and its wall time are that job's)."""
+    completed a sharded run whose other chunks other shards' jobs stored, or another job completed the same run
+    first (the stored copy and its wall time are that job's)."""
     if not getattr(outcome, "published", True):
         return ("; another job completed the same run first: the stored copy and its wall time are that job's "
                 "(this job's own copy is not listed; `store gc` removes it)")
     n, k = getattr(outcome, "chunks", 0), getattr(outcome, "computed", 0)
-    return f"; resumed: {n - k} of {n} chunk(s) were stored by an earlier job" if 0 <= k < n else ""
+    if not 0 <= k < n:
+        return ""
+    if getattr(outcome, "shard", (0, 1))[1] > 1:
+        return f"; this job computed {k} of {n} chunk(s), the other shards' jobs the rest"
+    return f"; resumed: {n - k} of {n} chunk(s) were stored by an earlier job"
 
 
 def shard_line(outcome) -> str:
