@@ -99,7 +99,7 @@ def test_a_zero_max_memory_names_a_size():
 
     with pytest.raises(SpecError) as e:
         compose_run(["model.device_map=auto", "model.max_memory={cpu: 0}"])
-    assert "model.max_memory.cpu=2GiB" in _one_line_fix(e.value, "model.max_memory.cpu")
+    assert "give model.max_memory.cpu a size above 0, e.g. 2GiB" in _one_line_fix(e.value, "model.max_memory.cpu")
 
 
 def test_a_shared_frame_of_one_model_name_names_the_fix():
