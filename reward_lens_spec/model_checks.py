@@ -62,7 +62,8 @@ _FIX_MAP = ("model.device_map=auto (or balanced, sequential), or a mapping such 
 def size_bytes(value, key: str = "model.max_memory") -> int:
     """``value`` (an int of bytes or a string such as ``"2GiB"``, ``"500MB"``) as bytes; ``SpecError`` naming ``key``."""
     if isinstance(value, bool):
-        raise SpecError(key, f"a size is bytes or a string like '2GiB', got {value!r}.")
+        raise SpecError(key, f"a size is bytes or a string like '2GiB', got {value!r}.",
+                        fix=f"give {key} a size such as 2GiB or 500MB (a bare number is bytes).")
     if isinstance(value, int):
         n = value
     else:
@@ -71,7 +72,7 @@ def size_bytes(value, key: str = "model.max_memory") -> int:
             raise SpecError(key, f"cannot read the size {value!r}.", fix="give bytes or e.g. 2GiB, 500MB, 400KB.")
         n = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
     if n <= 0:
-        raise SpecError(key, f"a size must be positive, got {value!r}.")
+        raise SpecError(key, f"a size must be positive, got {value!r}.", fix=f"give {key} a size above 0, e.g. 2GiB.")
     return n
 
 

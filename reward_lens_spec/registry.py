@@ -134,14 +134,17 @@ def expand_steps(obs, resolve_include) -> tuple[list[dict], list[str]]:
 
 
 def _no_includes(name: str):
-    raise SpecError("observable.include", f"cannot resolve '{name}': no observable resolver was given.")
+    raise SpecError("observable.include", f"cannot resolve '{name}': no observable resolver was given.",
+                    fix="compose the run (reward_lens_spec.run.compose.compose_run) "
+                        "so includes resolve, or pass resolve_include=.")
 
 
 def build_plan(obs, info: PlanInfo, resolve_include=None) -> Plan:
     """Validate ``obs`` (an ``ObservableSpec``) against ``info``; return the ``Plan``."""
     raw_steps, outputs = expand_steps(obs, resolve_include or _no_includes)
     if not raw_steps:
-        raise SpecError(f"observable.{obs.name}.steps", "an observable needs at least one step.")
+        raise SpecError(f"observable.{obs.name}.steps", "an observable needs at least one step.",
+                        fix="add a steps: list (or include: [<observable>]) to the observable YAML.")
     steps: dict[str, Step] = {}
     plan = Plan(observable=obs.name, steps=[], outputs=outputs)
     for i, raw in enumerate(raw_steps):

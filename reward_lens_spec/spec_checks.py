@@ -82,5 +82,6 @@ def check_shrinkage(value, where: str = "frame.shrinkage") -> str | float:
         raise SpecError(where, f"unknown shrinkage {value!r}.", value=str(value),
                         options=list(SHRINKAGE) + ["<number in [0, 1]>"]) from None
     if not 0.0 <= rho <= 1.0:
-        raise SpecError(where, f"a fixed shrinkage must lie in [0, 1], got {rho}.")
+        raise SpecError(where, f"a fixed shrinkage must lie in [0, 1], got {rho}.",
+                        fix=f"e.g. {where}=0.1, or {where}=auto.")
     return rho

@@ -39,9 +39,10 @@ def parse_args(argv: list[str], keys: tuple, required: tuple, usage: str) -> dic
             try:
                 args[key] = cast(args[key])
             except ValueError:
-                raise SpecError(key, f"must be a {cast.__name__}, got {args[key]!r}.") from None
+                raise SpecError(key, f"must be a {cast.__name__}, got {args[key]!r}.",
+                                fix=f"e.g. {key}={0.95 if cast is float else 1000}.") from None
     if "ci" in args and not 0 < args["ci"] < 1:
-        raise SpecError("ci", f"must lie in (0, 1), got {args['ci']}.")
+        raise SpecError("ci", f"must lie in (0, 1), got {args['ci']}.", fix="e.g. ci=0.95.")
     return args
 
 

@@ -81,9 +81,10 @@ def monitor_series(margins: list[np.ndarray], *, statistic: str = "margin", alph
     if statistic not in STATISTICS:
         raise SpecError("statistic", f"unknown statistic {statistic!r}.", value=statistic, options=STATISTICS)
     if not 0 < alpha < 1:
-        raise SpecError("alpha", f"must lie in (0, 1), got {alpha}.")
+        raise SpecError("alpha", f"must lie in (0, 1), got {alpha}.", fix="e.g. alpha=0.05.")
     if not (min_change >= 0 and math.isfinite(min_change)):
-        raise SpecError("min_change", f"must be a finite number ≥ 0 (reward units), got {min_change}.")
+        raise SpecError("min_change", f"must be a finite number ≥ 0 (reward units), got {min_change}.",
+                        fix="e.g. min_change=0 (any change counts) or min_change=0.5.")
     rows = [interval_test(margins[k - 1], margins[k], statistic, min_change) for k in range(1, len(margins))]
     out = {key: [r[key] for r in rows] for key in ("e_value", "n_up", "n_down", "n_pairs")}
     out["threshold"] = [1.0 / spend(k, alpha) for k in range(1, len(margins))]
@@ -171,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     kw[key] = float(args[key])
                 except ValueError:
-                    raise SpecError(key, f"must be a number, got {args[key]!r}.") from None
+                    raise SpecError(key, f"must be a number, got {args[key]!r}.",
+                                    fix=f"e.g. {key}={0.05 if key == 'alpha' else 0}.") from None
         dims = [d for d in args.get("dimensions", "").split(",") if d] or None
         rid, ds, written = monitor(args["url"], args["observable"], args.get("model"),
                                    statistic=args.get("statistic", "margin"), dimensions=dims, **kw)

@@ -92,7 +92,8 @@ def _matched(a: xr.DataArray, b: xr.DataArray, name: str, runs) -> tuple[xr.Data
         if len(set(ids)) != len(ids):
             raise SpecError(key, f"run {rid} holds a pair id twice in '{name}'.", fix="rerun it; pair ids are unique.")
     if sorted(a.dims) != sorted(b.dims):
-        raise SpecError(f"paired.{name}", f"'{name}' has dims {a.dims} in run {runs[0]} but {b.dims} in run {runs[1]}.")
+        raise SpecError(f"paired.{name}", f"'{name}' has dims {a.dims} in run {runs[0]} but {b.dims} in run {runs[1]}.",
+                        fix="compare runs whose heads have the same objectives (model.num_labels), or set paired=none.")
     ia, ib = {str(i) for i in a["pair"].values}, {str(i) for i in b["pair"].values}
     if ia != ib:
         only_a, only_b = sorted(ia - ib), sorted(ib - ia)
@@ -105,7 +106,8 @@ def _matched(a: xr.DataArray, b: xr.DataArray, name: str, runs) -> tuple[xr.Data
     for d in (d for d in a.dims if d != "pair"):
         if d in a.coords and d in b.coords and sorted(map(str, a[d].values)) != sorted(map(str, b[d].values)):
             raise SpecError(f"paired.{name}", f"'{name}' has {d} {list(map(str, a[d].values))} in run {runs[0]} "
-                            f"but {list(map(str, b[d].values))} in run {runs[1]}.")
+                            f"but {list(map(str, b[d].values))} in run {runs[1]}.",
+                            fix=f"run both with the same {d} (one observable config), or set paired=none.")
         if d in a.coords and d in b.coords:
             b = b.sel({d: a[d].values})
     labels = [np.array([str(v) for v in x["dimension"].values], dtype=object) if "dimension" in x.coords else None

@@ -85,7 +85,8 @@ def _per_cell(a: xr.DataArray, b: xr.DataArray, keep: tuple[str, ...], fn) -> xr
     b = b.transpose(*a.dims)                          # cells of a and b pair up in one order
     a, b = xr.align(a, b, join="inner", exclude=set(keep))
     if any(a.sizes[d] == 0 for d in rest):
-        raise SpecError("vars", f"'{a.name}': the runs share no coordinates along {rest}.")
+        raise SpecError("vars", f"'{a.name}': the runs share no coordinates along {rest}.",
+                        fix="compare runs of one observable config (e.g. the same observable.layers), or other vars.")
     done, absent = [], []          # (label, result); labels of cells NaN for every entry in both runs
     for (label, ca), (_, cb) in zip(_cells(a, keep), _cells(b, keep)):
         if label and bool(ca.isnull().all()) and bool(cb.isnull().all()):
@@ -93,7 +94,8 @@ def _per_cell(a: xr.DataArray, b: xr.DataArray, keep: tuple[str, ...], fn) -> xr
             continue
         done.append((label, fn(ca, cb)))
     if not done:
-        raise SpecError("vars", f"'{a.name}' is NaN in every cell of both runs: nothing to compare.")
+        raise SpecError("vars", f"'{a.name}' is NaN in every cell of both runs: nothing to compare.",
+                        fix="name a variable that holds values in both runs (vars=margin,...).")
     parts = []
     for label, res in done + [(lab, None) for lab in absent]:
         if res is None:            # keep the grid whole for combine: NaN statistics, n_pairs 0

@@ -29,7 +29,8 @@ def _centred(X, Y) -> tuple[np.ndarray, np.ndarray]:
         raise SpecError("activations", "non-finite activations.", fix="check the runs' stored activations.")
     X, Y = X - X.mean(0), Y - Y.mean(0)
     if not (np.linalg.norm(X) > 0 and np.linalg.norm(Y) > 0):
-        raise SpecError("activations", "an activation matrix is constant across inputs: similarity undefined.")
+        raise SpecError("activations", "an activation matrix is constant across inputs: similarity undefined.",
+                        fix="capture on inputs that differ (more pairs, or another layer).")
     return X, Y
 
 
@@ -43,7 +44,8 @@ def procrustes_residual(X, Y) -> float:
     """Orthogonal Procrustes residual of ``X`` onto ``Y`` (both n × d); see the module doc."""
     X, Y = _centred(X, Y)
     if X.shape[1] != Y.shape[1]:
-        raise SpecError("activations", f"Procrustes needs one width, got d={X.shape[1]} and d={Y.shape[1]}.")
+        raise SpecError("activations", f"Procrustes needs one width, got d={X.shape[1]} and d={Y.shape[1]}.",
+                        fix="use linear_cka for models of different widths.")
     X, Y = X / np.linalg.norm(X), Y / np.linalg.norm(Y)
     R, _ = scipy.linalg.orthogonal_procrustes(X, Y)
     return float(np.linalg.norm(X @ R - Y))

@@ -136,12 +136,12 @@ def load_sae(folder, where: str = "path") -> TopKSAE:
                         fix=_FIX_FORMAT) from None
     missing = [n for n in ("W_enc", "b_enc", "W_dec", "b_dec") if n not in w]
     if missing:
-        raise SpecError(where, f"{WEIGHTS} in '{folder}' lacks {missing}.")
+        raise SpecError(where, f"{WEIGHTS} in '{folder}' lacks {missing}.", fix=_FIX_FORMAT)
     d_in, d_sae = cfg.get("d_in"), cfg.get("d_sae")
     want = {"W_enc": (d_in, d_sae), "b_enc": (d_sae,), "W_dec": (d_sae, d_in), "b_dec": (d_in,)}
     for n, shape in want.items():
         if tuple(w[n].shape) != shape:
-            raise SpecError(where, f"{n} has shape {tuple(w[n].shape)}, cfg.json says {shape}.")
+            raise SpecError(where, f"{n} has shape {tuple(w[n].shape)}, cfg.json says {shape}.", fix=_FIX_FORMAT)
     meta = dict(cfg.get("metadata") or {})
     if isinstance(cfg.get("model_name"), str):          # SAE-Lens: the model it was trained on (older cfgs: top level)
         meta.setdefault("model_name", cfg["model_name"])
@@ -178,7 +178,8 @@ def train_sae(chunks: Callable[[], Iterable[np.ndarray]], d_in: int, d_sae: int,
         for c in chunks():
             x = torch.as_tensor(np.asarray(c, np.float32))
             if x.ndim != 2 or x.shape[1] != d_in:
-                raise SpecError("d_in", f"a training chunk has shape {tuple(x.shape)}; expected (rows, {d_in}).")
+                raise SpecError("d_in", f"a training chunk has shape {tuple(x.shape)}; expected (rows, {d_in}).",
+                                fix="train on activations of one site (rows × d_in); check train_on and layer.")
             if params["b_dec"] is None:
                 params["b_dec"] = geometric_median(x)
                 for t in params.values():
@@ -199,7 +200,8 @@ def train_sae(chunks: Callable[[], Iterable[np.ndarray]], d_in: int, d_sae: int,
                 sst += float((xb - xb.mean(0)).pow(2).sum())
             rows += x.shape[0]
         if rows == 0:
-            raise SpecError("train", "no training rows: the source yielded nothing.")
+            raise SpecError("train", "no training rows: the source yielded nothing.",
+                            fix="train on a source with rows: run the capture over more pairs, or check train_on.")
         stats = {"fvu": sse / max(sst, 1e-30), "rows": rows, "steps": steps, "epochs": epoch + 1}
     p = {n: t.detach().numpy().copy() for n, t in params.items()}
     return TopKSAE(p["W_enc"], p["b_enc"], p["W_dec"], p["b_dec"], int(k)), stats

@@ -91,7 +91,8 @@ def split_by_prompt(pairs: Sequence, *, fractions: Sequence[float] = (0.6, 0.1, 
         if part not in PARTS:
             raise SpecError("fit.max_pairs", f"unknown part {part!r}.", value=part, options=PARTS)
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
-            raise SpecError("fit.max_pairs", f"cap for {part} must be a positive integer or null, got {cap!r}.")
+            raise SpecError("fit.max_pairs", f"cap for {part} must be a positive integer or null, got {cap!r}.",
+                            fix=f"set fit.max_pairs.{part}=<an integer ≥ 1> or null (no cap).")
     parts: dict[str, list] = {}
     n_clusters: dict[str, int] = {}
     for part in PARTS:

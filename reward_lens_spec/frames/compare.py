@@ -42,7 +42,8 @@ def _into(w: xr.DataArray, frame: Frame | None) -> xr.DataArray:
 def _unit(v: np.ndarray) -> np.ndarray:
     n = np.linalg.norm(v)
     if n == 0:
-        raise SpecError("direction", "a zero vector has no direction.")
+        raise SpecError("direction", "a zero vector has no direction.",
+                        fix="compare non-zero directions (check the stored vector is not all zeros).")
     return v / n
 
 

@@ -92,9 +92,12 @@ def shrunk_spectrum(acts, shrinkage="auto", where: str = "frame") -> Spectrum:
     method = check_shrinkage(shrinkage, f"{where}.shrinkage")
     X = np.asarray(acts, dtype=np.float64)
     if X.ndim != 2 or X.shape[0] < 2:
-        raise SpecError(f"{where}.activations", f"need an (n × d) array with n ≥ 2, got shape {X.shape}.")
+        raise SpecError(f"{where}.activations", f"need an (n × d) array with n ≥ 2, got shape {X.shape}.",
+                        fix="capture at least 2 inputs (rows) of one site (n × d_model).")
     if not np.isfinite(X).all():
-        raise SpecError(f"{where}.activations", "activations contain NaN or inf.")
+        raise SpecError(f"{where}.activations", "activations contain NaN or inf.",
+                        fix="fit on finite activations: "
+                            "check the capture (model.dtype=float32 avoids float16 overflow).")
     n, d = X.shape
     t0 = time.perf_counter()
     mean = X.mean(0)

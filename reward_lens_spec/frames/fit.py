@@ -82,7 +82,8 @@ class Frame:
         arr = x.values if isinstance(x, xr.DataArray) else x
         arr = np.asarray(arr, dtype=np.float64)
         if arr.shape[-1] != self.d:
-            raise SpecError("frame.d_model", f"vectors have {arr.shape[-1]} entries, frame has d={self.d}.")
+            raise SpecError("frame.d_model", f"vectors have {arr.shape[-1]} entries, frame has d={self.d}.",
+                            fix="map vectors of a model this frame was fit on (same d_model).")
         if self.kind == "native":
             return self._wrap(x, arr.copy(), model)
         if center:
@@ -100,7 +101,8 @@ class Frame:
             raise GaugeError(f"variable '{x.name}' has gauge {g!r}; only vectors in {native_gauge(model)} "
                              f"can be mapped into frame {self.gauge}. Fix: map native-frame vectors only.")
         if x.dims[-1] != "d_model":
-            raise SpecError("frame.d_model", f"variable '{x.name}' must have d_model as its last dim, got {x.dims}.")
+            raise SpecError("frame.d_model", f"variable '{x.name}' must have d_model as its last dim, got {x.dims}.",
+                            fix=f"transpose it first: {x.name}.transpose(..., 'd_model').")
         arr = xr.DataArray(out, dims=x.dims, coords={k: v for k, v in x.coords.items() if "d_model" not in v.dims},
                            name=x.name)
         arr.attrs = {**x.attrs, "gauge": self.gauge, "frame_id": self.id, "model": model}
@@ -123,7 +125,8 @@ class Frame:
         i = self._index(model)
         arr = np.asarray(u.values if isinstance(u, xr.DataArray) else u, dtype=np.float64)
         if arr.shape[-1] != self.d:
-            raise SpecError("frame.d_model", f"vectors have {arr.shape[-1]} entries, frame has d={self.d}.")
+            raise SpecError("frame.d_model", f"vectors have {arr.shape[-1]} entries, frame has d={self.d}.",
+                            fix="map vectors of a model this frame was fit on (same d_model).")
         if isinstance(u, xr.DataArray) and u.attrs.get("gauge") != self.gauge:
             raise GaugeError(f"variable '{u.name}' has gauge {u.attrs.get('gauge')!r}, not {self.gauge}; only "
                              "vectors in this frame can be mapped back. Fix: load the frame the vector was stored in.")
@@ -222,7 +225,8 @@ def fit_shared(acts_a, acts_b, models: tuple[str, str] = ("a", "b"), *, shrinkag
                         f"with the same d_model; got shapes {A.shape} and {B.shape}.",
                         fix="capture both models on one reference dataset (row i = input i).")
     if models[0] == models[1]:
-        raise SpecError("frame.models", f"a shared frame needs two distinct model names, got {models}.")
+        raise SpecError("frame.models", f"a shared frame needs two distinct model names, got {models}.",
+                        fix="give the two models different names (model.name=...).")
     fa = fit_whitened(A, models[0], shrinkage=shrinkage)
     fb = fit_whitened(B, models[1], shrinkage=shrinkage)
     za, zb = fa.to_frame(A, models[0]), fb.to_frame(B, models[1])

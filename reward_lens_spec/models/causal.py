@@ -73,7 +73,8 @@ def load_causal(spec, base_dir: str | None = None) -> CausalLM:
         gguf = gguf_for(spec, kind, loc)
         if gguf:
             if kind == "folder" and not (Path(loc) / gguf).exists():
-                raise SpecError("model.gguf_file", f"{gguf} not found in {loc}.")
+                raise SpecError("model.gguf_file", f"{gguf} not found in {loc}.",
+                                fix=f"set model.gguf_file to a .gguf file in {loc}.")
             for need in ("gguf", "accelerate"):
                 if importlib.util.find_spec(need) is None:
                     raise SpecError("model.gguf_file", f"loading GGUF needs the '{need}' package.",

@@ -107,7 +107,9 @@ def discover_from_config(cfg) -> Family:
             model = tf.AutoModelForSequenceClassification.from_config(cfg, trust_remote_code=False)   # never stdin
         except ValueError as exc:
             raise SpecError("model.family", f"model_type '{cfg.model_type}' has no sequence-classification class in "
-                            f"transformers ({str(exc).splitlines()[0]}).") from None
+                            f"transformers ({str(exc).splitlines()[0]}).",
+                            fix="use a checkpoint of a model type transformers can load "
+                                "for sequence classification (e.g. llama, qwen2).") from None
     return discover_family(model, numeric=False)
 
 

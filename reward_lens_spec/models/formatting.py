@@ -265,7 +265,8 @@ def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
                         "has no chat template to render them.",
                         fix="set dataset.chat_template=<Jinja chat template text>, or use a model with one.")
     if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
-        raise SpecError("model.max_length", f"must be an integer >= 2, got {max_length!r}.", value=max_length)
+        raise SpecError("model.max_length", f"must be an integer >= 2, got {max_length!r}.", value=max_length,
+                        fix="e.g. model.max_length=2048.")
     bos_id = getattr(tokenizer, "bos_token_id", None)
     pairs = pairs if isinstance(pairs, Sequence) else list(pairs)    # sliced below: never all held as objects
     bos_seen: set[int] = set()

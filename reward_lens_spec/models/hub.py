@@ -123,7 +123,9 @@ def load_config(loc, *, trust_remote_code: bool, source: str | None = None, gguf
             return tf.AutoConfig.from_pretrained(str(loc), **kw)
     except (OSError, ValueError) as exc:
         raise remote_code_error(source or loc, exc) or SpecError(
-            "model.source", f"cannot read the model config at '{source or loc}': {_first_line(exc)}") from None
+            "model.source", f"cannot read the model config at '{source or loc}': {_first_line(exc)}",
+            fix="set model.source to a local folder with config.json or a Hub id (org/name), "
+                "and model.revision if needed.") from None
 
 
 def load_tokenizer(loc, *, trust_remote_code: bool, source: str | None = None, gguf_file: str | None = None,

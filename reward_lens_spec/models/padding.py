@@ -36,7 +36,8 @@ def pad_batch(seqs: list[list[int]], pad_id: int | None, side: str = "left"
     if side not in SIDES:
         raise SpecError("model.padding_side", f"unknown padding side {side!r}.", value=side, options=SIDES)
     if not seqs:
-        raise SpecError("model.batch", "cannot pad an empty batch.")
+        raise SpecError("model.batch", "cannot pad an empty batch.",
+                        fix="give at least one pair (check dataset.limit and dataset.dimensions).")
     if any(len(s) == 0 for s in seqs):
         raise SpecError("model.batch", "a row has no tokens, so it has no readout token.",
                         fix="drop empty pairs before batching.")

@@ -25,7 +25,7 @@ def by_group(ctx, x: xr.DataArray, stat, by, cluster: str, ci: float, resamples:
     (per group). ``cluster``: ``prompt`` (clusters resampled) or ``pair`` (plain bootstrap). Pairs
     with a NaN value (e.g. outside ``observable.pairs``) are dropped per cell."""
     if not 0 < ci < 1:
-        raise SpecError("observable.steps.ci", f"ci must be in (0, 1), got {ci}.")
+        raise SpecError("observable.steps.ci", f"ci must be in (0, 1), got {ci}.", fix="e.g. ci: 0.95 in the step.")
     if by and (by not in x.coords or x.coords[by].dims != ("pair",)):
         raise SpecError("observable.steps.by", f"'{by}' is not a pair coordinate.",
                         options=[k for k, v in x.coords.items() if v.dims == ("pair",)])

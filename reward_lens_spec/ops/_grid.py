@@ -16,7 +16,8 @@ def grid_layers(info, where: str) -> tuple[int, ...]:
     bad = [l for l in layers if not 0 <= l < info.n_layers]
     if bad:
         raise SpecError("observable.layers", f"layer(s) {bad} out of range for {where}; "
-                        f"valid range is 0..{info.n_layers - 1}.")
+                        f"valid range is 0..{info.n_layers - 1}.",
+                        fix=f"set observable.layers to layers in 0..{info.n_layers - 1}, or drop it (every layer).")
     return layers
 
 

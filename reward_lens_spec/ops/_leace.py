@@ -36,7 +36,8 @@ def check_concept(concept: str, tokens, where: str) -> None:
                         fix="a per-pair field must be one of concept | subset | label (so it is in the run "
                             "identity); put your label under one of those keys.")
     if concept == "tokens" and (not tokens or not all(isinstance(t, str) and t for t in tokens)):
-        raise SpecError(where + ".tokens", "concept: tokens needs a non-empty list of non-empty strings.")
+        raise SpecError(where + ".tokens", "concept: tokens needs a non-empty list of non-empty strings.",
+                        fix="e.g. tokens: [' yes', ' no'] in the step.")
 
 
 def in_split(pair_ids, salt: str, fraction: float) -> np.ndarray:

@@ -76,7 +76,8 @@ def parse_restore(restore, info, where: str) -> tuple[str, Any]:
         return kind, v
     if kind == "top_pcs":
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise SpecError(where + ".restore.top_pcs", f"must be an integer >= 0, got {v!r}.")
+            raise SpecError(where + ".restore.top_pcs", f"must be an integer >= 0, got {v!r}.",
+                            fix="e.g. restore: {top_pcs: 2}.")
         return kind, v
     comp, _, layer = str(v).partition("_L")
     if comp not in COMPONENT_SITES or not layer.isdigit() or int(layer) >= info.n_layers:

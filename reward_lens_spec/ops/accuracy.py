@@ -44,7 +44,8 @@ class GroupStat(Operator):
         need_dim(in_dims[0], "pair", where, "one value per pair")
         choice(self.p.cluster, ("prompt", "pair"), where + ".cluster")
         if not (isinstance(self.p.resamples, int) and self.p.resamples >= 2):
-            raise SpecError(where + ".resamples", f"resamples must be an integer ≥ 2, got {self.p.resamples!r}.")
+            raise SpecError(where + ".resamples", f"resamples must be an integer ≥ 2, got {self.p.resamples!r}.",
+                            fix="e.g. resamples: 1000 in the step.")
         return ((self.p.by,) if self.p.by else ()) + without(in_dims[0], "pair") + ("bound",)
 
     def run(self, ctx, x):

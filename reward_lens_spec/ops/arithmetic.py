@@ -74,7 +74,8 @@ class Scale(Operator):
 
     def out_dims(self, in_dims, info, where):
         if not (self.p.by == "n_layers" or (isinstance(self.p.by, (int, float)) and self.p.by != 0)):
-            raise SpecError(where + ".by", f"must be a non-zero number or 'n_layers', got {self.p.by!r}.")
+            raise SpecError(where + ".by", f"must be a non-zero number or 'n_layers', got {self.p.by!r}.",
+                            fix="e.g. by: 2, or by: n_layers.")
         return in_dims[0]
 
     def run(self, ctx, x):

@@ -147,7 +147,8 @@ class ContestedDirection(Operator):
         check_shrinkage(self.p.shrinkage, where + ".shrinkage")
         for key in ("n_perm", "n_null"):
             if getattr(self.p, key) < 1:
-                raise SpecError(f"{where}.{key}", f"must be ≥ 1, got {getattr(self.p, key)}.")
+                raise SpecError(f"{where}.{key}", f"must be ≥ 1, got {getattr(self.p, key)}.",
+                                fix=f"e.g. {key}: 1000 in the step.")
         return ("direction_statistic",) if self.p.quantity == "statistics" else ("d_model",)
 
     def gauge(self, in_gauges, info):

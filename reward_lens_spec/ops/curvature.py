@@ -79,17 +79,20 @@ class Curvature(Operator):
     def out_dims(self, in_dims, info, where):
         p = self.p
         if not (isinstance(p.layer, int) and 0 <= p.layer < info.n_layers):
-            raise SpecError(where + ".layer", f"layer {p.layer!r} out of range; valid 0..{info.n_layers - 1}.")
+            raise SpecError(where + ".layer", f"layer {p.layer!r} out of range; valid 0..{info.n_layers - 1}.",
+                            fix=f"set layer: <0..{info.n_layers - 1}> in the step.")
         choice(p.of, ("margin", "reward"), where + ".of")
         choice(p.quantity, QUANTITIES, where + ".quantity")
         for f in ("k", "iterations", "vectors", "bins"):
             if not (isinstance(getattr(p, f), int) and getattr(p, f) >= 1):
-                raise SpecError(f"{where}.{f}", f"must be an integer >= 1, got {getattr(p, f)!r}.")
+                raise SpecError(f"{where}.{f}", f"must be an integer >= 1, got {getattr(p, f)!r}.",
+                                fix=f"set {f}: <an integer ≥ 1> in the step.")
         if info.gated:
             raise SpecError(where, "curvature reads one linear head row; this head is gated.",
                             fix="use a model with a linear reward head.")
         if isinstance(p.deflate, bool) or not isinstance(p.deflate, int) or p.deflate < 0:
-            raise SpecError(where + ".deflate", f"must be an integer >= 0, got {p.deflate!r}.")
+            raise SpecError(where + ".deflate", f"must be an integer >= 0, got {p.deflate!r}.",
+                            fix="e.g. deflate: 0 (none) or deflate: 1.")
         if p.objective is None and info.n_objectives > 1:
             raise SpecError(where + ".objective", "a multi-objective head needs the objective to differentiate.",
                             options=info.objectives, fix="set objective: <name>.")

@@ -50,7 +50,9 @@ class FinalNorm(Operator):
                                 fix="add a select step (resid at layer: last) and name it in 'reference'.")
             need_dim(in_dims[0], "side", where, "each side has its own frozen scale")
             if set(in_dims[1]) != {"pair", "side", "d_model"}:
-                raise SpecError(where + ".reference", f"reference must be pair × side × d_model, got {in_dims[1]}.")
+                raise SpecError(where + ".reference", f"reference must be pair × side × d_model, got {in_dims[1]}.",
+                                fix="name a select step of the final residual (resid at layer: last), "
+                                    "which is pair × side × d_model.")
         return in_dims[0]
 
     def run(self, ctx, x, ref=None):

@@ -47,7 +47,8 @@ class FirstCrossing(Operator):
     def out_dims(self, in_dims, info, where):
         need_dim(in_dims[0], self.p.dim, where, "the curve's axis", param="dim")
         if not 0 < self.p.fraction <= 1:
-            raise SpecError(where + ".fraction", f"must be in (0, 1], got {self.p.fraction}.")
+            raise SpecError(where + ".fraction", f"must be in (0, 1], got {self.p.fraction}.",
+                            fix="e.g. fraction: 0.5 in the step.")
         if self.p.quantity not in _UNITS:
             raise SpecError(where + ".quantity", f"unknown quantity '{self.p.quantity}'.", value=self.p.quantity,
                             options=_UNITS)

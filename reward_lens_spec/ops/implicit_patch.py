@@ -70,7 +70,8 @@ class _Base(Operator):
             raise SpecError(where + ".quantity", f"unknown quantity '{self.p.quantity}'.", value=self.p.quantity,
                             options=opts)
         if self.p.batch_size < 1:
-            raise SpecError(where + ".batch_size", f"must be >= 1, got {self.p.batch_size}.")
+            raise SpecError(where + ".batch_size", f"must be >= 1, got {self.p.batch_size}.",
+                            fix="e.g. batch_size: 8 in the step.")
         return ("pair", "layer", "component")
 
     def gauge(self, in_gauges, info):

@@ -44,10 +44,12 @@ class LeaceParams:
 
 def check_leace(p, info, where: str) -> None:
     if not (isinstance(p.layer, int) and 0 <= p.layer < info.n_layers):
-        raise SpecError(where + ".layer", f"layer {p.layer!r} out of range; valid 0..{info.n_layers - 1}.")
+        raise SpecError(where + ".layer", f"layer {p.layer!r} out of range; valid 0..{info.n_layers - 1}.",
+                        fix=f"set layer: <0..{info.n_layers - 1}> in the step.")
     check_concept(p.concept, p.tokens, where)
     if not 0 < p.fit_fraction < 1:
-        raise SpecError(where + ".fit_fraction", f"must be in (0, 1), got {p.fit_fraction!r}.")
+        raise SpecError(where + ".fit_fraction", f"must be in (0, 1), got {p.fit_fraction!r}.",
+                        fix="e.g. fit_fraction: 0.5 in the step.")
 
 
 def check_readout_input(p, in_dims, info, where: str) -> None:

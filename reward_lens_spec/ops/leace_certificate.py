@@ -54,9 +54,11 @@ class LeaceCertificate(Operator):
     def out_dims(self, in_dims, info, where):
         check_readout_input(self.p, in_dims[0], info, where)
         if set(in_dims[0]) - {"pair", "side", "layer", "d_model"}:
-            raise SpecError(where + ".input", f"needs pair × side × [layer ×] d_model, got {in_dims[0]}.")
+            raise SpecError(where + ".input", f"needs pair × side × [layer ×] d_model, got {in_dims[0]}.",
+                            fix="select or reduce the other dims first, leaving pair × side × [layer ×] d_model.")
         if not 0 < self.p.ci < 1 or not (isinstance(self.p.resamples, int) and self.p.resamples >= 2):
-            raise SpecError(where + ".ci", "ci must be in (0, 1) and resamples an integer >= 2.")
+            raise SpecError(where + ".ci", "ci must be in (0, 1) and resamples an integer >= 2.",
+                            fix="e.g. ci: 0.95 and resamples: 1000 in the step.")
         return ("stage", "bound")
 
     def gauge(self, in_gauges, info):

@@ -51,10 +51,12 @@ def _values(m_a, m_b) -> tuple[np.ndarray, np.ndarray]:
         m_a, m_b = xr.align(m_a, m_b, join="inner")
     a, b = np.asarray(m_a, np.float64).reshape(-1), np.asarray(m_b, np.float64).reshape(-1)
     if a.shape != b.shape:
-        raise SpecError("compare_margins", f"margins cover different numbers of pairs ({a.size} vs {b.size}).")
+        raise SpecError("compare_margins", f"margins cover different numbers of pairs ({a.size} vs {b.size}).",
+                        fix="give margins indexed by pair (a DataArray with a pair coord), or two runs on one dataset.")
     ok = np.isfinite(a) & np.isfinite(b)
     if ok.sum() < 3:
-        raise SpecError("compare_margins", f"need at least 3 shared pairs with finite margins, got {int(ok.sum())}.")
+        raise SpecError("compare_margins", f"need at least 3 shared pairs with finite margins, got {int(ok.sum())}.",
+                        fix="score both on more shared pairs (dataset.limit), with finite margins.")
     return a[ok], b[ok]
 
 

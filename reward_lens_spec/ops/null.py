@@ -76,7 +76,8 @@ class Null(Operator):
             raise SpecError(where + ".statistic", "the mean over pairs does not change when pairs are shuffled.",
                             fix="use statistic: accuracy, or kind: shuffled_sides | random_direction.")
         if not (isinstance(self.p.draws, int) and self.p.draws >= 1):
-            raise SpecError(where + ".draws", f"draws must be a positive integer, got {self.p.draws!r}.")
+            raise SpecError(where + ".draws", f"draws must be a positive integer, got {self.p.draws!r}.",
+                            fix="e.g. draws: 1000 in the step.")
         return ("draw",) + without(in_dims[0], "pair", "side", "d_model")
 
     def gauge(self, in_gauges, info):

@@ -60,7 +60,8 @@ class _PatchBase(Operator):
         bad = [l for l in layers if not 0 <= l < info.n_layers]
         if bad:
             raise SpecError("observable.layers", f"layer(s) {bad} out of range for {where}; "
-                            f"valid range is 0..{info.n_layers - 1}.")
+                            f"valid range is 0..{info.n_layers - 1}.",
+                            fix=f"set observable.layers to layers in 0..{info.n_layers - 1}, or drop it (every layer).")
         if self.p.quantity not in ("effect", "restored"):
             raise SpecError(where + ".quantity", f"unknown quantity '{self.p.quantity}'.",
                             value=self.p.quantity, options=["effect", "restored"])
@@ -68,7 +69,8 @@ class _PatchBase(Operator):
             raise SpecError(where + ".positions", f"unknown position mode '{self.p.positions}'.",
                             value=self.p.positions, options=["readout", "all"])
         if self.p.positions == "all" and self.approximate:
-            raise SpecError(where + ".positions", "attribution patching reads the readout position only.")
+            raise SpecError(where + ".positions", "attribution patching reads the readout position only.",
+                            fix="use positions: readout, or op: patch (exact) for positions: all.")
         if self.p.mode not in ("denoise", "noise"):
             raise SpecError(where + ".mode", f"unknown mode '{self.p.mode}'.", value=self.p.mode,
                             options=["denoise", "noise"])

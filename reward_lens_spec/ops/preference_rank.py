@@ -167,7 +167,8 @@ class PreferenceRank(Operator):
                             options=QUANTITIES)
         for key, lo in (("rank", 1), ("n_components", 1), ("n_boot", 1), ("max_iter", 1)):
             if getattr(self.p, key) < lo:
-                raise SpecError(f"{where}.{key}", f"must be ≥ {lo}, got {getattr(self.p, key)}.")
+                raise SpecError(f"{where}.{key}", f"must be ≥ {lo}, got {getattr(self.p, key)}.",
+                                fix=f"set {key}: {lo} or more in the step.")
         grid = list(self.p.l2_grid)
         if not grid or any(not np.isfinite(float(x)) or float(x) < 0 for x in grid):
             raise SpecError(where + ".l2_grid", f"need one or more finite λ ≥ 0, got {grid}.",

@@ -58,7 +58,8 @@ class Prefix(Operator):
         if q not in ("reward", "margin", "lens"):
             raise SpecError(where + ".quantity", f"unknown quantity '{q}'.", value=q, options=["reward", "margin", "lens"])
         if self.p.batch_size < 1:
-            raise SpecError(where + ".batch_size", f"must be >= 1, got {self.p.batch_size}.")
+            raise SpecError(where + ".batch_size", f"must be >= 1, got {self.p.batch_size}.",
+                            fix="e.g. batch_size: 8 in the step.")
         obj = ("objective",) if info.n_outputs > 1 else ()
         return {"reward": ("pair", "side", "position"), "margin": ("pair", "position"),
                 "lens": ("pair", "side", "layer", "position")}[q] + obj

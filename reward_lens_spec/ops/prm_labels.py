@@ -68,7 +68,8 @@ class PrmLabels(Operator):
     def out_dims(self, in_dims, info, where):
         choice(self.p.quantity, _Q, where + ".quantity")
         if self.p.batch_size < 1:
-            raise SpecError(where + ".batch_size", f"must be >= 1, got {self.p.batch_size}.")
+            raise SpecError(where + ".batch_size", f"must be >= 1, got {self.p.batch_size}.",
+                            fix="e.g. batch_size: 8 in the step.")
         if info.n_outputs != 1:
             raise SpecError(where, f"a step reward is one head row; this model's head has {info.n_outputs} outputs.",
                             fix="read a one-row head (model.num_labels=1).")

@@ -63,7 +63,8 @@ class PrmSteps(Operator):
             raise SpecError(where + ".quantity", f"unknown quantity '{self.p.quantity}'.", value=self.p.quantity,
                             options=_Q)
         if self.p.batch_size < 1:
-            raise SpecError(where + ".batch_size", f"must be >= 1, got {self.p.batch_size}.")
+            raise SpecError(where + ".batch_size", f"must be >= 1, got {self.p.batch_size}.",
+                            fix="e.g. batch_size: 8 in the step.")
         if info.n_outputs != 1:
             raise SpecError(where, "a step reward is one head row; this model's head has "
                             f"{info.n_outputs} outputs.", fix="read a one-row head (model.num_labels=1).")

@@ -85,7 +85,9 @@ class Project(Operator):
         vec = np.asarray(stored.values, np.float64).reshape(1, -1)
         if vec.shape[1] != head.W.shape[1]:
             raise SpecError("observable.steps.direction", f"stored vector has {vec.shape[1]} entries, model d_model "
-                            f"is {head.W.shape[1]}.")
+                            f"is {head.W.shape[1]}.",
+                            fix=f"store the direction from a model with d_model {head.W.shape[1]}, "
+                                "or use direction: head.")
         return vec, np.zeros(1), [var]
 
     def run(self, ctx, x):

@@ -37,7 +37,7 @@ class Reduce(Operator):
         if self.p.how not in _HOW:
             raise SpecError(where + ".how", f"unknown reduction '{self.p.how}'.", value=self.p.how, options=_HOW)
         if self.p.how == "quantile" and not (self.p.q is not None and 0 <= self.p.q <= 1):
-            raise SpecError(where + ".q", "how=quantile needs q in [0, 1].")
+            raise SpecError(where + ".q", "how=quantile needs q in [0, 1].", fix="e.g. q: 0.9 in the step.")
         out = without(in_dims[0], self.p.dim)
         return (self.p.by,) + out if self.p.by else out
 

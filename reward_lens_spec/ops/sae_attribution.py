@@ -114,7 +114,7 @@ def check_params(p, info, where: str) -> None:
         need_site(info, "resid_post", where)
         if not (isinstance(p.layer, int) and 0 <= p.layer < info.n_layers):
             raise SpecError(where + ".layer", f"site resid_post needs a layer in 0..{info.n_layers - 1}, "
-                            f"got {p.layer!r}.")
+                            f"got {p.layer!r}.", fix=f"set layer: <0..{info.n_layers - 1}> in the step.")
         if p.quantity in LINEAR:
             raise SpecError(where + ".site", f"'{p.quantity}' is an exact linear decomposition of the margin; "
                             "the margin is linear in the activation only at the readout (after the final norm).",
@@ -137,9 +137,10 @@ def check_params(p, info, where: str) -> None:
                             options=["run", "store:<url>#<run>/<observable>/<variable>"])
         for f in ("d_sae", "k", "epochs", "batch", "chunk"):
             if not (isinstance(getattr(p, f), int) and getattr(p, f) >= 1):
-                raise SpecError(f"{where}.{f}", f"must be an integer >= 1, got {getattr(p, f)!r}.")
+                raise SpecError(f"{where}.{f}", f"must be an integer >= 1, got {getattr(p, f)!r}.",
+                                fix=f"set {f}: <an integer ≥ 1> in the step.")
         if not (isinstance(p.lr, (int, float)) and p.lr > 0):
-            raise SpecError(where + ".lr", f"must be a number > 0, got {p.lr!r}.")
+            raise SpecError(where + ".lr", f"must be a number > 0, got {p.lr!r}.", fix="e.g. lr: 0.01 in the step.")
         if p.k > p.d_sae:
             raise SpecError(where + ".k", f"k ({p.k}) exceeds d_sae ({p.d_sae}).", fix="set k <= d_sae.")
 
@@ -166,7 +167,8 @@ def _train_stored(p, ctx):
     if "layer" in da.dims:
         if p.layer not in list(da["layer"].values):
             raise SpecError("observable.steps.layer", f"stored '{var}' has layers {list(da['layer'].values)}, "
-                            f"not {p.layer!r}.")
+                            f"not {p.layer!r}.",
+                            fix=f"set layer: to one of {list(da['layer'].values)}, or store that layer.")
         da = da.sel(layer=p.layer)
     if set(da.dims) != {"pair", "side", "d_model"}:
         raise SpecError("observable.steps.train_on", f"stored '{var}' has dims {da.dims}; expected readout "

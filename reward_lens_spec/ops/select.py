@@ -28,9 +28,11 @@ class Select(Operator):
     def out_dims(self, in_dims, info, where):
         need_dim(in_dims[0], self.p.dim, where, "the dim to select along", param="dim")
         if (self.p.index is None) == (self.p.values is None):
-            raise SpecError(where, "give exactly one of 'index' or 'values'.")
+            raise SpecError(where, "give exactly one of 'index' or 'values'.",
+                            fix="e.g. index: last, or values: [0, 2] (not both).")
         if self.p.index is not None and not (self.p.index in ("last", "first") or isinstance(self.p.index, int)):
-            raise SpecError(where + ".index", f"index must be last, first or an integer, got {self.p.index!r}.")
+            raise SpecError(where + ".index", f"index must be last, first or an integer, got {self.p.index!r}.",
+                            fix="e.g. index: last, index: first or index: 3.")
         return without(in_dims[0], self.p.dim) if self.p.index is not None else in_dims[0]
 
     def run(self, ctx, x):

@@ -67,16 +67,20 @@ class Steer(Operator):
 
     def out_dims(self, in_dims, info, where):
         if not (isinstance(self.p.layer, int) and 0 <= self.p.layer < info.n_layers):
-            raise SpecError(where + ".layer", f"layer {self.p.layer!r} out of range; valid 0..{info.n_layers - 1}.")
+            raise SpecError(where + ".layer", f"layer {self.p.layer!r} out of range; valid 0..{info.n_layers - 1}.",
+                            fix=f"set layer: <0..{info.n_layers - 1}> in the step.")
         choice(self.p.side, ("both", "chosen", "rejected"), where + ".side")
         choice(self.p.positions, ("readout", "response"), where + ".positions")
         if not (isinstance(self.p.batch_size, int) and self.p.batch_size >= 1):
-            raise SpecError(where + ".batch_size", f"must be an integer >= 1, got {self.p.batch_size!r}.")
+            raise SpecError(where + ".batch_size", f"must be an integer >= 1, got {self.p.batch_size!r}.",
+                            fix="e.g. batch_size: 8 in the step.")
         choice(self.p.quantity, ("margin", "reward", "slope"), where + ".quantity")
         if not self.p.alphas or not all(isinstance(a, (int, float)) for a in self.p.alphas):
-            raise SpecError(where + ".alphas", f"alphas must be a non-empty list of numbers, got {self.p.alphas!r}.")
+            raise SpecError(where + ".alphas", f"alphas must be a non-empty list of numbers, got {self.p.alphas!r}.",
+                            fix="e.g. alphas: [-2, 0, 2] in the step.")
         if self.p.quantity == "slope" and len(set(self.p.alphas)) < 2:
-            raise SpecError(where + ".alphas", "a slope needs at least two distinct alphas.")
+            raise SpecError(where + ".alphas", "a slope needs at least two distinct alphas.",
+                            fix="e.g. alphas: [-2, 0, 2], or quantity: margin.")
         if in_dims:
             if set(in_dims[0]) != {"d_model"}:
                 raise SpecError(where + ".input", f"the direction input must have dims (d_model,), got {in_dims[0]}.",
@@ -107,7 +111,8 @@ class Steer(Operator):
             u = reward_direction(ctx, d)
         norm = np.linalg.norm(u)
         if not np.isfinite(norm) or norm == 0:
-            raise SpecError("observable.steps.direction", f"the steering direction '{d}' is zero or not finite.")
+            raise SpecError("observable.steps.direction", f"the steering direction '{d}' is zero or not finite.",
+                            fix="steer along a non-zero direction (direction: head, or another stored vector).")
         return u / norm, float(np.sqrt((x ** 2).sum(-1).mean()))
 
     def run(self, ctx, *inputs):

@@ -42,10 +42,11 @@ class TopFeatures(Operator):
         need_dim(in_dims[0], "pair", where, "the pairs to average over")
         need_dim(in_dims[0], self.p.dim, where, "the entries to rank", param="dim")
         if not (isinstance(self.p.k, int) and self.p.k >= 1):
-            raise SpecError(where + ".k", f"must be an integer >= 1, got {self.p.k!r}.")
+            raise SpecError(where + ".k", f"must be an integer >= 1, got {self.p.k!r}.", fix="e.g. k: 10 in the step.")
         rest = without(in_dims[0], "pair", self.p.dim)
         if set(rest) - {"objective"}:
-            raise SpecError(where + ".input", f"needs pair × {self.p.dim} [× objective], got {in_dims[0]}.")
+            raise SpecError(where + ".input", f"needs pair × {self.p.dim} [× objective], got {in_dims[0]}.",
+                            fix="reduce or select the other dims first (e.g. a select step: dim: layer, index: last).")
         return ((self.p.by,) if self.p.by else ()) + ("rank",) + rest
 
     def run(self, ctx, x):

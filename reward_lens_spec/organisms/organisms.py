@@ -178,7 +178,8 @@ def planted_head_organism(strength: float, *, layer: int = 1, head: int = 2, bas
     cfg = model.config
     H, L = n_heads(cfg), cfg.num_hidden_layers
     if not (0 <= layer < L and 0 <= head < H):
-        raise SpecError("organism.unit", f"no head {head} in layer {layer} (layers 0..{L - 1}, heads 0..{H - 1}).")
+        raise SpecError("organism.unit", f"no head {head} in layer {layer} (layers 0..{L - 1}, heads 0..{H - 1}).",
+                        fix=f"choose layer in 0..{L - 1} and head in 0..{H - 1}.")
     d, hd = cfg.hidden_size, model.model.layers[layer].self_attn.head_dim
     group = H // (cfg.num_key_value_heads or H)
     rng = np.random.Generator(np.random.PCG64(seed + 1000))

@@ -45,14 +45,14 @@ def _bool(v: str, key: str) -> bool:
         return True
     if v.lower() in ("false", "0", "no"):
         return False
-    raise SpecError(key, f"expected true or false, got '{v}'.")
+    raise SpecError(key, f"expected true or false, got '{v}'.", fix=f"set {key}=true or {key}=false.")
 
 
 def _int(v: str, key: str) -> int:
     try:
         return int(v)
     except ValueError:
-        raise SpecError(key, f"expected an integer, got '{v}'.") from None
+        raise SpecError(key, f"expected an integer, got '{v}'.", fix=f"e.g. {key}=1000.") from None
 
 
 def _guard(fn, argv) -> int:

@@ -184,7 +184,9 @@ def check_design(run, study: dict) -> None:
         for k, want in node.items():
             key = f"{prefix}.{k}" if prefix else str(k)
             if not hasattr(obj, k):
-                raise SpecError(f"experiment.design.{key}", "no such config key.")
+                raise SpecError(f"experiment.design.{key}", "no such config key.",
+                                fix="remove it from the study's design, or name a key of the run config "
+                                    "(e.g. model: {name: tiny_llama}).")
             got = getattr(obj, k)
             if isinstance(want, dict):
                 walk(want, got, key)
@@ -280,7 +282,9 @@ def adjudicate(experiment: str, store_url: str, *, run_ids=None, shash: str | No
             if ev.before(rec["run_id"], a["run_id"]) and (not run_ids or a["run_id"] in run_ids)]
     missing = sorted(set(run_ids or ()) - {a["run_id"] for a in runs})
     if missing:
-        raise SpecError("runs", f"run(s) {missing} did not execute frozen study {rec['study_id']} after it was frozen.")
+        raise SpecError("runs", f"run(s) {missing} did not execute frozen study {rec['study_id']} after it was frozen.",
+                        fix="drop them from runs=, or run the study after freezing it: "
+                            f"reward-lens-spec experiment={name}")
     if not runs:
         raise SpecError("experiment", f"no run of study {rec['study_id']} since it was frozen.",
                         fix=f"run it first: reward-lens-spec experiment={name}")

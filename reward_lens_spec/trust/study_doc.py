@@ -42,26 +42,31 @@ def validate_study(study: dict) -> None:
         raise SpecError("experiment.name", "a study needs a name.", fix="add `name: my_study` under experiment:.")
     hyps = study.get("hypotheses")
     if not isinstance(hyps, list) or not hyps:
-        raise SpecError("experiment.hypotheses", "a study needs at least one hypothesis with predictions.")
+        raise SpecError("experiment.hypotheses", "a study needs at least one hypothesis with predictions.",
+                        fix="add `hypotheses: [{statement: ..., predictions: [...]}]` under experiment:.")
     seen = set()
     for i, h in enumerate(hyps):
         preds = h.get("predictions") if isinstance(h, dict) else None
         if not isinstance(preds, list) or not preds:
-            raise SpecError(f"experiment.hypotheses[{i}].predictions", "each hypothesis needs predictions.")
+            raise SpecError(f"experiment.hypotheses[{i}].predictions", "each hypothesis needs predictions.",
+                            fix="add `predictions: [{metric: {variable: margin}, "
+                                "comparator: '>', threshold: 0}]` to it.")
         for j, p in enumerate(preds):
             where = f"experiment.hypotheses[{i}].predictions[{j}]"
             m = p.get("metric") if isinstance(p, dict) else None
             if not isinstance(m, dict) or not isinstance(m.get("variable"), str):
-                raise SpecError(where + ".metric", "needs a metric with a `variable` (an output variable).")
+                raise SpecError(where + ".metric", "needs a metric with a `variable` (an output variable).",
+                                fix="e.g. metric: {variable: margin, reduce: mean}.")
             for key, val, opts in (("metric.reduce", m.get("reduce", "mean"), REDUCTIONS),
                                    ("comparator", p.get("comparator"), COMPARATORS)):
                 if val not in opts:
                     raise SpecError(f"{where}.{key}", f"unknown {key.split('.')[-1]}.", value=val, options=opts)
             if not isinstance(p.get("threshold"), (int, float)) or isinstance(p.get("threshold"), bool):
-                raise SpecError(where + ".threshold", "needs a number.")
+                raise SpecError(where + ".threshold", "needs a number.", fix="e.g. threshold: 0.")
             pid = p.get("id") or f"H{i + 1}.P{j + 1}"
             if pid in seen:
-                raise SpecError(where + ".id", f"duplicate prediction id '{pid}'.")
+                raise SpecError(where + ".id", f"duplicate prediction id '{pid}'.",
+                                fix="give each prediction its own id (or leave id out: it defaults to H<i>.P<j>).")
             seen.add(pid)
 
 
