@@ -77,7 +77,8 @@ def load_rewardbench(path, *, version: int = 1, fields: Mapping[str, str] | None
             raise SpecError(f"dataset.fields.{name}", f"unknown field name {name!r} for kind={kind}.", value=name,
                             options=V1_KEYS, fix="map only these names to the file's keys.")
         if not isinstance(key, str) or not key:
-            raise SpecError(f"dataset.fields.{name}", f"must name a key of the file, got {key!r}.")
+            raise SpecError(f"dataset.fields.{name}", f"must name a key of the file, got {key!r}.",
+                            fix=f"set dataset.fields.{name}=<a key of the file's rows>.")
         keys[name] = key
     resolved = resolve_path(path, base_dir)
     rows = read_rows(resolved, path)
