@@ -46,10 +46,8 @@ def lease_live(doc: dict | None, *, lease_s: float | None = None, now: float | N
 
 def fenced_store(zstore, guard):
     """A zarr store over ``zstore`` that calls ``guard()`` (raising StoreError when this writer no longer
-    holds its role) before every write, and refuses every delete. ``set_all(items)`` writes many keys
-    concurrently after one ``guard()`` (the per-key guards of a concurrent batch run at its start too);
-    ``fence_parts()`` gives ``(guard, the store it wraps)`` to a writer that runs both in one thread
-    (``store.zarr_io.put_fenced``)."""
+    holds its role) before every write, and refuses every delete. ``fence_parts()`` gives ``(guard, the store
+    it wraps)`` to ``store.zarr_io.put_batches``, which calls ``guard()`` once per batch of keys it writes."""
     store = _fenced_class()(zstore)
     store._guard = guard
     return store
@@ -82,12 +80,6 @@ def _fenced_class():
 
         def fence_parts(self):
             return self._guard, self._store
-
-        async def set_all(self, items, *, if_absent=False):
-            from reward_lens_spec.store.zarr_io import put_many
-
-            await asyncio.to_thread(self._guard)
-            await put_many(self._store, items, if_absent)
 
         async def _set_many(self, values):
             for key, value in values:
