@@ -120,3 +120,25 @@ def test_fence_stops_a_displaced_or_stalled_holder(tmp_path):
     other.close()
     att.close()
     assert np.all(open_store(url).incomplete() == ["r"])
+
+
+def test_one_heartbeat_thread_renews_every_open_attempt(tmp_path):
+    """The leases of every open attempt of this process are renewed by one thread (before: one thread per
+    attempt), each every ``lease_s / 6`` seconds; a closed attempt's leases are no longer renewed."""
+    import threading
+
+    b = Backend(str(tmp_path / "s"))
+    atts = [Attempt.create(b, f"run{i}", {"k": i}, role="shard-0", lease_s=0.6) for i in range(3)]
+    try:
+        assert len([t for t in threading.enumerate() if t.name.startswith("lease-") and t.is_alive()]) == 1
+        beats = [a.leases()["shard-0"][1]["beat"] for a in atts]
+        time.sleep(0.5)
+        assert all(a.leases()["shard-0"][1]["beat"] > t for a, t in zip(atts, beats))
+        atts[0].close()
+        closed = atts[0].leases()["shard-0"][1]["beat"]
+        time.sleep(0.3)
+        assert atts[0].leases()["shard-0"][1]["beat"] == closed
+        atts[1].fence("shard-0")
+    finally:
+        for a in atts:
+            a.close()

@@ -80,8 +80,8 @@ class Attempt:
         self._held: dict[str, int] = {}
         self._last_ok = time.monotonic()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = None
+        self._beating = threading.Lock()          # held while the heartbeat renews this attempt's leases
+        self._closed = False
 
     # -- creation and discovery -------------------------------------------------------
     @classmethod
@@ -237,12 +237,14 @@ class Attempt:
                            "released": released}).encode()
 
     def _start_heartbeat(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._beat, name=f"lease-{self.aid}", daemon=True)
-            self._thread.start()
+        if not self._closed:
+            _HEARTBEAT.add(self)
 
     def _beat(self) -> None:
-        while not self._stop.wait(self.lease_s / 6):
+        """Renew every role this attempt holds (``_Heartbeat`` calls it every ``lease_s / 6`` seconds)."""
+        with self._beating:
+            if self._closed:
+                return
             with self._lock:
                 held = dict(self._held)
             try:
@@ -254,10 +256,12 @@ class Attempt:
                 pass
 
     def close(self) -> None:
-        """Stop the heartbeat (held roles then expire; released ones stay released)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        """Stop the heartbeat (held roles then expire; released ones stay released); a renewal under way is
+        waited for (at most 5 s), so none is written after this returns."""
+        self._closed = True
+        _HEARTBEAT.discard(self)
+        if self._beating.acquire(timeout=5):
+            self._beating.release()
 
     # -- chunks and completion ---------------------------------------------------------------
     def mark(self, name: str, info: dict, role: str) -> None:
@@ -349,3 +353,48 @@ class Attempt:
     def remove(self) -> None:
         """Delete this attempt's prefix (callers only remove attempts no run document names)."""
         self.b.remove_tree(self.prefix)
+
+
+class _Heartbeat:
+    """The process's one heartbeat thread: renews the leases of every ``Attempt`` that claimed a role and is
+    not closed, each every ``lease_s / 6`` seconds from its first claim (a daemon thread started with the first
+    such attempt; one attempt's slow store delays the others' renewals by as long as its write takes)."""
+
+    def __init__(self):
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)     # a forked child starts with no thread and no attempt
+
+    def _reset(self) -> None:
+        self._due: dict = {}                  # attempt -> monotonic time of its next renewal
+        self._cond = threading.Condition()
+        self._thread = None
+
+    def add(self, att: Attempt) -> None:
+        with self._cond:
+            if att in self._due:
+                return
+            self._due[att] = time.monotonic() + att.lease_s / 6
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def discard(self, att: Attempt) -> None:
+        with self._cond:
+            self._due.pop(att, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                due = [a for a, t in self._due.items() if t <= now]
+                for a in due:
+                    self._due[a] = now + a.lease_s / 6
+                if not due:
+                    self._cond.wait(min(self._due.values(), default=now + 60.0) - now)
+                    continue
+            for a in due:
+                a._beat()
+
+
+_HEARTBEAT = _Heartbeat()
