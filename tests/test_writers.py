@@ -142,3 +142,28 @@ def test_one_heartbeat_thread_renews_every_open_attempt(tmp_path):
     finally:
         for a in atts:
             a.close()
+
+
+def test_completion_checks_read_the_run_document_alone(tmp_path, monkeypatch):
+    """Whether an attempt is named (``Attempt.named``, asked on every claim) and whether a run is complete
+    (``state.complete_attrs``) are read from the run document alone — nothing listed (before: two listings per
+    question on an incomplete run) — and agree with ``run_state`` for an incomplete, a complete, a corrupt and
+    an absent run."""
+    from reward_lens_spec.store.state import complete_attrs, run_state
+
+    b = Backend(str(tmp_path / "s"))
+    att = Attempt.create(b, "r", {"k": 1}, role="shard-0")
+    try:
+        listed = []
+        real = Backend.list_dirs
+        monkeypatch.setattr(Backend, "list_dirs", lambda self, key: (listed.append(key), real(self, key))[1])
+        assert not att.named() and complete_attrs(b, "r") is None and listed == []
+        assert run_state(b, "r") == ("incomplete", {}) and listed
+        b.write_atomic("runs/r/zarr.json", json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {
+            "complete": True, "attempt": att.aid}}).encode())
+        assert att.named() and complete_attrs(b, "r") == run_state(b, "r")[1] == {"complete": True, "attempt": att.aid}
+        b.write_atomic("runs/r/zarr.json", b"{garbage")
+        assert not att.named() and complete_attrs(b, "r") is None and run_state(b, "r") == ("corrupt", None)
+        assert complete_attrs(b, "nothing") is None and run_state(b, "nothing") == ("absent", None)
+    finally:
+        att.close()

@@ -53,7 +53,7 @@ from reward_lens_spec.signed_cache import tagged_by_user, user_tag
 from reward_lens_spec.store._backend import DOC, INTERNAL, RUNS, Backend, group_doc
 from reward_lens_spec.store.leases import HOST, LEASE_S, fenced_store, lease_live
 from reward_lens_spec.store.log import append as append_to_log
-from reward_lens_spec.store.state import run_state
+from reward_lens_spec.store.state import complete_attrs, run_state
 
 PREFIX = "attempt-"
 MARKER_TAG = "chunk-marker"     # the kind of a marker's tag (signed_cache.user_tag)
@@ -299,8 +299,8 @@ class Attempt:
 
     def named(self) -> bool:
         """True when the run document is complete and names this attempt."""
-        state, attrs = run_state(self.b, self.run_id)
-        return state == "complete" and attrs.get("attempt") == self.aid
+        attrs = complete_attrs(self.b, self.run_id)         # (the run document alone: nothing listed)
+        return attrs is not None and attrs.get("attempt") == self.aid
 
     def complete(self, run_attrs: dict, role: str, *, force: bool = False) -> bool:
         """Publish this attempt's observables into the run group and name it in the run document; False when
@@ -315,16 +315,16 @@ class Attempt:
         from reward_lens_spec.store.publish import consolidate, publish
 
         self.fence(role)
-        if not force and run_state(self.b, self.run_id)[0] == "complete":
+        if not force and complete_attrs(self.b, self.run_id) is not None:
             return False
         lock = Attempt(self.b, self.run_id, PUBLISH, {}, lease_s=self.lease_s)
         try:
             while not lock.claim("publish"):          # another writer publishes this run now
                 self.fence(role)
-                if not force and run_state(self.b, self.run_id)[0] == "complete":
+                if not force and complete_attrs(self.b, self.run_id) is not None:
                     return False
                 time.sleep(0.05)
-            if not force and run_state(self.b, self.run_id)[0] == "complete":
+            if not force and complete_attrs(self.b, self.run_id) is not None:
                 return False
 
             def fence():
