@@ -368,16 +368,18 @@ class _Heartbeat:
         self._due: dict = {}                  # attempt -> monotonic time of its next renewal
         self._cond = threading.Condition()
         self._thread = None
+        self._wakes = float("inf")            # when the thread wakes next by itself
 
     def add(self, att: Attempt) -> None:
         with self._cond:
             if att in self._due:
                 return
-            self._due[att] = time.monotonic() + att.lease_s / 6
+            due = self._due[att] = time.monotonic() + att.lease_s / 6
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            elif due < self._wakes:           # else it wakes in time by itself (no thread switch per claim)
+                self._cond.notify()
 
     def discard(self, att: Attempt) -> None:
         with self._cond:
@@ -390,8 +392,10 @@ class _Heartbeat:
                 due = [a for a, t in self._due.items() if t <= now]
                 for a in due:
                     self._due[a] = now + a.lease_s / 6
-                if not due:
-                    self._cond.wait(min(self._due.values(), default=now + 60.0) - now)
+                if not due:                   # idle: wake a default renewal period from now
+                    self._wakes = min(self._due.values(), default=now + LEASE_S / 6)
+                    self._cond.wait(self._wakes - now)
+                    self._wakes = float("inf")
                     continue
             for a in due:
                 a._beat()
