@@ -51,7 +51,7 @@ import uuid
 from reward_lens_spec.errors import StoreError
 from reward_lens_spec.signed_cache import tagged_by_user, user_tag
 from reward_lens_spec.store._backend import DOC, INTERNAL, RUNS, Backend, group_doc
-from reward_lens_spec.store.leases import HOST, LEASE_S, fenced_store, lease_live
+from reward_lens_spec.store.leases import HEARTBEAT, HOST, LEASE_S, fenced_store, lease_live
 from reward_lens_spec.store.log import append as append_to_log
 from reward_lens_spec.store.state import complete_attrs, run_state
 
@@ -238,10 +238,10 @@ class Attempt:
 
     def _start_heartbeat(self) -> None:
         if not self._closed:
-            _HEARTBEAT.add(self)
+            HEARTBEAT.add(self, self.lease_s / 6, self._beat)
 
     def _beat(self) -> None:
-        """Renew every role this attempt holds (``_Heartbeat`` calls it every ``lease_s / 6`` seconds)."""
+        """Renew every role this attempt holds (``leases.HEARTBEAT`` calls it every ``lease_s / 6`` seconds)."""
         with self._beating:
             if self._closed:
                 return
@@ -259,7 +259,7 @@ class Attempt:
         """Stop the heartbeat (held roles then expire; released ones stay released); a renewal under way is
         waited for (at most 5 s), so none is written after this returns."""
         self._closed = True
-        _HEARTBEAT.discard(self)
+        HEARTBEAT.discard(self)
         if self._beating.acquire(timeout=5):
             self._beating.release()
 
@@ -354,51 +354,3 @@ class Attempt:
         """Delete this attempt's prefix (callers only remove attempts no run document names)."""
         self.b.remove_tree(self.prefix)
 
-
-class _Heartbeat:
-    """The process's one heartbeat thread: renews the leases of every ``Attempt`` that claimed a role and is
-    not closed, each every ``lease_s / 6`` seconds from its first claim (a daemon thread started with the first
-    such attempt; one attempt's slow store delays the others' renewals by as long as its write takes)."""
-
-    def __init__(self):
-        self._reset()
-        os.register_at_fork(after_in_child=self._reset)     # a forked child starts with no thread and no attempt
-
-    def _reset(self) -> None:
-        self._due: dict = {}                  # attempt -> monotonic time of its next renewal
-        self._cond = threading.Condition()
-        self._thread = None
-        self._wakes = float("inf")            # when the thread wakes next by itself
-
-    def add(self, att: Attempt) -> None:
-        with self._cond:
-            if att in self._due:
-                return
-            due = self._due[att] = time.monotonic() + att.lease_s / 6
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
-                self._thread.start()
-            elif due < self._wakes:           # else it wakes in time by itself (no thread switch per claim)
-                self._cond.notify()
-
-    def discard(self, att: Attempt) -> None:
-        with self._cond:
-            self._due.pop(att, None)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                now = time.monotonic()
-                due = [a for a, t in self._due.items() if t <= now]
-                for a in due:
-                    self._due[a] = now + a.lease_s / 6
-                if not due:                   # idle: wake a default renewal period from now
-                    self._wakes = min(self._due.values(), default=now + LEASE_S / 6)
-                    self._cond.wait(self._wakes - now)
-                    self._wakes = float("inf")
-                    continue
-            for a in due:
-                a._beat()
-
-
-_HEARTBEAT = _Heartbeat()
