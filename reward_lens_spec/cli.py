@@ -231,6 +231,8 @@ def _check_command(word: str) -> None:
 # Arrow's default pool (mimalloc) keeps what it freed, ~10 MB a 100,000-label index built; the C library's
 # returns it (benchmarks/results.md §25). Read by Arrow at its first allocation, so set before any.
 ARROW_POOL = ("ARROW_DEFAULT_MEMORY_POOL", "system")
+INTERRUPTED = ("interrupted (Ctrl-C): the chunks already stored are kept and an unfinished run is never listed; run the "
+               "same command again to resume from them.")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -271,3 +273,6 @@ def main(argv: list[str] | None = None) -> None:
     except RewardLensError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    except KeyboardInterrupt:                 # Ctrl-C: one line, no stack trace; nothing stored is lost
+        print(INTERRUPTED, file=sys.stderr)
+        raise SystemExit(130) from None

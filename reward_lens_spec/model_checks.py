@@ -35,7 +35,8 @@ def check_model(m, partial: bool = False) -> None:
                             fix=f"set model.{key} to a value ≥ 1.")
     check_placement_keys(m, partial)            # model.device_map / max_memory / offload_folder
     if m.max_tokens is not None and m.max_tokens <= 0:
-        raise SpecError("model.max_tokens", f"must be positive or null, got {m.max_tokens}.")
+        raise SpecError("model.max_tokens", f"must be positive or null, got {m.max_tokens}.",
+                        fix="set model.max_tokens=N with N ≥ 1 (tokens per capture batch), or null (no cap).")
     check_kind(m)                               # model.kind and its settings (did you mean)
     if m.interventions:                         # the form of each entry; files are read at the door
         if m.kind != "classifier":

@@ -10,18 +10,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
-from typing import Any, Optional
+from types import UnionType
+from typing import Any, Optional, Union, get_args, get_origin, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ConfigTypeError, ValidationError
 
-from .errors import SpecError
+from .errors import SpecError, did_you_mean
 from .admission import Admission, stamp
 from .spec_kinds import EnsembleSpec, ImplicitSpec, JudgeSpec, PrmSpec  # noqa: F401  (schemas of ModelSpec)
 from pathlib import Path
 import yaml
-from .errors import did_you_mean
 from .registries import allow_plugins
 from .model_checks import default_model_name
 from .spec_checks import check_values
@@ -243,15 +243,21 @@ def keys_of(schema) -> list[str]:
 
 
 def _schema_at(path: list[str]):
+    """The schema (a dataclass) of the config node at ``path`` (``["model", "prm"]`` → ``PrmSpec``), or None."""
     node = RunConfig
     for part in path:
-        sub = {f.name: f for f in fields(node)}.get(part)
-        if sub is None:
+        if part not in keys_of(node):
             return None
-        node = GROUP_SCHEMAS.get(part) if node is RunConfig else None
+        node = GROUP_SCHEMAS.get(part) if node is RunConfig else _field_schema(node, part)
         if node is None:
             return None
     return node
+
+
+def _field_schema(schema, name: str):
+    """The dataclass a field of ``schema`` holds (``Optional[PrmSpec]`` → ``PrmSpec``), or None."""
+    hint = get_type_hints(schema).get(name)
+    return next((a for a in get_args(hint) or (hint,) if is_dataclass(a)), None)
 
 
 def _find_trust(node, prefix: str = "") -> str | None:
@@ -337,18 +343,27 @@ def _spec_error(exc) -> SpecError:
     msg = str(exc).splitlines()[0]
     if isinstance(exc, ConfigKeyError) or "not in" in msg:
         return SpecError(full or key, "unknown key.", value=key, options=keys_of(schema) or None)
-    enum_opts = None
-    if schema is not None and key in keys_of(schema):
-        ftype = {f.name: f.type for f in fields(schema)}[key]
-        for e in (DType, Device, Format, PaddingSide, Mode, FrameKind, HeadKind):
-            if e.__name__ in str(ftype):
-                enum_opts = [m.value for m in e]
+    ftype = get_type_hints(schema).get(key) if schema is not None and key in keys_of(schema) else None
+    enum_opts = next(([m.value for m in e] for e in (DType, Device, Format, PaddingSide, Mode, FrameKind, HeadKind)
+                      if ftype is not None and e.__name__ in str(ftype)), None)
     value = getattr(exc, "value", None) if hasattr(exc, "value") else None
     if enum_opts:
         bad = msg.split("'")[1] if "'" in msg else value
         return SpecError(full or key, f"{bad!r} is not one of its values.", value=bad, options=enum_opts,
                          fix=f"set {full or key}=<value> with one of the valid values.")
-    return SpecError(full or key, f"wrong type: {msg}")
+    return SpecError(full or key, f"wrong type: {msg.rstrip('.')}.", fix=f"set {full or key}={_type_example(ftype)}.")
+
+
+_EXAMPLES = {bool: "true|false", int: "<an integer>", float: "<a number>", str: "<a string>", list: "[a,b]",
+             tuple: "[a,b]", dict: "{key: value}"}
+
+
+def _type_example(ftype) -> str:
+    """A value of the schema type ``ftype`` as it is typed on the command line (``<an integer>``, ``true|false``,
+    ``[a,b]`` ...; ``(or null)`` where the field takes it)."""
+    args = get_args(ftype) if get_origin(ftype) in (Union, UnionType) else (ftype,)
+    found = [_EXAMPLES.get(get_origin(a) or a, "<a value of its type>") for a in args if a is not type(None)]
+    return " or ".join(dict.fromkeys(found)) + (" (or null)" if type(None) in args else "")
 
 
 def group_config(group: str, ref: str, *, key: str, base_dir: str | None = None):

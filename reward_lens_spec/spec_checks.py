@@ -20,7 +20,8 @@ def check_values(run, partial: bool = False) -> None:
     check_model(run.model, partial)             # model.*: no model loads (model_checks)
     DATASET_READERS.get(run.dataset.kind, "dataset.kind")      # dataset=<name>: did you mean
     if run.dataset.limit is not None and run.dataset.limit <= 0:
-        raise SpecError("dataset.limit", f"must be positive or null, got {run.dataset.limit}.")
+        raise SpecError("dataset.limit", f"must be positive or null, got {run.dataset.limit}.",
+                        fix="set dataset.limit=N with N ≥ 1 (the first N pairs), or dataset.limit=null (all).")
     _check_restrictions(run.observable)
     _check_frame(run.frame, partial)
 

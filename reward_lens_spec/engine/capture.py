@@ -30,7 +30,6 @@ from ..models.head import first_output, get_module
 from ..models.padding import batches_by_length, pad_batch
 from .prefix import run_prefix
 from ..models.placement import input_device
-from tqdm.auto import tqdm
 
 LAYER_SITES = ("embed", "resid_pre", "resid_post", "attn_out", "mlp_out", "attn_z", "intervention")
 SIDES = ("chosen", "rejected")
@@ -239,7 +238,8 @@ def capture(lm, encoded, sites=("resid_post",), *, batch_size: int = 16, max_tok
                for b in batches_by_length([len(seqs[u]) for u in rs], batch_size, max_tokens)]
     try:
         it = [(rows[0] in keep, rows) for rows in batches]
-        if progress:
+        if progress:             # imported here: tqdm.auto warns in a notebook without ipywidgets
+            from tqdm.auto import tqdm
             it = tqdm(it, desc=f"capture {lm.name}", unit="batch")
         for kept_batch, rows in it:
             if kept_batch:

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Optional
 
 import xarray as xr
 
-from ..errors import SpecError
+from ..errors import SpecError, did_you_mean
 
 INVARIANT = "invariant"
 
@@ -114,11 +114,14 @@ class Operator:
         return [f.name for f in fields(cls.Params)]
 
 
-def need_dim(dims: tuple[str, ...], dim: str, where: str, why: str) -> None:
-    """Raise ``SpecError`` at ``where`` unless ``dim`` is in ``dims``."""
+def need_dim(dims: tuple[str, ...], dim: str, where: str, why: str, param: str | None = None) -> None:
+    """Raise ``SpecError`` at ``where`` unless ``dim`` is in ``dims``. ``param``: the step's parameter that
+    named ``dim`` (a user's choice, e.g. ``dim``): the error then suggests the input's closest dim."""
     if dim not in dims:
-        raise SpecError(where, f"needs an input with a '{dim}' dim ({why}), got dims {dims}.",
-                        fix="feed it the output of a step that keeps that dim.")
+        hint = did_you_mean(dim, dims) if param else ""
+        fix = (f"set {param}: to one of the input's dims ({', '.join(dims)}), or feed it a step that keeps "
+               f"'{dim}'." if param else "feed it the output of a step that keeps that dim.")
+        raise SpecError(where, f"needs an input with a '{dim}' dim ({why}), got dims {dims}.{hint}", fix=fix)
 
 
 def need_readout_sides(dims: tuple[str, ...], where: str) -> None:

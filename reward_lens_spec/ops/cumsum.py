@@ -22,7 +22,7 @@ class Cumsum(Operator):
     Params = CumsumParams
 
     def out_dims(self, in_dims, info, where):
-        need_dim(in_dims[0], self.p.dim, where, "the dim to accumulate along")
+        need_dim(in_dims[0], self.p.dim, where, "the dim to accumulate along", param="dim")
         return in_dims[0]
 
     def run(self, ctx, x):

@@ -45,7 +45,7 @@ class FirstCrossing(Operator):
     Params = FirstCrossingParams
 
     def out_dims(self, in_dims, info, where):
-        need_dim(in_dims[0], self.p.dim, where, "the curve's axis")
+        need_dim(in_dims[0], self.p.dim, where, "the curve's axis", param="dim")
         if not 0 < self.p.fraction <= 1:
             raise SpecError(where + ".fraction", f"must be in (0, 1], got {self.p.fraction}.")
         if self.p.quantity not in _UNITS:

@@ -33,7 +33,7 @@ class Reduce(Operator):
     Params = ReduceParams
 
     def out_dims(self, in_dims, info, where):
-        need_dim(in_dims[0], self.p.dim, where, "the dim to reduce")
+        need_dim(in_dims[0], self.p.dim, where, "the dim to reduce", param="dim")
         if self.p.how not in _HOW:
             raise SpecError(where + ".how", f"unknown reduction '{self.p.how}'.", value=self.p.how, options=_HOW)
         if self.p.how == "quantile" and not (self.p.q is not None and 0 <= self.p.q <= 1):

@@ -26,7 +26,7 @@ class Select(Operator):
     Params = SelectParams
 
     def out_dims(self, in_dims, info, where):
-        need_dim(in_dims[0], self.p.dim, where, "the dim to select along")
+        need_dim(in_dims[0], self.p.dim, where, "the dim to select along", param="dim")
         if (self.p.index is None) == (self.p.values is None):
             raise SpecError(where, "give exactly one of 'index' or 'values'.")
         if self.p.index is not None and not (self.p.index in ("last", "first") or isinstance(self.p.index, int)):

@@ -40,7 +40,7 @@ class TopFeatures(Operator):
 
     def out_dims(self, in_dims, info, where):
         need_dim(in_dims[0], "pair", where, "the pairs to average over")
-        need_dim(in_dims[0], self.p.dim, where, "the entries to rank")
+        need_dim(in_dims[0], self.p.dim, where, "the entries to rank", param="dim")
         if not (isinstance(self.p.k, int) and self.p.k >= 1):
             raise SpecError(where + ".k", f"must be an integer >= 1, got {self.p.k!r}.")
         rest = without(in_dims[0], "pair", self.p.dim)

@@ -4,10 +4,12 @@
 with the catalog of every complete run and a section per run (``report.build``). ``format=png``
 (the default with ``run=``) writes PNG plots and a markdown summary per run (``report.plots``):
 ``run=ID`` draws one run, ``run=all`` every complete run. Returns 0, or 2 after printing the
-error (unknown key or format, missing ``url``, ``run=`` with ``format=html``, ``StoreError``).
+error (unknown key or format, missing ``url``, ``run=`` with ``format=html``, ``out=`` naming a file,
+``StoreError``).
 """
 from __future__ import annotations
 
+import os
 import sys
 
 from ..errors import RewardLensError, SpecError, did_you_mean
@@ -36,6 +38,9 @@ def parse(argv: list[str]) -> dict:
         raise SpecError("run", "the html report lists every complete run; run= selects runs for PNG plots.",
                         fix=f"{USAGE} (all runs), or drop format=html to draw one run's PNG plots")
     args.setdefault("run", "all")
+    if os.path.exists(args["out"]) and not os.path.isdir(args["out"]):
+        raise SpecError("out", f"{args['out']} is a file; the report is written into a folder.",
+                        fix="set out= to a folder (created when missing), e.g. out=outputs/report.")
     return args
 
 

@@ -61,11 +61,26 @@ def print_summary(outcome) -> None:
         prov = open_store(_store(outcome)).provenance(outcome.run_id)
         lines += table_lines(prov.get("summary"))
         lines += [f"store: {outcome.store_url}", run_line(outcome.run_id, prov, outcome.reused,
-                                                          _restricted(outcome, prov)),
+                                                          _restricted(outcome, prov)) + job_note(outcome),
                   f"run id: {outcome.run_id}"]
     sys.stdout.flush()
     sys.stdout.write("\n".join(lines) + "\n")
     sys.stdout.flush()
+
+
+def job_note(outcome) -> str:
+    """What this job did that the stored provenance cannot say: it resumed chunks an earlier job stored, or
+    completed a sharded run whose other chunks other shards' jobs stored, or another job completed the same run
+    first (the stored copy and its wall time are that job's)."""
+    if not getattr(outcome, "published", True):
+        return ("; another job completed the same run first: the stored copy and its wall time are that job's "
+                "(this job's own copy is not listed; `store gc` removes it)")
+    n, k = getattr(outcome, "chunks", 0), getattr(outcome, "computed", 0)
+    if not 0 <= k < n:
+        return ""
+    if getattr(outcome, "shard", (0, 1))[1] > 1:
+        return f"; this job computed {k} of {n} chunk(s), the other shards' jobs the rest"
+    return f"; resumed: {n - k} of {n} chunk(s) were stored by an earlier job"
 
 
 def shard_line(outcome) -> str:

@@ -42,7 +42,9 @@ class Outcome:
     status: str = "complete"         # or "shard_done": this job's chunks are in, the last shard completes the run
     shard: tuple = (0, 1)            # (store.shard, store.shards) of this job
     missing: tuple = ()              # "shard_done": the run's chunks not stored yet
-    chunks: int = 0                  # "shard_done": chunks in the run
+    chunks: int = 0                  # chunks in the run (0: reused)
+    computed: int = 0                # of those, the chunks this job computed (fewer: it resumed stored ones)
+    published: bool = True           # False: another job completed the same run first; its copy is the stored one
     pairs_line: str | None = None    # the pairs line, when ``execute(defer_lines=True)`` left it to the summary
     provenance: dict | None = None   # a run reused from bytes: its stored provenance, trust derived (run.reuse)
     store: object = None             # the run's store handle (``store.store_handle``): readers after the run reuse it
@@ -253,9 +255,11 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
         return Outcome(run_id, store_url, False, None, plan, status=done.status, shard=sh, missing=done.missing,
                        chunks=done.chunks, pairs_line=deferred, store=store)
     remember_run(key, run_id)
+    how = dict(shard=sh, pairs_line=deferred, store=store, chunks=done.chunks, computed=done.computed,
+               published=bool(done.attempt))
     if not open_result:
-        return Outcome(run_id, store_url, False, None, plan, shard=sh, pairs_line=deferred, store=store)
+        return Outcome(run_id, store_url, False, None, plan, **how)
     result = open_store(store).load(run_id, run.observable.name)
     if result.nbytes <= RESULT_IN_MEMORY:
         result = result.load()
-    return Outcome(run_id, store_url, False, result, plan, shard=sh, pairs_line=deferred, store=store)
+    return Outcome(run_id, store_url, False, result, plan, **how)

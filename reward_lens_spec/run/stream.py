@@ -196,7 +196,7 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     ours = [k for k in range(len(slices)) if k % store_spec.shards == store_spec.shard]
     bad = unverified_chunks(att, slices, labels, 0, {k: done[k] for k in ours if k in done})   # adopted chunks: re-read
     mine = [k for k in ours if k not in done or k in bad]
-    contexts = _chunk_loop(att, role, 0, mine, {}, shared, progress and f"chunks {run_id[:24]}")
+    contexts = _chunk_loop(att, role, 0, mine, {}, shared, progress and f"chunks {run_id}")
     att.release(role)
     done = att.chunks_done()
     lost = sorted(set(ours) - set(done))

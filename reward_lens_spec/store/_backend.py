@@ -345,7 +345,8 @@ class Backend:
             raise self._fail("reach the store", e) from e
         if is_file:
             raise StoreError(f"store {self.url} is a plain file, not a Zarr store folder. "
-                             "Fix: point url= at a folder (e.g. results.zarr).")
+                             "Fix: point the store URL (store.url= of a run, url= of a store command) at a folder "
+                             "(e.g. results.zarr).")
 
     def has_foreign_content(self) -> bool:
         """True when the root folder holds anything but a store's own entries.

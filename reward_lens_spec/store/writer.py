@@ -75,7 +75,8 @@ def check_layout(b: Backend, *, create: bool = False) -> int:
     version = (doc.get("attributes") or {}).get(LAYOUT_KEY)
     if version is None and not b.exists_key(f"{RUNS}/{DOC}"):
         raise StoreError(f"store {b.url} is a Zarr group reward_lens_spec did not write (no {LAYOUT_KEY} "
-                         "attribute, no runs/ group). Fix: point url= at a result store this package wrote.")
+                         "attribute, no runs/ group). Fix: point the store URL (store.url= of a run, url= of a "
+                         "store command) at a result store this package wrote.")
     if not isinstance(version, int) or version < LAYOUT_VERSION:
         raise StoreError(f"store {b.url} has layout {version!r}, older than this package's "
                          f"{LAYOUT_VERSION}. Fix: run `reward-lens-spec store migrate url={b.url}`.")
