@@ -344,10 +344,11 @@ def test_opened_variables_carry_the_coords_encoding_a_plain_read_gives(tmp_path)
     assert not np.shares_memory(a["flag"].values, group_labels(zs, "obs")["flag"].values)
 
 
-def test_upload_to_a_synchronous_filesystem_is_one_worker_call_with_each_batch_fenced(tmp_path, monkeypatch):
+def test_upload_to_a_synchronous_filesystem_runs_in_the_calling_thread_with_each_batch_fenced(tmp_path, monkeypatch):
     """On ``memory://`` (a synchronous filesystem zarr wraps call by call) a fenced ``write_new_groups`` runs
-    its existence checks and its three batches in one worker-thread call, in the same order: the writer's role
-    checked before the parents' documents, before the new keys, and before the group document stored last;
+    its existence checks and its three batches in the calling thread (no worker-thread call; before: one), in
+    the same order: the writer's role checked before the parents' documents, before the new keys, and before
+    the group document stored last;
     the keys are those the generic route stores (a local store); an existing group refuses before anything
     is written, and a failed role check stops the upload there."""
     import asyncio
@@ -378,7 +379,7 @@ def test_upload_to_a_synchronous_filesystem_is_one_worker_call_with_each_batch_f
     monkeypatch.setattr(asyncio, "to_thread", lambda f, *a, **k: (hops.append(f), real(f, *a, **k))[1])
     fail_at = None
     write_new_groups(fenced_store(inner, guard), first, then, attrs_of=("a/obs", {"x": 1}))
-    assert len(hops) == 1 and len(seen) == 3
+    assert hops == [] and len(seen) == 3
     assert seen[0] == [] and seen[1] == ["a/zarr.json", "zarr.json"] and "a/obs/zarr.json" not in seen[2]
     local = new_store(tmp_path / "l")
     write_new_groups(local, first, then, attrs_of=("a/obs", {"x": 1}))

@@ -120,3 +120,50 @@ def test_fence_stops_a_displaced_or_stalled_holder(tmp_path):
     other.close()
     att.close()
     assert np.all(open_store(url).incomplete() == ["r"])
+
+
+def test_one_heartbeat_thread_renews_every_open_attempt(tmp_path):
+    """The leases of every open attempt of this process are renewed by one thread (before: one thread per
+    attempt), each every ``lease_s / 6`` seconds; a closed attempt's leases are no longer renewed."""
+    import threading
+
+    b = Backend(str(tmp_path / "s"))
+    atts = [Attempt.create(b, f"run{i}", {"k": i}, role="shard-0", lease_s=0.6) for i in range(3)]
+    try:
+        assert len([t for t in threading.enumerate() if t.name.startswith("lease-") and t.is_alive()]) == 1
+        beats = [a.leases()["shard-0"][1]["beat"] for a in atts]
+        time.sleep(0.5)
+        assert all(a.leases()["shard-0"][1]["beat"] > t for a, t in zip(atts, beats))
+        atts[0].close()
+        closed = atts[0].leases()["shard-0"][1]["beat"]
+        time.sleep(0.3)
+        assert atts[0].leases()["shard-0"][1]["beat"] == closed
+        atts[1].fence("shard-0")
+    finally:
+        for a in atts:
+            a.close()
+
+
+def test_completion_checks_read_the_run_document_alone(tmp_path, monkeypatch):
+    """Whether an attempt is named (``Attempt.named``, asked on every claim) and whether a run is complete
+    (``state.complete_attrs``) are read from the run document alone — nothing listed (before: two listings per
+    question on an incomplete run) — and agree with ``run_state`` for an incomplete, a complete, a corrupt and
+    an absent run."""
+    from reward_lens_spec.store.state import complete_attrs, run_state
+
+    b = Backend(str(tmp_path / "s"))
+    att = Attempt.create(b, "r", {"k": 1}, role="shard-0")
+    try:
+        listed = []
+        real = Backend.list_dirs
+        monkeypatch.setattr(Backend, "list_dirs", lambda self, key: (listed.append(key), real(self, key))[1])
+        assert not att.named() and complete_attrs(b, "r") is None and listed == []
+        assert run_state(b, "r") == ("incomplete", {}) and listed
+        b.write_atomic("runs/r/zarr.json", json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {
+            "complete": True, "attempt": att.aid}}).encode())
+        assert att.named() and complete_attrs(b, "r") == run_state(b, "r")[1] == {"complete": True, "attempt": att.aid}
+        b.write_atomic("runs/r/zarr.json", b"{garbage")
+        assert not att.named() and complete_attrs(b, "r") is None and run_state(b, "r") == ("corrupt", None)
+        assert complete_attrs(b, "nothing") is None and run_state(b, "nothing") == ("absent", None)
+    finally:
+        att.close()

@@ -51,9 +51,9 @@ import uuid
 from reward_lens_spec.errors import StoreError
 from reward_lens_spec.signed_cache import tagged_by_user, user_tag
 from reward_lens_spec.store._backend import DOC, INTERNAL, RUNS, Backend, group_doc
-from reward_lens_spec.store.leases import HOST, LEASE_S, fenced_store, lease_live
+from reward_lens_spec.store.leases import HEARTBEAT, HOST, LEASE_S, fenced_store, lease_live
 from reward_lens_spec.store.log import append as append_to_log
-from reward_lens_spec.store.state import run_state
+from reward_lens_spec.store.state import complete_attrs, run_state
 
 PREFIX = "attempt-"
 MARKER_TAG = "chunk-marker"     # the kind of a marker's tag (signed_cache.user_tag)
@@ -80,8 +80,8 @@ class Attempt:
         self._held: dict[str, int] = {}
         self._last_ok = time.monotonic()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = None
+        self._beating = threading.Lock()          # held while the heartbeat renews this attempt's leases
+        self._closed = False
 
     # -- creation and discovery -------------------------------------------------------
     @classmethod
@@ -237,12 +237,14 @@ class Attempt:
                            "released": released}).encode()
 
     def _start_heartbeat(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._beat, name=f"lease-{self.aid}", daemon=True)
-            self._thread.start()
+        if not self._closed:
+            HEARTBEAT.add(self, self.lease_s / 6, self._beat)
 
     def _beat(self) -> None:
-        while not self._stop.wait(self.lease_s / 6):
+        """Renew every role this attempt holds (``leases.HEARTBEAT`` calls it every ``lease_s / 6`` seconds)."""
+        with self._beating:
+            if self._closed:
+                return
             with self._lock:
                 held = dict(self._held)
             try:
@@ -254,10 +256,12 @@ class Attempt:
                 pass
 
     def close(self) -> None:
-        """Stop the heartbeat (held roles then expire; released ones stay released)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        """Stop the heartbeat (held roles then expire; released ones stay released); a renewal under way is
+        waited for (at most 5 s), so none is written after this returns."""
+        self._closed = True
+        HEARTBEAT.discard(self)
+        if self._beating.acquire(timeout=5):
+            self._beating.release()
 
     # -- chunks and completion ---------------------------------------------------------------
     def mark(self, name: str, info: dict, role: str) -> None:
@@ -295,8 +299,8 @@ class Attempt:
 
     def named(self) -> bool:
         """True when the run document is complete and names this attempt."""
-        state, attrs = run_state(self.b, self.run_id)
-        return state == "complete" and attrs.get("attempt") == self.aid
+        attrs = complete_attrs(self.b, self.run_id)         # (the run document alone: nothing listed)
+        return attrs is not None and attrs.get("attempt") == self.aid
 
     def complete(self, run_attrs: dict, role: str, *, force: bool = False) -> bool:
         """Publish this attempt's observables into the run group and name it in the run document; False when
@@ -311,16 +315,16 @@ class Attempt:
         from reward_lens_spec.store.publish import consolidate, publish
 
         self.fence(role)
-        if not force and run_state(self.b, self.run_id)[0] == "complete":
+        if not force and complete_attrs(self.b, self.run_id) is not None:
             return False
         lock = Attempt(self.b, self.run_id, PUBLISH, {}, lease_s=self.lease_s)
         try:
             while not lock.claim("publish"):          # another writer publishes this run now
                 self.fence(role)
-                if not force and run_state(self.b, self.run_id)[0] == "complete":
+                if not force and complete_attrs(self.b, self.run_id) is not None:
                     return False
                 time.sleep(0.05)
-            if not force and run_state(self.b, self.run_id)[0] == "complete":
+            if not force and complete_attrs(self.b, self.run_id) is not None:
                 return False
 
             def fence():
@@ -349,3 +353,4 @@ class Attempt:
     def remove(self) -> None:
         """Delete this attempt's prefix (callers only remove attempts no run document names)."""
         self.b.remove_tree(self.prefix)
+

@@ -1,5 +1,6 @@
 """Leases and fencing of an attempt's writers (``store.attempts``): whether a lease document may belong to a
-live writer, and the zarr store that checks the writer still holds its role before every key it writes.
+live writer, the process's one heartbeat thread that renews them (``HEARTBEAT``), and the zarr store that checks
+the writer still holds its role before every key it writes.
 
 A lease is live while it is unreleased, its heartbeat is younger than ``LEASE_S`` seconds and, on this host,
 its process exists (a zombie counts as dead).
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
 import time
 
 from reward_lens_spec.errors import StoreError
@@ -44,12 +46,62 @@ def lease_live(doc: dict | None, *, lease_s: float | None = None, now: float | N
     return isinstance(beat, (int, float)) and (now or time.time()) - beat < (lease_s or LEASE_S)
 
 
+class Heartbeat:
+    """One daemon thread (started with the first ``add``) that calls each added owner's ``renew()`` every
+    ``period`` seconds from when it was added, until it is discarded; one owner's slow ``renew`` delays the
+    others' by as long as it takes. A claim's first renewal wakes the thread only when it is due before the
+    thread wakes by itself (idle: every ``LEASE_S / 6`` seconds). A forked child starts with no thread and no
+    owner. ``store.attempts`` adds every attempt that claims a role (its leases, every ``lease_s / 6`` s)."""
+
+    def __init__(self):
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._due: dict = {}                  # owner -> [monotonic time of its next renewal, period, renew]
+        self._cond = threading.Condition()
+        self._thread = None
+        self._wakes = float("inf")            # when the thread wakes next by itself
+
+    def add(self, owner, period: float, renew) -> None:
+        with self._cond:
+            if owner in self._due:
+                return
+            due = time.monotonic() + period
+            self._due[owner] = [due, period, renew]
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
+                self._thread.start()
+            elif due < self._wakes:           # else it wakes in time by itself (no thread switch per claim)
+                self._cond.notify()
+
+    def discard(self, owner) -> None:
+        with self._cond:
+            self._due.pop(owner, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                due = [e for e in self._due.values() if e[0] <= now]
+                for e in due:
+                    e[0] = now + e[1]
+                if not due:                   # idle: wake a default renewal period from now
+                    self._wakes = min((e[0] for e in self._due.values()), default=now + LEASE_S / 6)
+                    self._cond.wait(self._wakes - now)
+                    self._wakes = float("inf")
+                    continue
+            for e in due:
+                e[2]()
+
+
+HEARTBEAT = Heartbeat()
+
+
 def fenced_store(zstore, guard):
     """A zarr store over ``zstore`` that calls ``guard()`` (raising StoreError when this writer no longer
-    holds its role) before every write, and refuses every delete. ``set_all(items)`` writes many keys
-    concurrently after one ``guard()`` (the per-key guards of a concurrent batch run at its start too);
-    ``fence_parts()`` gives ``(guard, the store it wraps)`` to a writer that runs both in one thread
-    (``store.zarr_io.put_fenced``)."""
+    holds its role) before every write, and refuses every delete. ``fence_parts()`` gives ``(guard, the store
+    it wraps)`` to ``store.zarr_io.put_batches``, which calls ``guard()`` once per batch of keys it writes."""
     store = _fenced_class()(zstore)
     store._guard = guard
     return store
@@ -82,12 +134,6 @@ def _fenced_class():
 
         def fence_parts(self):
             return self._guard, self._store
-
-        async def set_all(self, items, *, if_absent=False):
-            from reward_lens_spec.store.zarr_io import put_many
-
-            await asyncio.to_thread(self._guard)
-            await put_many(self._store, items, if_absent)
 
         async def _set_many(self, values):
             for key, value in values:

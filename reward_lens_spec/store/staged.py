@@ -19,10 +19,9 @@ import xarray as xr
 from xarray.backends.zarr import FillValueCoder
 from zarr.core.array import AsyncArray
 from zarr.core.group import GroupMetadata
-from zarr.core.sync import sync
 from zarr.storage import MemoryStore, StorePath
 
-from .zarr_io import proto, put_fenced
+from .zarr_io import proto, put_batches
 from .zarr_read import as_read, decoded
 from .zarr_sync import DOCS_KEPT, metadata_of
 
@@ -58,7 +57,7 @@ def update_staged_group(zstore, staged: dict, group: str, attrs: dict) -> None:
     key = f"{group}/zarr.json"
     doc = GroupMetadata(attributes={**staged_attrs(staged, group), **attrs}, zarr_format=3)
     staged[key] = doc.to_buffer_dict(proto())["zarr.json"]
-    sync(put_fenced(zstore, [([(key, staged[key])], False)]))
+    put_batches(zstore, [([(key, staged[key])], False)])
 
 
 def staged_values(staged: dict, path: str) -> np.ndarray | None:

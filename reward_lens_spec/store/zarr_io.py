@@ -163,12 +163,11 @@ def stage(first: dict, then: dict, attrs_of=None, kept: dict | None = None) -> t
     return staged, out
 
 
-async def _upload(zstore, staged: dict, paths: list, last: str | None) -> None:
+def _upload(zstore, staged: dict, paths: list, last: str | None) -> None:
     """Copy ``staged`` (key -> Buffer) into ``zstore``: first refuse when a group in ``paths`` exists (as
-    ``mode="w-"`` does), then every key under ``paths`` concurrently, ``last`` after them; keys above them
-    (parent groups zarr made implicitly) only where absent, so nothing stored is replaced. A fenced store
-    checks its writer's role before each of the three batches; on a synchronous filesystem (``_sync_target``)
-    all of it runs in order in one worker-thread call."""
+    ``mode="w-"`` does), then every key under ``paths``, ``last`` after them; keys above them (parent groups
+    zarr made implicitly) only where absent, so nothing stored is replaced (``put_batches``: a fenced store
+    checks its writer's role before each of the three batches)."""
     from zarr.errors import ContainsGroupError
 
     inside = tuple(f"{p}/" for p in paths)
@@ -176,55 +175,37 @@ async def _upload(zstore, staged: dict, paths: list, last: str | None) -> None:
                ([(k, staged[k]) for k in staged if k.startswith(inside) and k != last], False)]
     if last is not None:
         batches.append(([(last, staged[last])], False))
-    checks = [f"{p}/zarr.json" for p in paths]
-    target = await _sync_target(zstore)
-    if target is not None:
-        found = await asyncio.to_thread(_put_sync, *target, batches, checks)
-    else:
-        found = await asyncio.gather(*(zstore.exists(k) for k in checks))
+    found = put_batches(zstore, batches, [f"{p}/zarr.json" for p in paths])
     if any(found):
         raise ContainsGroupError(f"a group exists at {[p for p, f in zip(paths, found) if f]}; "
                                  "nothing was written there")
-    if target is None:
-        await put_fenced(zstore, batches)
 
 
-async def put_fenced(zstore, batches: list) -> None:
-    """Each ``(items, if_absent)`` of ``batches`` in order: every ``(key, Buffer)`` of ``items`` stored
-    concurrently (``if_absent``: only where no key is); a fenced store (``store.leases.fenced_store``) checks its
-    writer's role once per batch, before it. On a synchronous filesystem (``_sync_target``) every batch runs in
-    one worker-thread call."""
-    target = await _sync_target(zstore)
-    if target is not None:
-        await asyncio.to_thread(_put_sync, *target, batches)
-        return
-    for items, if_absent in batches:
-        if hasattr(zstore, "set_all"):
-            await zstore.set_all(items, if_absent=if_absent)
-        else:
-            await put_many(zstore, items, if_absent)
+def put_batches(zstore, batches: list, checks: list = ()) -> list[bool]:
+    """The one upload of this package's new keys (``write_new_groups``, ``store.staged.update_staged_group``):
+    whether each key of ``checks`` exists; when none does, each ``(items, if_absent)`` of ``batches`` in order,
+    every ``(key, Buffer)`` of ``items`` stored as ``zstore.set`` stores it (``if_absent``: only where no key
+    is). A fenced store (``store.leases.fenced_store``) checks its writer's role once per batch, before it (the
+    per-key guards of a concurrent batch all ran at its start anyway). Returns the checks' answers.
 
-
-async def _sync_target(zstore) -> tuple | None:
-    """``(guard, filesystem, root)`` when ``zstore``, or the store a fenced store wraps (``store.leases``:
-    ``fence_parts()``; ``guard`` its role check, else None), is a writable ``FsspecStore`` over a synchronous
-    filesystem in fsspec's async wrapper (``sync_fs``: zarr makes each of its calls its own worker-thread hop,
-    e.g. ``memory://``, local files); the store is opened as its ``set`` opens it. None for any other store."""
+    On a ``FsspecStore`` over a synchronous filesystem in fsspec's async wrapper (``memory://``, local files:
+    zarr would make each call its own worker-thread hop) everything runs in this thread, no event loop; on
+    another ``FsspecStore`` each batch's plain sets are one bulk ``_pipe``; any other store gets its own
+    ``set`` / ``set_if_not_exists`` per key, concurrently, in one blocking call."""
+    from zarr.core.sync import sync
     from zarr.storage import FsspecStore
 
     guard, inner = zstore.fence_parts() if hasattr(zstore, "fence_parts") else (None, zstore)
-    if not (isinstance(inner, FsspecStore) and hasattr(inner.fs, "sync_fs")) or inner.read_only:
-        return None
-    if not inner._is_open:
-        await inner._open()
-    return guard, inner.fs.sync_fs, inner.path.rstrip("/")
+    if isinstance(inner, FsspecStore) and hasattr(inner.fs, "sync_fs") and not inner.read_only:
+        if not inner._is_open:                     # (as its ``set`` opens it)
+            sync(inner._open())
+        return _put_sync(guard, inner.fs.sync_fs, inner.path.rstrip("/"), batches, checks)
+    return sync(_put_async(guard, inner, batches, checks))
 
 
-def _put_sync(guard, fs, root: str, batches: list, checks=()) -> list:
-    """In this thread: whether each key of ``checks`` exists; when none does, each ``(items, if_absent)`` of
-    ``batches`` in order, ``guard()`` (when given) first, every key stored as ``FsspecStore.set`` stores it
-    (``fs.pipe_file`` of its bytes; ``if_absent``: only where ``fs.exists`` says no key is). Returns the
-    checks' answers."""
+def _put_sync(guard, fs, root: str, batches: list, checks) -> list:
+    """``put_batches`` on the synchronous filesystem ``fs`` under ``root``, in this thread (``fs.exists``,
+    ``fs.pipe_file`` of each key's bytes, as ``FsspecStore`` does key by key)."""
     path = (lambda k: f"{root}/{k}") if root else (lambda k: k)
     found = [fs.exists(path(k)) for k in checks]
     if any(found):
@@ -238,21 +219,26 @@ def _put_sync(guard, fs, root: str, batches: list, checks=()) -> list:
     return found
 
 
-async def put_many(zstore, items: list, if_absent: bool = False) -> None:
-    """``zstore.set`` (``set_if_not_exists`` when ``if_absent``) of every ``(key, Buffer)``, concurrently. On a
-    ``FsspecStore`` plain sets go to its filesystem as one bulk ``_pipe`` (what ``FsspecStore.set`` does key by
-    key: on a synchronous filesystem, e.g. ``memory://``, one worker-thread hop for the batch instead of one
-    per key)."""
+async def _put_async(guard, zstore, batches: list, checks) -> list:
+    """``put_batches`` on any other store (``zstore``: the one a fenced store wraps; ``guard``: its role check,
+    run in a worker thread)."""
     from zarr.storage import FsspecStore
 
-    if not if_absent and items and isinstance(zstore, FsspecStore) and not zstore.read_only:
-        if not zstore._is_open:
-            await zstore._open()
-        root = zstore.path.rstrip("/")
-        await zstore.fs._pipe({f"{root}/{k}" if root else k: v.to_bytes() for k, v in items})
-        return
-    put = zstore.set_if_not_exists if if_absent else zstore.set
-    await asyncio.gather(*(put(k, v) for k, v in items))
+    found = list(await asyncio.gather(*(zstore.exists(k) for k in checks)))
+    if any(found):
+        return found
+    for items, if_absent in batches:
+        if guard is not None:
+            await asyncio.to_thread(guard)
+        if not if_absent and items and isinstance(zstore, FsspecStore) and not zstore.read_only:
+            if not zstore._is_open:
+                await zstore._open()
+            root = zstore.path.rstrip("/")
+            await zstore.fs._pipe({f"{root}/{k}" if root else k: v.to_bytes() for k, v in items})
+        else:
+            put = zstore.set_if_not_exists if if_absent else zstore.set
+            await asyncio.gather(*(put(k, v) for k, v in items))
+    return found
 
 
 class Written(dict):
@@ -275,18 +261,16 @@ def write_new_groups(zstore, first: dict, then: dict, *, attrs_of: tuple[str, di
     """Create the groups ``first`` (``{path: Dataset}``), then ``then`` (their children), then add
     ``attrs_of = (path, attrs)`` to the attrs of one of them, whose document is stored last.
 
-    Encoded in this thread (``stage``: no I/O), then uploaded to ``zstore`` concurrently (one blocking call).
+    Encoded in this thread (``stage``: no I/O), then uploaded to ``zstore`` in one call (``put_batches``).
     Every group is created exclusively (``mode="w-"``: ``ContainsGroupError`` when one exists, before anything
     is written); never deletes. ``staged``: a ``Written`` given the documents written under the new groups
     (key -> Buffer; not the parents' implicit documents, not the chunks) and each array's values, for a reader of what this call wrote
     (``store.staged.read_staged``). Returns ``{path: {array: chunk shape}}``.
     """
-    from zarr.core.sync import sync
-
     kept = None if staged is None else {}
     keys, chunks = stage(first, then, attrs_of, kept)
     last = None if attrs_of is None else f"{attrs_of[0]}/zarr.json"
-    sync(_upload(zstore, keys, [*first, *then], last))
+    _upload(zstore, keys, [*first, *then], last)
     if staged is not None:                 # (not the parents' implicit documents: stored only where absent)
         inside = tuple(f"{p}/" for p in [*first, *then])
         staged.update({k: v for k, v in keys.items() if k.startswith(inside) and k.endswith("zarr.json")})
