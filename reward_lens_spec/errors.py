@@ -25,21 +25,21 @@ class RewardLensError(Exception):
 class SpecError(RewardLensError, ValueError):
     """A config, plan or data problem found before any model runs.
 
-    ``field`` is the dotted config key (or data field) at fault.
+    ``field`` is the dotted config key (or data field) at fault; ``detail`` what is wrong (the message with
+    its "did you mean" and valid values), ``fix`` the fix: a re-raise under another key passes both on.
     """
 
     def __init__(self, field: str, message: str, *, value=None, options: Iterable[str] | None = None,
                  fix: str | None = None):
-        self.field = field
-        text = f"{field}: {message}"
+        self.field, self.fix = field, fix
+        detail = message
         if options is not None:
             opts = sorted({str(o) for o in options})
             if value is not None:
-                text += did_you_mean(str(value), opts)
-            text += f" Valid: {', '.join(opts)}."
-        if fix:
-            text += f" Fix: {fix}"
-        super().__init__(text)
+                detail += did_you_mean(str(value), opts)
+            detail += f" Valid: {', '.join(opts)}."
+        self.detail = detail
+        super().__init__(f"{field}: {detail}" + (f" Fix: {fix}" if fix else ""))
 
 
 class CaptureError(RewardLensError, RuntimeError):

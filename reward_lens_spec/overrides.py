@@ -213,8 +213,7 @@ def precheck_overrides(args: list[str]) -> None:
                 except SpecError as exc:
                     if exc.field != "config":
                         raise
-                    msg, _, fix = str(exc).split(": ", 1)[1].partition(" Fix: ")
-                    raise SpecError(key, msg,
-                                    fix=fix or f"set {key} to a value of its type in a config YAML.") from None
+                    raise SpecError(key, exc.detail,
+                                    fix=exc.fix or f"set {key} to a value of its type in a config YAML.") from None
         elif not rest and head not in ("mode", "seed") and head not in GROUPS:
             raise SpecError(key, "unknown key.", value=head, options=("mode", "seed") + GROUPS)

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import typing
 from types import SimpleNamespace
 
@@ -167,7 +168,7 @@ def test_ctrl_c_is_one_line_and_the_rerun_says_it_resumed(tmp_path):
     p = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     markers = str(tmp_path / "s.zarr" / "_internal" / "attempts" / "*" / "*" / "_ctl" / "chunk.*.json")
     while len(glob.glob(markers)) < 2 and p.poll() is None:
-        pass
+        time.sleep(0.05)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=300)
     stored = len(glob.glob(markers))

@@ -353,4 +353,3 @@ class Attempt:
     def remove(self) -> None:
         """Delete this attempt's prefix (callers only remove attempts no run document names)."""
         self.b.remove_tree(self.prefix)
-
