@@ -86,13 +86,16 @@ def cross_check(lm, ds, ctx, peer) -> list:
     return out
 
 
-def run_peer(args, model: str, pairs_path: Path, out: Path, export: Path | None, tok: Path | None, slow=False):
-    """Run ``_peer_script.py`` in the peer venv; return its JSON or ``{"error": ...}``."""
+def run_peer(args, model: str, pairs_path: Path, out: Path, export: Path | None, tok: Path | None, slow=False,
+             skip: str = ""):
+    """Run ``_peer_script.py`` in the peer venv (``skip``: its comma list of instruments not to run); return its
+    JSON or ``{"error": ...}``."""
     cmd = [str(peer_venv.vpython(args.peer_venv)), str(HERE / "_peer_script.py"), "--pairs", str(pairs_path),
            "--model", model, "--out", str(out), "--repeats", str(args.repeats), "--threads", str(args.threads)]
     cmd += ["--tok-folder", str(tok)] if tok else []
     cmd += ["--export", str(export)] if export else []
     cmd += ["--slow", "--slow-repeats", str(args.slow_repeats)] if slow else []
+    cmd += ["--skip", skip] if skip else []
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     print("+", " ".join(cmd), flush=True)
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
