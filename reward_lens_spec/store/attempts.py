@@ -309,8 +309,11 @@ class Attempt:
         Under the run's ``publish`` lease (one completing writer at a time): the published groups are
         replaced by this attempt's (``store.publish.publish``), the run is logged, then the run document is
         written (one atomic write); then the root's consolidated metadata is brought up to date. Without
-        ``force`` a run already complete is left as it is (the first stays listed). Raises StoreError when
-        this process no longer holds ``role``.
+        ``force`` a run already complete is left as it is (the first stays listed). With ``force`` a complete
+        run is first unlisted (its document emptied, the root's consolidated metadata without it) before its
+        published groups are touched: a writer that dies while replacing them leaves the run absent, never
+        listed over missing data or another writer's. Raises StoreError when this process no longer holds
+        ``role``.
         """
         from reward_lens_spec.store.publish import consolidate, publish
 
@@ -331,6 +334,10 @@ class Attempt:
                 self.fence(role)
                 lock.fence("publish")
 
+            if complete_attrs(self.b, self.run_id) is not None:     # force: unlist it before replacing its data
+                fence()
+                self.b.write_atomic(f"{RUNS}/{self.run_id}/{DOC}", group_doc({}))
+                consolidate(self.b, [self.run_id])
             entries = publish(self, run_attrs, fence)
             # seq under the seal, then the entry in the evidence log, then the document (store.log)
             run_attrs = append_to_log(self.b, self.run_id, run_attrs, fence=fence)

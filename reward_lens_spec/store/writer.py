@@ -186,7 +186,9 @@ def write_run(url, run_id: str, results: dict, attrs: dict, *,
     discards its own attempt and returns False. Raises StoreError for invalid
     names, non-JSON attrs (naming the key), reserved attr keys, an unusable
     store, a symlinked run folder, or a failed write (this writer's attempt is
-    then removed, best effort; nothing listed is touched).
+    then removed, best effort; nothing listed is touched, except that a ``force``
+    write failing while it publishes leaves the run it replaces unlisted:
+    ``Attempt.complete``).
     """
     check_name("run_id", run_id)
     if not isinstance(results, dict) or not results:

@@ -1,0 +1,76 @@
+"""A forced rewrite of a complete run that dies while replacing its published groups: the run must end absent,
+never listed over missing data or over another writer's (``Attempt.complete``: unlist, then replace, then list).
+
+Found by ``test_writers.test_two_writers_of_one_run_id_killed_at_random_points`` (a victim SIGKILLed after it
+had begun replacing the survivor's publication: ``GroupNotFoundError`` / a ``pair`` digest mismatch on the
+listed run). Here the death is planted at each step of the publication in turn, in process.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import xarray as xr
+
+from reward_lens_spec.errors import StoreError
+from reward_lens_spec.store import open_store, write_run
+from reward_lens_spec.store import publish as publication
+from reward_lens_spec.store._backend import Backend
+from test_store import assert_same, make_attrs, make_results
+
+
+class Died(Exception):
+    """Stands for the process dying at this point (nothing after it runs)."""
+
+
+def _root_runs(url) -> set[str]:
+    """Run ids the root's consolidated metadata lists (what plain xarray readers see)."""
+    meta = (Backend(url).read_json("zarr.json") or {}).get("consolidated_metadata", {}).get("metadata", {})
+    return {k.split("/")[1] for k in meta if k.startswith("runs/") and k.count("/") >= 1}
+
+
+# each step of a forced publication at which the writer dies: (function of store.publish, calls let through)
+STEPS = [("publish", 0), ("publish_group", 0), ("publish_group", 1), ("_copy", 0), ("_copy", 1)]
+
+
+@pytest.mark.parametrize("name,after", STEPS)
+def test_a_forced_rewrite_dying_while_it_publishes_leaves_the_run_absent(tmp_path, monkeypatch, name, after):
+    url = str(tmp_path / "s.zarr")
+    assert write_run(url, "r", make_results(0), make_attrs(0))
+    real, calls = getattr(publication, name), []
+
+    def dying(*a, **k):
+        calls.append(1)
+        if len(calls) > after:
+            raise Died(name)
+        return real(*a, **k)
+
+    monkeypatch.setattr(publication, name, dying)
+    with pytest.raises((Died, StoreError)):
+        write_run(url, "r", make_results(1), make_attrs(1), force=True)
+    monkeypatch.undo()
+    store = open_store(url)
+    assert list(store.runs().run_id) == []                  # absent: not listed over missing or mixed data
+    assert "r" not in _root_runs(url)                       # and plain readers' metadata does not list it
+    with pytest.raises(StoreError):
+        store.load("r", "lens")
+    assert write_run(url, "r", make_results(2), make_attrs(2))   # the same run id can be written again, whole
+    store = open_store(url)
+    assert store.provenance("r")["seed"] == 2
+    for obs, want in make_results(2).items():
+        assert_same(store.load("r", obs), want)
+        assert_same(xr.open_datatree(url, engine="zarr")[f"runs/r/{obs}"].to_dataset(), want)
+
+
+def test_a_forced_rewrite_that_completes_replaces_the_run_whole(tmp_path):
+    """The unlisting step changes nothing when the forced writer finishes: the new run is listed, whole, and
+    the root's metadata names it."""
+    url = str(tmp_path / "s.zarr")
+    assert write_run(url, "r", make_results(0), make_attrs(0))
+    assert write_run(url, "r", make_results(1), make_attrs(1), force=True)
+    store = open_store(url)
+    assert list(store.runs().run_id) == ["r"] and store.provenance("r")["seed"] == 1
+    for obs, want in make_results(1).items():
+        assert_same(store.load("r", obs), want)
+    assert "r" in _root_runs(url)
+    assert json.loads(Backend(url).read("runs/r/zarr.json"))["attributes"]["complete"] is True
