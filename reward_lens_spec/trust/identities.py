@@ -179,10 +179,18 @@ def held_out_record(var: str, da: xr.DataArray) -> dict | None:
 
 
 def _kind_identities(result, logits, pair_ids, objectives, signal, add) -> None:
-    """Per-token rewards sum to the reward; a PRM's aggregate follows its rule, its readout step is the reward."""
-    rewards = _rewards(logits, pair_ids, objectives)
-    if "objective" in rewards.dims:
+    """Per-token rewards sum to the reward; a PRM's aggregate follows its rule, its readout step is the reward.
+    The per-side reference (``_rewards``: a pair index of ``pair_ids``) is built only when an output is checked
+    against it (a DLA or lens run has none; at 100,000 pairs it was 13.5 MB of the heap at its peak)."""
+    if np.shape(logits)[-1] != 1:            # several objectives: no per-kind identity
         return
+    held: list = []
+
+    def rewards() -> xr.DataArray:
+        if not held:
+            held.append(_rewards(logits, pair_ids, objectives))
+        return held[0]
+
     steps = [v for v in result.data_vars if set(result[v].dims) == {"pair", "side", "step"}
              and result[v].attrs.get("units") == "reward"]
     for var in result.data_vars:
@@ -190,7 +198,7 @@ def _kind_identities(result, logits, pair_ids, objectives, signal, add) -> None:
         if (getattr(signal, "kind", None) == "implicit" and set(da.dims) == {"pair", "side", "position"}
                 and da.attrs.get("units") == "reward"):    # (a classifier's prefix_reward is per prefix, no sum)
             total = da.astype(np.float64).sum("position", skipna=True).where(da.notnull().any("position"))
-            add(var, "sum of per-token reward = reward", (total - rewards).fillna(np.inf))
+            add(var, "sum of per-token reward = reward", (total - rewards()).fillna(np.inf))
         elif "aggregate" in da.attrs and steps and set(da.dims) <= {"pair", "side"}:
             rule = getattr(signal, "aggregate", None) or da.attrs["aggregate"]
             st = result[steps[0]].transpose("pair", "side", "step")
@@ -207,4 +215,4 @@ def _kind_identities(result, logits, pair_ids, objectives, signal, add) -> None:
         got = np.take_along_axis(st.values, np.clip(idx, 0, st.sizes["step"] - 1)[..., None], -1)[..., 0]
         got = np.where((idx >= 0) & (idx < n), got, np.inf)
         err = xr.DataArray(got, dims=("pair", "side"), coords={"pair": st.pair.values, "side": st.side.values})
-        add(steps[0], "step reward at the readout step = reward", err - rewards)
+        add(steps[0], "step reward at the readout step = reward", err - rewards())
