@@ -1,0 +1,76 @@
+"""``store gc`` racing a writer that completes the same run id during gc's pass over that run: gc must never
+remove what a complete run document names (``store.gc.collect_run``).
+
+The race is planted in process: the completion runs inside gc's removal of a dead writer's attempt (the step
+of gc's pass that takes longest on a big attempt or a remote store).
+"""
+from __future__ import annotations
+
+import xarray as xr
+
+from reward_lens_spec.store import open_store, write_run
+from reward_lens_spec.store._backend import Backend
+from reward_lens_spec.store.attempts import Attempt
+from reward_lens_spec.store.gc import collect_run
+from test_store import assert_same, make_attrs, make_results
+
+
+def test_gc_never_removes_a_run_completed_during_its_pass(tmp_path, monkeypatch):
+    url = str(tmp_path / "s.zarr")
+    b = Backend(url)
+    Attempt.create(b, "r", {"kind": "write"}).close()   # a dead writer's attempt: no lease, any age is old
+    real, done = Attempt.remove, []
+
+    def remove_while_another_completes(att):
+        if not done:
+            done.append(write_run(url, "r", make_results(4), make_attrs(4)))   # completes meanwhile
+        return real(att)
+
+    monkeypatch.setattr(Attempt, "remove", remove_while_another_completes)
+    collect_run(b, "r", older_than_s=0)
+    monkeypatch.undo()
+    assert done == [True]
+    store = open_store(url)
+    assert list(store.runs().run_id) == ["r"]
+    for obs, want in make_results(4).items():
+        assert_same(store.load("r", obs), want)
+        assert_same(xr.open_datatree(url, engine="zarr")[f"runs/r/{obs}"].to_dataset(), want)
+
+
+def test_gc_never_removes_the_attempt_a_run_completed_during_its_pass_names(tmp_path, monkeypatch):
+    """gc lists a live writer's attempt, that writer completes (and releases its role) while gc removes a dead
+    attempt listed before it, then gc reaches it: released, and with ``older_than=0`` old; the run document
+    names it now, so it stays."""
+    import threading
+
+    url = str(tmp_path / "s.zarr")
+    b = Backend(url)
+    Attempt.create(b, "r", {"kind": "write"}, aid="attempt-0").close()     # dead, listed first
+    real_complete, real_remove = Attempt.complete, Attempt.remove
+    in_complete, go = threading.Event(), threading.Event()
+
+    def held_complete(att, *a, **k):
+        in_complete.set()
+        assert go.wait(60)
+        return real_complete(att, *a, **k)
+
+    def remove_while_it_completes(att):
+        go.set()
+        writer.join(60)
+        return real_remove(att)
+
+    monkeypatch.setattr(Attempt, "complete", held_complete)
+    won = []
+    writer = threading.Thread(target=lambda: won.append(write_run(url, "r", make_results(5), make_attrs(5))))
+    writer.start()
+    assert in_complete.wait(60)                      # its attempt exists, its role held: gc lists it
+    monkeypatch.setattr(Attempt, "remove", remove_while_it_completes)
+    collect_run(b, "r", older_than_s=0)
+    monkeypatch.undo()
+    assert won == [True]
+    named = b.read_json("runs/r/zarr.json")["attributes"]["attempt"]
+    assert Attempt.open(b, "r", named) is not None   # the attempt the complete document names is kept
+    store = open_store(url)
+    assert list(store.runs().run_id) == ["r"]
+    for obs, want in make_results(5).items():
+        assert_same(store.load("r", obs), want)
