@@ -74,3 +74,35 @@ def test_a_forced_rewrite_that_completes_replaces_the_run_whole(tmp_path):
         assert_same(store.load("r", obs), want)
     assert "r" in _root_runs(url)
     assert json.loads(Backend(url).read("runs/r/zarr.json"))["attributes"]["complete"] is True
+
+
+def test_a_forced_rewrite_dying_before_the_root_drops_the_run_then_a_dying_writer_leave_it_unlisted(
+        tmp_path, monkeypatch):
+    """The forced writer dies after emptying the run document, before the root's metadata drops the run; the
+    next writer (the run is incomplete now: no force needed) dies while it publishes. Plain readers' metadata
+    must not list the run over the groups the second writer removed or half replaced."""
+    url = str(tmp_path / "s.zarr")
+    assert write_run(url, "r", make_results(0), make_attrs(0))
+    real_consolidate, real_copy = publication.consolidate, publication._copy
+
+    def died(*a, **k):
+        raise Died("consolidate")
+
+    monkeypatch.setattr(publication, "consolidate", died)
+    with pytest.raises((Died, StoreError)):
+        write_run(url, "r", make_results(1), make_attrs(1), force=True)
+    monkeypatch.setattr(publication, "consolidate", real_consolidate)
+    calls = []
+
+    def dying_copy(*a, **k):
+        calls.append(1)
+        if len(calls) > 1:
+            raise Died("_copy")
+        return real_copy(*a, **k)
+
+    monkeypatch.setattr(publication, "_copy", dying_copy)
+    with pytest.raises((Died, StoreError)):
+        write_run(url, "r", make_results(2), make_attrs(2))
+    monkeypatch.undo()
+    assert list(open_store(url).runs().run_id) == []
+    assert "r" not in _root_runs(url)

@@ -74,3 +74,26 @@ def test_gc_never_removes_the_attempt_a_run_completed_during_its_pass_names(tmp_
     assert list(store.runs().run_id) == ["r"]
     for obs, want in make_results(5).items():
         assert_same(store.load("r", obs), want)
+
+
+def test_gc_removing_a_run_the_root_still_lists_drops_it_from_the_root(tmp_path, monkeypatch):
+    """A forced writer died after emptying the run document, before the root's metadata dropped the run; gc
+    then removes the run's published groups: plain readers' metadata must not list it over nothing."""
+    from reward_lens_spec.store import publish as publication
+    from test_forced_replacement import Died, _root_runs
+
+    url = str(tmp_path / "s.zarr")
+    assert write_run(url, "r", make_results(0), make_attrs(0))
+
+    def died(*a, **k):
+        raise Died("consolidate")
+
+    monkeypatch.setattr(publication, "consolidate", died)
+    try:
+        write_run(url, "r", make_results(1), make_attrs(1), force=True)
+    except Died:
+        pass
+    monkeypatch.undo()
+    assert collect_run(Backend(url), "r", older_than_s=0) == ["r"]
+    assert "r" not in _root_runs(url)
+    assert "r" not in xr.open_datatree(url, engine="zarr")["runs"].children

@@ -312,10 +312,11 @@ class Attempt:
         ``force`` a run already complete is left as it is (the first stays listed). With ``force`` a complete
         run is first unlisted (its document emptied, the root's consolidated metadata without it) before its
         published groups are touched: a writer that dies while replacing them leaves the run absent, never
-        listed over missing data or another writer's. Raises StoreError when this process no longer holds
-        ``role``.
+        listed over missing data or another writer's; a run the root's consolidated metadata still lists (a
+        forced writer died after emptying its document) is dropped from it first too. Raises StoreError when
+        this process no longer holds ``role``.
         """
-        from reward_lens_spec.store.publish import consolidate, publish
+        from reward_lens_spec.store.publish import consolidate, publish, root_lists
 
         self.fence(role)
         if not force and complete_attrs(self.b, self.run_id) is not None:
@@ -334,9 +335,11 @@ class Attempt:
                 self.fence(role)
                 lock.fence("publish")
 
-            if complete_attrs(self.b, self.run_id) is not None:     # force: unlist it before replacing its data
-                fence()
-                self.b.write_atomic(f"{RUNS}/{self.run_id}/{DOC}", group_doc({}))
+            listed = complete_attrs(self.b, self.run_id) is not None
+            if listed or root_lists(self.b, self.run_id):    # force, or a forced writer died unlisting it:
+                fence()                                      # unlisted before its data are replaced
+                if listed:
+                    self.b.write_atomic(f"{RUNS}/{self.run_id}/{DOC}", group_doc({}))
                 consolidate(self.b, [self.run_id])
             entries = publish(self, run_attrs, fence)
             # seq under the seal, then the entry in the evidence log, then the document (store.log)

@@ -15,6 +15,7 @@ from datetime import datetime
 
 from reward_lens_spec.store._backend import DOC, RUNS, Backend
 from reward_lens_spec.store.attempts import ATTEMPTS, PUBLISH, Attempt, list_attempts
+from reward_lens_spec.store.publish import consolidate, root_lists
 from reward_lens_spec.store.state import complete_attrs
 
 GC_AGE_S = 3600.0            # default age limit: a dead writer's attempt stays an hour
@@ -69,6 +70,8 @@ def collect_run(b: Backend, run_id: str, older_than_s: float = GC_AGE_S) -> list
         b.remove_file(f"{RUNS}/{run_id}/{DOC}")
         for child in b.list_dirs(f"{RUNS}/{run_id}"):   # a partial publication, or a pre-attempt writer's data
             b.remove_tree(f"{RUNS}/{run_id}/{child}")
+        if root_lists(b, run_id):                 # a forced writer died unlisting it: plain readers' view too
+            consolidate(b, [run_id])
     finally:
         lock.close()              # (a lease not released stays live until it is removed below)
     b.remove_tree(f"{ATTEMPTS}/{run_id}/{PUBLISH}")
