@@ -97,3 +97,30 @@ def test_gc_removing_a_run_the_root_still_lists_drops_it_from_the_root(tmp_path,
     assert collect_run(Backend(url), "r", older_than_s=0) == ["r"]
     assert "r" not in _root_runs(url)
     assert "r" not in xr.open_datatree(url, engine="zarr")["runs"].children
+
+
+def test_store_migrate_racing_a_forced_rewrite_never_publishes_the_replaced_attempt(tmp_path, monkeypatch):
+    """``store migrate`` on a layout-4 store reads a complete run, then a forced writer replaces the run whole,
+    then migrate finds the published groups naming another attempt than the one it read: it must not publish
+    the replaced attempt's data under the new run document."""
+    from reward_lens_spec.store import migration
+
+    url = str(tmp_path / "s.zarr")
+    assert write_run(url, "r", make_results(0), make_attrs(0))
+    real, done = migration.run_state, []
+
+    def state_then_a_forced_rewrite(b, run_id):
+        out = real(b, run_id)
+        if not done:
+            done.append(write_run(url, "r", make_results(1), make_attrs(1), force=True))
+        return out
+
+    monkeypatch.setattr(migration, "run_state", state_then_a_forced_rewrite)
+    migration.migrate(url)
+    monkeypatch.undo()
+    assert done == [True]
+    store = open_store(url)
+    assert store.provenance("r")["seed"] == 1
+    for obs, want in make_results(1).items():
+        assert_same(store.load("r", obs), want)
+        assert_same(xr.open_datatree(url, engine="zarr")[f"runs/r/{obs}"].to_dataset(), want)
