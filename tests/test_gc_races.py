@@ -1,8 +1,10 @@
-"""``store gc`` racing a writer that completes the same run id during gc's pass over that run: gc must never
-remove what a complete run document names (``store.gc.collect_run``).
+"""``store gc`` and ``store migrate`` racing a writer that completes (or force-replaces) the same run id during
+their pass over it: neither may remove what a complete run document names, nor publish another attempt's data
+under it (``store.gc.collect_run``, ``store.migration._publish_run``; both work under the run's ``publish``
+lease, the run document read again there).
 
-The race is planted in process: the completion runs inside gc's removal of a dead writer's attempt (the step
-of gc's pass that takes longest on a big attempt or a remote store).
+The races are planted in process: the completion runs inside a step of the pass (gc's removal of a dead
+writer's attempt, the step that takes longest on a big attempt or a remote store; migrate's reading of a run).
 """
 from __future__ import annotations
 
