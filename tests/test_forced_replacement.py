@@ -106,3 +106,46 @@ def test_a_forced_rewrite_dying_before_the_root_drops_the_run_then_a_dying_write
     monkeypatch.undo()
     assert list(open_store(url).runs().run_id) == []
     assert "r" not in _root_runs(url)
+
+
+def test_a_completion_consolidating_late_never_relists_a_run_a_forced_writer_unlisted(tmp_path, monkeypatch):
+    """Writer A completes the run; a forced writer B starts while A's consolidated-metadata update is under way,
+    unlists the run and dies while it replaces the groups. A's update must not list the run again (its document
+    is empty, its groups half removed): A updates the metadata under the run's publish lease, so B waits for it
+    (B is given 2 s to get in first, which is where main let it)."""
+    import threading
+
+    url = str(tmp_path / "s.zarr")
+    real_consolidate, real_copy = publication.consolidate, publication._copy
+    forced, calls = [], []
+
+    def dying_copy(*a, **kw):
+        if threading.current_thread() is not threading.main_thread():
+            calls.append(1)
+            if len(calls) > 1:
+                raise Died("_copy")
+        return real_copy(*a, **kw)
+
+    def forced_write():
+        try:
+            forced.append(write_run(url, "r", make_results(1), make_attrs(1), force=True))
+        except Died:
+            forced.append("died")
+
+    b_writer = threading.Thread(target=forced_write)
+
+    def late_consolidate(b, run_ids=(), **k):
+        if k.get("known") and threading.current_thread() is threading.main_thread() and not b_writer.is_alive() \
+                and not forced:                     # A's update, after its run document is written
+            b_writer.start()
+            b_writer.join(2)
+        return real_consolidate(b, run_ids, **k)
+
+    monkeypatch.setattr(publication, "_copy", dying_copy)
+    monkeypatch.setattr(publication, "consolidate", late_consolidate)
+    assert write_run(url, "r", make_results(0), make_attrs(0))
+    b_writer.join(120)
+    monkeypatch.undo()
+    assert forced == ["died"]
+    assert list(open_store(url).runs().run_id) == []
+    assert "r" not in _root_runs(url)

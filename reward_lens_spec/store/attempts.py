@@ -308,13 +308,14 @@ class Attempt:
 
         Under the run's ``publish`` lease (one completing writer at a time): the published groups are
         replaced by this attempt's (``store.publish.publish``), the run is logged, then the run document is
-        written (one atomic write); then the root's consolidated metadata is brought up to date. Without
-        ``force`` a run already complete is left as it is (the first stays listed). With ``force`` a complete
-        run is first unlisted (its document emptied, the root's consolidated metadata without it) before its
-        published groups are touched: a writer that dies while replacing them leaves the run absent, never
-        listed over missing data or another writer's; a run the root's consolidated metadata still lists (a
-        forced writer died after emptying its document) is dropped from it first too. Raises StoreError when
-        this process no longer holds ``role``.
+        written (one atomic write); then, still under that lease (so a forced writer's unlisting is never
+        overwritten by it), the root's consolidated metadata is brought up to date. Without ``force`` a run
+        already complete is left as it is (the first stays listed). With ``force`` a complete run is first
+        unlisted (its document emptied, the root's consolidated metadata without it) before its published
+        groups are touched: a writer that dies while replacing them leaves the run absent, never listed over
+        missing data or another writer's; a run the root's consolidated metadata still lists (a forced writer
+        died after emptying its document) is dropped from it first too. Raises StoreError when this process
+        no longer holds ``role``.
         """
         from reward_lens_spec.store.publish import consolidate, publish, root_lists
 
@@ -347,17 +348,17 @@ class Attempt:
             doc = {"zarr_format": 3, "node_type": "group",
                    "attributes": {**run_attrs, "complete": True, "attempt": self.aid}}
             self.b.write_atomic(f"{RUNS}/{self.run_id}/{DOC}", group_doc(doc["attributes"]))
+            entries[f"{RUNS}/{self.run_id}"] = {**doc, "consolidated_metadata": {
+                "kind": "inline", "must_understand": False, "metadata": {}}}
+            try:          # still under the lease: a forced writer's unlisting is never overwritten by this
+                consolidate(self.b, known={self.run_id: entries})
+            except Exception:                 # the run is complete: a failure here only delays plain readers
+                pass
         finally:
             try:
                 lock.release("publish")       # also after a failure: the next writer clears what is left
             finally:
                 lock.close()
-        entries[f"{RUNS}/{self.run_id}"] = {**doc, "consolidated_metadata": {
-            "kind": "inline", "must_understand": False, "metadata": {}}}
-        try:                                  # the run is complete: a failure here only delays plain readers
-            consolidate(self.b, known={self.run_id: entries})
-        except Exception:
-            pass
         return True
 
     def remove(self) -> None:
