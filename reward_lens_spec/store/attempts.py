@@ -308,14 +308,16 @@ class Attempt:
 
         Under the run's ``publish`` lease (one completing writer at a time): the published groups are
         replaced by this attempt's (``store.publish.publish``), the run is logged, then the run document is
-        written (one atomic write); then the root's consolidated metadata is brought up to date. Without
-        ``force`` a run already complete is left as it is (the first stays listed). With ``force`` a complete
-        run is first unlisted (its document emptied, the root's consolidated metadata without it) before its
-        published groups are touched: a writer that dies while replacing them leaves the run absent, never
-        listed over missing data or another writer's. Raises StoreError when this process no longer holds
-        ``role``.
+        written (one atomic write); then, still under that lease (so a forced writer's unlisting is never
+        overwritten by it), the root's consolidated metadata is brought up to date. Without ``force`` a run
+        already complete is left as it is (the first stays listed). With ``force`` a complete run is first
+        unlisted (its document emptied, the root's consolidated metadata without it) before its published
+        groups are touched: a writer that dies while replacing them leaves the run absent, never listed over
+        missing data or another writer's; a run the root's consolidated metadata still lists (a forced writer
+        died after emptying its document) is dropped from it first too. Raises StoreError when this process
+        no longer holds ``role``.
         """
-        from reward_lens_spec.store.publish import consolidate, publish
+        from reward_lens_spec.store.publish import consolidate, publish, root_lists
 
         self.fence(role)
         if not force and complete_attrs(self.b, self.run_id) is not None:
@@ -334,9 +336,11 @@ class Attempt:
                 self.fence(role)
                 lock.fence("publish")
 
-            if complete_attrs(self.b, self.run_id) is not None:     # force: unlist it before replacing its data
-                fence()
-                self.b.write_atomic(f"{RUNS}/{self.run_id}/{DOC}", group_doc({}))
+            listed = complete_attrs(self.b, self.run_id) is not None
+            if listed or root_lists(self.b, self.run_id):    # force, or a forced writer died unlisting it:
+                fence()                                      # unlisted before its data are replaced
+                if listed:
+                    self.b.write_atomic(f"{RUNS}/{self.run_id}/{DOC}", group_doc({}))
                 consolidate(self.b, [self.run_id])
             entries = publish(self, run_attrs, fence)
             # seq under the seal, then the entry in the evidence log, then the document (store.log)
@@ -344,17 +348,17 @@ class Attempt:
             doc = {"zarr_format": 3, "node_type": "group",
                    "attributes": {**run_attrs, "complete": True, "attempt": self.aid}}
             self.b.write_atomic(f"{RUNS}/{self.run_id}/{DOC}", group_doc(doc["attributes"]))
+            entries[f"{RUNS}/{self.run_id}"] = {**doc, "consolidated_metadata": {
+                "kind": "inline", "must_understand": False, "metadata": {}}}
+            try:          # still under the lease: a forced writer's unlisting is never overwritten by this
+                consolidate(self.b, known={self.run_id: entries})
+            except Exception:                 # the run is complete: a failure here only delays plain readers
+                pass
         finally:
             try:
                 lock.release("publish")       # also after a failure: the next writer clears what is left
             finally:
                 lock.close()
-        entries[f"{RUNS}/{self.run_id}"] = {**doc, "consolidated_metadata": {
-            "kind": "inline", "must_understand": False, "metadata": {}}}
-        try:                                  # the run is complete: a failure here only delays plain readers
-            consolidate(self.b, known={self.run_id: entries})
-        except Exception:
-            pass
         return True
 
     def remove(self) -> None:

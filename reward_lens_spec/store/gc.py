@@ -15,6 +15,8 @@ from datetime import datetime
 
 from reward_lens_spec.store._backend import DOC, RUNS, Backend
 from reward_lens_spec.store.attempts import ATTEMPTS, PUBLISH, Attempt, list_attempts
+from reward_lens_spec.store.publish import consolidate, root_lists
+from reward_lens_spec.store.state import complete_attrs
 
 GC_AGE_S = 3600.0            # default age limit: a dead writer's attempt stays an hour
 
@@ -31,31 +33,47 @@ def _created(attrs: dict | None) -> float | None:
 
 
 def collect_run(b: Backend, run_id: str, older_than_s: float = GC_AGE_S) -> list[str]:
-    """Collect one run's garbage; return ``[run_id]`` if the run went, else its removed ``run_id/attempt``s."""
+    """Collect one run's garbage; return ``[run_id]`` if the run went, else its removed ``run_id/attempt``s.
+
+    An attempt is removed only when no live lease holds it and, read after that, the run document does not
+    name it (a writer releases its role only after completing). The run folder is removed only under the
+    run's ``publish`` lease (the one every completion holds), the run read again there: a writer that
+    completed the run during this pass keeps it listed, whole."""
     from reward_lens_spec.store.writer import run_state
 
     if b.is_link(f"{RUNS}/{run_id}") or b.is_link(f"{ATTEMPTS}/{run_id}"):
         return []
     now = time.time()
-    state, attrs = run_state(b, run_id)
-    named = attrs.get("attempt") if state == "complete" else None
     removed, held = [], False
     for aid in list_attempts(b, run_id):
-        if aid == named:
-            continue
         att = Attempt.open(b, run_id, aid) or Attempt(b, run_id, aid, {})
         if att.live_roles() or _young(att.last_activity(), now, older_than_s):
             held = True
             continue
+        if att.named():
+            continue
         att.remove()
         removed.append(f"{run_id}/{aid}")
+    state, attrs = run_state(b, run_id)
     if state == "complete" or held or state == "absent" and not b.run_exists(run_id):
         return removed
     if state == "incomplete" and attrs and _young(_created(attrs), now, older_than_s):
         return removed                            # a pre-attempt writer's run, still young
-    b.remove_file(f"{RUNS}/{run_id}/{DOC}")
-    for child in b.list_dirs(f"{RUNS}/{run_id}"):   # a partial publication, or a pre-attempt writer's data
-        b.remove_tree(f"{RUNS}/{run_id}/{child}")
+    lock = Attempt(b, run_id, PUBLISH, {})
+    if not lock.claim("publish"):                 # a writer completes this run now
+        return removed
+    try:                                          # read again under the lease every completion holds
+        if complete_attrs(b, run_id) is not None or \
+                set(list_attempts(b, run_id)) - {r.split("/", 1)[1] for r in removed}:
+            lock.release("publish")               # completed meanwhile, or a new writer's attempt
+            return removed
+        b.remove_file(f"{RUNS}/{run_id}/{DOC}")
+        for child in b.list_dirs(f"{RUNS}/{run_id}"):   # a partial publication, or a pre-attempt writer's data
+            b.remove_tree(f"{RUNS}/{run_id}/{child}")
+        if root_lists(b, run_id):                 # a forced writer died unlisting it: plain readers' view too
+            consolidate(b, [run_id])
+    finally:
+        lock.close()              # (a lease not released stays live until it is removed below)
     b.remove_tree(f"{ATTEMPTS}/{run_id}/{PUBLISH}")
     if b.local:
         for key in (f"{ATTEMPTS}/{run_id}", f"{RUNS}/{run_id}"):

@@ -20,7 +20,7 @@ import os
 
 from reward_lens_spec.errors import StoreError
 from reward_lens_spec.store._backend import DOC, INTERNAL, LAYOUT_KEY, LAYOUT_VERSION, RUNS, Backend, store_handle
-from reward_lens_spec.store.attempts import ATTEMPTS, PREFIX
+from reward_lens_spec.store.attempts import ATTEMPTS, PREFIX, PUBLISH, Attempt
 from reward_lens_spec.store.keys import KEYS
 from reward_lens_spec.store.log import LOG
 from reward_lens_spec.store.publish import ATTEMPT, VARIABLES, consolidate, publish_group, published_group
@@ -83,23 +83,49 @@ def _list_plain(b: Backend, group: str) -> None:
 
 
 def _publish_run(b: Backend, run_id: str) -> None:
+    """Publish the observables of a complete run that are not (or not wholly) published from the attempt its
+    document names; under the run's ``publish`` lease, the document read again there (a forced writer may
+    have replaced the run meanwhile: its groups are never overwritten with the attempt it replaced)."""
     state, attrs = run_state(b, run_id)
     if state != "complete":
         return
     aid = attrs.get("attempt")
-    for obs in attrs.get("observables") or []:
-        dst = published_group(run_id, obs)
-        if not aid:                                   # layout 1: the data are in the run group already
-            _list_plain(b, dst)
-            continue
-        src = f"{ATTEMPTS}/{run_id}/{aid}/{obs}"
+    if not aid:                                       # layout 1: the data are in the run group already
+        for obs in attrs.get("observables") or []:
+            _list_plain(b, published_group(run_id, obs))
+        return
+    if not _unpublished(b, run_id, attrs):
+        return
+    lock = Attempt(b, run_id, PUBLISH, {})
+    if not lock.claim("publish"):                     # a writer publishes this run now
+        return
+    try:
+        state, attrs = run_state(b, run_id)
+        if state != "complete" or attrs.get("attempt") != aid:
+            return
+        for obs in _unpublished(b, run_id, attrs):
+            dst = published_group(run_id, obs)
+            b.remove_tree(dst)
+            publish_group(b, f"{ATTEMPTS}/{run_id}/{aid}/{obs}", dst, aid)
+    finally:
         try:
-            have = (b.read_json(f"{dst}/{DOC}") or {}).get("attributes") or {}
+            lock.release("publish")
+        finally:
+            lock.close()
+
+
+def _unpublished(b: Backend, run_id: str, attrs: dict) -> list[str]:
+    """The observables of a complete run (``attrs``: its document's) whose published group does not name the
+    attempt the document names, where that attempt still holds them."""
+    aid, out = attrs.get("attempt"), []
+    for obs in attrs.get("observables") or []:
+        try:
+            have = (b.read_json(f"{published_group(run_id, obs)}/{DOC}") or {}).get("attributes") or {}
         except ValueError:
             have = {}
-        if have.get(ATTEMPT) != aid and b.exists_key(f"{src}/{DOC}"):     # not (or not wholly) published
-            b.remove_tree(dst)
-            publish_group(b, src, dst, aid)
+        if have.get(ATTEMPT) != aid and b.exists_key(f"{ATTEMPTS}/{run_id}/{aid}/{obs}/{DOC}"):
+            out.append(obs)
+    return out
 
 
 def migrate(url: str, *, storage_options: dict | None = None) -> int:

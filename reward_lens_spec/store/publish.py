@@ -327,6 +327,13 @@ def _run_of(key: str) -> str | None:
     return parts[1] if parts[0] == RUNS and len(parts) > 1 else None
 
 
+def root_lists(b: Backend, run_id: str) -> bool:
+    """Whether the root's consolidated metadata (what plain readers see) lists run ``run_id``: it may still
+    after its document was emptied, when the writer died before the root was written again."""
+    meta = ((b.read_json(DOC) or {}).get("consolidated_metadata") or {}).get("metadata") or {}
+    return f"{RUNS}/{run_id}" in meta
+
+
 def consolidate(b: Backend, run_ids=(), *, rebuild: bool = False, known: dict | None = None,
                 tries: int = 20) -> None:
     """Bring the root's consolidated metadata up to date for ``run_ids`` (and any complete run it lacks);
