@@ -23,6 +23,18 @@ class Died(Exception):
     """Stands for the process dying at this point (nothing after it runs)."""
 
 
+def _dies_after(real, after: int, name: str):
+    """``real`` let through ``after`` times, then raising ``Died(name)`` (the process dying at that call)."""
+    calls = []
+
+    def dying(*a, **k):
+        calls.append(1)
+        if len(calls) > after:
+            raise Died(name)
+        return real(*a, **k)
+    return dying
+
+
 def _root_runs(url) -> set[str]:
     """Run ids the root's consolidated metadata lists (what plain xarray readers see)."""
     meta = (Backend(url).read_json("zarr.json") or {}).get("consolidated_metadata", {}).get("metadata", {})
@@ -37,15 +49,7 @@ STEPS = [("publish", 0), ("publish_group", 0), ("publish_group", 1), ("_copy", 0
 def test_a_forced_rewrite_dying_while_it_publishes_leaves_the_run_absent(tmp_path, monkeypatch, name, after):
     url = str(tmp_path / "s.zarr")
     assert write_run(url, "r", make_results(0), make_attrs(0))
-    real, calls = getattr(publication, name), []
-
-    def dying(*a, **k):
-        calls.append(1)
-        if len(calls) > after:
-            raise Died(name)
-        return real(*a, **k)
-
-    monkeypatch.setattr(publication, name, dying)
+    monkeypatch.setattr(publication, name, _dies_after(getattr(publication, name), after, name))
     with pytest.raises((Died, StoreError)):
         write_run(url, "r", make_results(1), make_attrs(1), force=True)
     monkeypatch.undo()
@@ -92,15 +96,8 @@ def test_a_forced_rewrite_dying_before_the_root_drops_the_run_then_a_dying_write
     with pytest.raises((Died, StoreError)):
         write_run(url, "r", make_results(1), make_attrs(1), force=True)
     monkeypatch.setattr(publication, "consolidate", real_consolidate)
-    calls = []
 
-    def dying_copy(*a, **k):
-        calls.append(1)
-        if len(calls) > 1:
-            raise Died("_copy")
-        return real_copy(*a, **k)
-
-    monkeypatch.setattr(publication, "_copy", dying_copy)
+    monkeypatch.setattr(publication, "_copy", _dies_after(real_copy, 1, "_copy"))
     with pytest.raises((Died, StoreError)):
         write_run(url, "r", make_results(2), make_attrs(2))
     monkeypatch.undo()
@@ -164,7 +161,7 @@ def test_another_runs_late_consolidation_never_relists_a_run_a_forced_writer_unl
     assert write_run(url, "r", make_results(0), make_attrs(0))
     assert write_run(url, "s", make_results(3), make_attrs(3))
     read, go = threading.Event(), threading.Event()
-    real_read, real_copy, calls = Backend.read_json, publication._copy, []
+    real_read, real_copy = Backend.read_json, publication._copy
 
     def read_json(self, key):
         out = real_read(self, key)
@@ -173,17 +170,11 @@ def test_another_runs_late_consolidation_never_relists_a_run_a_forced_writer_unl
             assert go.wait(60)
         return out
 
-    def dying_copy(*a, **k):
-        calls.append(1)
-        if len(calls) > 1:
-            raise Died("_copy")
-        return real_copy(*a, **k)
-
     monkeypatch.setattr(Backend, "read_json", read_json)
     c = threading.Thread(target=lambda: publication.consolidate(Backend(url), ["s"]), name="C")
     c.start()
     assert read.wait(60)
-    monkeypatch.setattr(publication, "_copy", dying_copy)
+    monkeypatch.setattr(publication, "_copy", _dies_after(real_copy, 1, "_copy"))
     with pytest.raises((Died, StoreError)):
         write_run(url, "r", make_results(1), make_attrs(1), force=True)
     go.set()
