@@ -86,3 +86,19 @@ def test_gc_and_force_never_follow_a_symlink_out_of_the_store(tmp_path):
 
 def _files(root):
     return sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs)
+
+
+def test_lock_leases_keep_one_generation_and_gc_leaves_the_root_lease(tmp_path):
+    """Every completion claims the store-wide ``root`` lease and the run's ``publish`` lease anew: each claim
+    removes the generation before, so their folders stay one file however many completions (here 5 root
+    updates: 1, then 2 per forced rewrite); ``store gc`` (runs listed from ``runs/``) never sees ``_root``."""
+    url = str(tmp_path / "s.zarr")
+    for seed in range(3):
+        assert write_run(url, "r", make_results(seed), make_attrs(seed), force=True)
+    ctl = tmp_path / "s.zarr" / "_internal" / "attempts"
+    assert sorted(os.listdir(ctl / "_root" / "_publish" / "_ctl")) == ["lease.root.4.json"]
+    assert sorted(os.listdir(ctl / "r" / "_publish" / "_ctl")) == ["lease.publish.2.json"]
+    assert json.loads((ctl / "_root" / "_publish" / "_ctl" / "lease.root.4.json").read_text())["released"]
+    assert len(open_store(url).remove_incomplete(older_than_s=0)) == 2      # the two replaced attempts of r
+    assert store_cli(["gc", f"url={url}", "older_than=0"]) == 0
+    assert sorted(os.listdir(ctl)) == ["_root", "r"] and list(open_store(url).runs().run_id) == ["r"]

@@ -17,6 +17,8 @@ data it lists, after that attempt's data are published into the run group (``sto
                                             the writing user's key, ``Attempt.authentic``)
     _internal/attempts/<run_id>/<aid>/_ctl/skeleton.json   the arrays of every chunk exist
     _internal/attempts/<run_id>/_publish/_ctl/lease.publish.<gen>.json   who publishes the run now
+    _internal/attempts/_root/_publish/_ctl/lease.root.<gen>.json   who updates the root's consolidated
+                                            metadata now (``store.publish.consolidate``)
 
 Roles are ``write`` (a whole-dataset ``write_run``), ``skeleton``, ``shard-<i>``
 (the pair chunks ``k`` with ``k % shards == i``) and ``reduce`` (the steps that
@@ -26,6 +28,7 @@ stores), only when generation ``g`` is released or dead: its writer's heartbeat 
 older than ``lease_s`` or, on the same host, its process no longer exists. So shards
 of one launch share an attempt, a rerun after a kill adopts the dead attempt and
 computes only its missing chunks, and a second live launch gets an attempt of its own.
+The lock leases (``publish``, ``root``) keep only their latest generations: a claim removes the one before.
 
 Fencing: before every write a holder checks that its own heartbeat succeeded within
 ``lease_s / 2`` and that no later generation of its role exists; a displaced or
@@ -174,13 +177,32 @@ class Attempt:
             created = self.b.create_exclusive(self._lease_key(role, gen), self._lease_doc(False))
         except StoreError as e:
             raise self._collected(e) from None
-        if not created:
+        if not created or self.aid == PUBLISH and gen > 0 and self._superseded(role, gen):
             return False
+        if self.aid == PUBLISH and gen > 0:
+            # A lock lease (a run's ``publish``, the store's ``root``) gets a generation per claim: the one
+            # before is removed, so the folder holds one or two files however often it is claimed. Safe: the
+            # highest generation decides a claim; a claimer that listed before this one took ``gen`` fails
+            # its exclusive create of ``gen`` and retries; one that re-creates a removed lower generation (it
+            # listed before earlier claims) sees a higher one right after (``_superseded`` above) and fails;
+            # and a displaced holder's ``fence`` looks for any higher generation, not only the next.
+            try:
+                self.b.remove_file(self._lease_key(role, gen - 1))
+            except StoreError:                    # best effort: a file left over is never read as the lease
+                pass
         with self._lock:
             self._held[role] = gen
             self._last_ok = time.monotonic()
         self._start_heartbeat()
         return True
+
+    def _superseded(self, role: str, gen: int) -> bool:
+        """Whether a generation of ``role`` after ``gen`` exists: the next one, or (a lock lease, whose lower
+        generations are removed by later claimers) any later one listed."""
+        if self.aid != PUBLISH:
+            return self.b.exists_key(self._lease_key(role, gen + 1))
+        return any(m and m["role"] == role and int(m["gen"]) > gen
+                   for m in map(_LEASE.match, self.b.list_files(f"{self.prefix}/{CTL}")))
 
     def release(self, role: str) -> None:
         """Mark ``role`` done (its lease says ``released``) and stop renewing it."""
@@ -210,7 +232,7 @@ class Attempt:
         if age > self.lease_s / 2:
             raise StoreError(f"store {self.b.url}: run {self.run_id}: the lease on {role} was not renewed for "
                              f"{age:.0f} s; stopping before writing (another writer may have taken over).")
-        if self.b.exists_key(self._lease_key(role, gen + 1)):
+        if self._superseded(role, gen):
             raise StoreError(f"store {self.b.url}: run {self.run_id} attempt {self.aid}: role {role} was taken "
                              "over by another writer; this one stops without writing.")
 
