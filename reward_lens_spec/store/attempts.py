@@ -177,7 +177,10 @@ class Attempt:
             created = self.b.create_exclusive(self._lease_key(role, gen), self._lease_doc(False))
         except StoreError as e:
             raise self._collected(e) from None
-        if not created or self.aid == PUBLISH and gen > 0 and self._superseded(role, gen):
+        if not created:
+            return False
+        if self.aid == PUBLISH and gen > 0 and self._superseded(role, gen):
+            self._remove_lease(role, gen)             # a removed generation re-created: never the lease
             return False
         if self.aid == PUBLISH and gen > 0:
             # A lock lease (a run's ``publish``, the store's ``root``) gets a generation per claim: the one
@@ -186,15 +189,18 @@ class Attempt:
             # its exclusive create of ``gen`` and retries; one that re-creates a removed lower generation (it
             # listed before earlier claims) sees a higher one right after (``_superseded`` above) and fails;
             # and a displaced holder's ``fence`` looks for any higher generation, not only the next.
-            try:
-                self.b.remove_file(self._lease_key(role, gen - 1))
-            except StoreError:                    # best effort: a file left over is never read as the lease
-                pass
+            self._remove_lease(role, gen - 1)
         with self._lock:
             self._held[role] = gen
             self._last_ok = time.monotonic()
         self._start_heartbeat()
         return True
+
+    def _remove_lease(self, role: str, gen: int) -> None:
+        try:
+            self.b.remove_file(self._lease_key(role, gen))
+        except StoreError:                        # best effort: a file left over is never read as the lease
+            pass
 
     def _superseded(self, role: str, gen: int) -> bool:
         """Whether a generation of ``role`` after ``gen`` exists: the next one, or (a lock lease, whose lower
