@@ -102,3 +102,31 @@ def test_lock_leases_keep_one_generation_and_gc_leaves_the_root_lease(tmp_path):
     assert len(open_store(url).remove_incomplete(older_than_s=0)) == 2      # the two replaced attempts of r
     assert store_cli(["gc", f"url={url}", "older_than=0"]) == 0
     assert sorted(os.listdir(ctl)) == ["_root", "r"] and list(open_store(url).runs().run_id) == ["r"]
+
+
+def test_a_lock_lease_is_decided_by_its_highest_generation_after_lower_ones_are_removed(tmp_path):
+    """A claimer that listed before two later claims re-creates a removed generation: it sees the higher one,
+    removes its file and does not hold the lease; a displaced holder whose next generation was removed still
+    finds itself superseded (its fence looks for any higher generation)."""
+    from reward_lens_spec.store.attempts import PUBLISH
+
+    b = Backend(str(tmp_path / "s.zarr"))
+    ctl = tmp_path / "s.zarr" / "_internal" / "attempts" / "_root" / "_publish" / "_ctl"
+    held = Attempt(b, "_root", PUBLISH, {}, lease_s=0.5)
+    assert held.claim("root")                              # gen 0, left unreleased: its holder stalls
+    held.close()                                           # its heartbeat stops
+    time.sleep(0.6)
+    later = [Attempt(b, "_root", PUBLISH, {}, lease_s=0.5) for _ in range(2)]
+    assert later[0].claim("root")                          # gen 1 (0 is dead), removes gen 0
+    later[0].release("root")
+    stale = Attempt(b, "_root", PUBLISH, {})
+    seen = stale.leases()                                  # listed now: gen 1, released
+    assert later[1].claim("root")                          # gen 2, removes gen 1
+    stale.leases = lambda: seen
+    assert not stale.claim("root")                         # re-created gen 1: superseded, removed again
+    assert sorted(os.listdir(ctl)) == ["lease.root.2.json"]
+    held._held["root"], held._last_ok = 0, time.monotonic()    # as if its heartbeat had just renewed it
+    with pytest.raises(StoreError, match="taken over"):
+        held.fence("root")
+    for att in later + [stale]:
+        att.close()
