@@ -112,18 +112,17 @@ def test_a_lock_lease_is_decided_by_its_highest_generation_after_lower_ones_are_
 
     b = Backend(str(tmp_path / "s.zarr"))
     ctl = tmp_path / "s.zarr" / "_internal" / "attempts" / "_root" / "_publish" / "_ctl"
-    held = Attempt(b, "_root", PUBLISH, {}, lease_s=0.5)
+    held = Attempt(b, "_root", PUBLISH, {})
     assert held.claim("root")                              # gen 0, left unreleased: its holder stalls
     held.close()                                           # its heartbeat stops
-    time.sleep(0.6)
-    later = [Attempt(b, "_root", PUBLISH, {}, lease_s=0.5) for _ in range(2)]
-    assert later[0].claim("root")                          # gen 1 (0 is dead), removes gen 0
+    time.sleep(0.6)                                        # dead to claimers whose lease time is 0.5 s
+    stale, *later = [Attempt(b, "_root", PUBLISH, {}, lease_s=0.5) for _ in range(3)]
+    seen = stale.leases()                                  # listed now: gen 0, dead
+    assert later[0].claim("root")                          # gen 1, removes gen 0
     later[0].release("root")
-    stale = Attempt(b, "_root", PUBLISH, {})
-    seen = stale.leases()                                  # listed now: gen 1, released
     assert later[1].claim("root")                          # gen 2, removes gen 1
     stale.leases = lambda: seen
-    assert not stale.claim("root")                         # re-created gen 1: superseded, removed again
+    assert not stale.claim("root")                         # re-creates gen 1: superseded, removed again
     assert sorted(os.listdir(ctl)) == ["lease.root.2.json"]
     held._held["root"], held._last_ok = 0, time.monotonic()    # as if its heartbeat had just renewed it
     with pytest.raises(StoreError, match="taken over"):
