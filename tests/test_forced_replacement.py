@@ -1,5 +1,5 @@
 """A forced rewrite of a complete run that dies while replacing its published groups: the run must end absent,
-never listed over missing data or over another writer's (``Attempt.complete``: unlist, then replace, then list).
+never listed over missing data or over another writer's (``store.completion``: unlist, then replace, then list).
 
 Found by ``test_writers.test_two_writers_of_one_run_id_killed_at_random_points`` (a victim SIGKILLed after it
 had begun replacing the survivor's publication: ``GroupNotFoundError`` / a ``pair`` digest mismatch on the

@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from reward_lens_spec.errors import StoreError
 from reward_lens_spec.store._backend import DOC, RUNS, Backend, group_doc
+from reward_lens_spec.store.attempts import PUBLISH, Attempt
 
 VARIABLES = "output_variables"
 STORED_AS = "stored_as"
@@ -348,8 +349,6 @@ def consolidate(b: Backend, run_ids=(), *, rebuild: bool = False, known: dict | 
     order: a run's ``publish`` lease, then this one; nothing takes a run's lease while holding it. Re-lists
     after writing and repeats while a complete run is missing (at most ``tries`` times). Raises StoreError
     when the store cannot be written, or this writer lost the lease (stalled past ``leases.LEASE_S``)."""
-    from reward_lens_spec.store.attempts import PUBLISH, Attempt
-
     lock = Attempt(b, ROOT, PUBLISH, {})
     try:
         while not lock.claim("root"):                # another writer updates the root now
