@@ -1,5 +1,5 @@
 """A forced rewrite of a complete run that dies while replacing its published groups: the run must end absent,
-never listed over missing data or over another writer's (``Attempt.complete``: unlist, then replace, then list).
+never listed over missing data or over another writer's (``store.completion``: unlist, then replace, then list).
 
 Found by ``test_writers.test_two_writers_of_one_run_id_killed_at_random_points`` (a victim SIGKILLed after it
 had begun replacing the survivor's publication: ``GroupNotFoundError`` / a ``pair`` digest mismatch on the
@@ -148,37 +148,62 @@ def test_a_completion_consolidating_late_never_relists_a_run_a_forced_writer_unl
     assert "r" not in _root_runs(url)
 
 
-@pytest.mark.xfail(strict=True, reason="open: consolidate is a read-modify-write of the root with no lock across "
-                   "runs; a writer of another run whose root read predates a forced writer's unlisting lists the "
-                   "run again (see the attack7 report)")
 def test_another_runs_late_consolidation_never_relists_a_run_a_forced_writer_unlisted(tmp_path, monkeypatch):
-    """C brings the root up to date for run s from a root read before forced writer B unlisted run r; B dies
-    while it replaces r's groups; C's write must not list r again (plain readers would read B's half
-    publication under r's old metadata: score all NaN)."""
+    """C brings the root up to date for run s and stalls after reading the root; forced writer B empties run
+    r's document and must wait for the root lease C holds before it unlists r; C is then let go (its write
+    still lists r), B unlists r after it and dies while it replaces r's groups. r must end listed nowhere
+    (plain readers would read B's half publication under r's old metadata: score all NaN)."""
     import threading
+
+    from reward_lens_spec.store.attempts import Attempt
 
     url = str(tmp_path / "s.zarr")
     assert write_run(url, "r", make_results(0), make_attrs(0))
     assert write_run(url, "s", make_results(3), make_attrs(3))
-    read, go = threading.Event(), threading.Event()
-    real_read, real_copy = Backend.read_json, publication._copy
+    read, go, waiting = threading.Event(), threading.Event(), threading.Event()
+    real_read, real_claim, copies, forced = Backend.read_json, Attempt.claim, [], []
+    dying_copy = _dies_after(publication._copy, 1, "_copy")
 
     def read_json(self, key):
         out = real_read(self, key)
         if key == "zarr.json" and threading.current_thread().name == "C" and not read.is_set():
-            read.set()
+            read.set()                              # C holds the root lease here
             assert go.wait(60)
         return out
 
+    def claim(self, role):
+        got = real_claim(self, role)
+        if role == "root" and not got and threading.current_thread().name == "B":
+            waiting.set()                           # B's consolidate waits for C's lease
+        return got
+
+    def copy(*a, **k):
+        copies.append(1)
+        return dying_copy(*a, **k)
+
+    def forced_write():
+        try:
+            forced.append(write_run(url, "r", make_results(1), make_attrs(1), force=True))
+        except (Died, StoreError) as e:
+            forced.append(type(e).__name__)
+
     monkeypatch.setattr(Backend, "read_json", read_json)
+    monkeypatch.setattr(Attempt, "claim", claim)
     c = threading.Thread(target=lambda: publication.consolidate(Backend(url), ["s"]), name="C")
     c.start()
     assert read.wait(60)
-    monkeypatch.setattr(publication, "_copy", _dies_after(real_copy, 1, "_copy"))
-    with pytest.raises((Died, StoreError)):
-        write_run(url, "r", make_results(1), make_attrs(1), force=True)
-    go.set()
+    monkeypatch.setattr(publication, "_copy", copy)
+    b = threading.Thread(target=forced_write, name="B")
+    b.start()
+    try:
+        while b.is_alive() and not waiting.wait(0.05):
+            pass
+        assert waiting.is_set() and not copies     # B waits, before it touched r's groups
+    finally:
+        go.set()
     c.join(60)
+    b.join(60)
     monkeypatch.undo()
+    assert not c.is_alive() and not b.is_alive() and forced == ["Died"]
     assert list(open_store(url).runs().run_id) == ["s"]
     assert "r" not in _root_runs(url)

@@ -86,3 +86,46 @@ def test_gc_and_force_never_follow_a_symlink_out_of_the_store(tmp_path):
 
 def _files(root):
     return sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs)
+
+
+def test_lock_leases_keep_one_generation_and_gc_leaves_the_root_lease(tmp_path):
+    """Every completion claims the store-wide ``root`` lease and the run's ``publish`` lease anew: each claim
+    removes the generation before, so their folders stay one file however many completions (here 5 root
+    updates: 1, then 2 per forced rewrite); ``store gc`` (runs listed from ``runs/``) never sees ``_root``."""
+    url = str(tmp_path / "s.zarr")
+    for seed in range(3):
+        assert write_run(url, "r", make_results(seed), make_attrs(seed), force=True)
+    ctl = tmp_path / "s.zarr" / "_internal" / "attempts"
+    assert sorted(os.listdir(ctl / "_root" / "_publish" / "_ctl")) == ["lease.root.4.json"]
+    assert sorted(os.listdir(ctl / "r" / "_publish" / "_ctl")) == ["lease.publish.2.json"]
+    assert json.loads((ctl / "_root" / "_publish" / "_ctl" / "lease.root.4.json").read_text())["released"]
+    assert len(open_store(url).remove_incomplete(older_than_s=0)) == 2      # the two replaced attempts of r
+    assert store_cli(["gc", f"url={url}", "older_than=0"]) == 0
+    assert sorted(os.listdir(ctl)) == ["_root", "r"] and list(open_store(url).runs().run_id) == ["r"]
+
+
+def test_a_lock_lease_is_decided_by_its_highest_generation_after_lower_ones_are_removed(tmp_path):
+    """A claimer that listed before two later claims re-creates a removed generation: it sees the higher one,
+    removes its file and does not hold the lease; a displaced holder whose next generation was removed still
+    finds itself superseded (its fence looks for any higher generation)."""
+    from reward_lens_spec.store.attempts import PUBLISH
+
+    b = Backend(str(tmp_path / "s.zarr"))
+    ctl = tmp_path / "s.zarr" / "_internal" / "attempts" / "_root" / "_publish" / "_ctl"
+    held = Attempt(b, "_root", PUBLISH, {})
+    assert held.claim("root")                              # gen 0, left unreleased: its holder stalls
+    held.close()                                           # its heartbeat stops
+    time.sleep(0.6)                                        # dead to claimers whose lease time is 0.5 s
+    stale, *later = [Attempt(b, "_root", PUBLISH, {}, lease_s=0.5) for _ in range(3)]
+    seen = stale.leases()                                  # listed now: gen 0, dead
+    assert later[0].claim("root")                          # gen 1, removes gen 0
+    later[0].release("root")
+    assert later[1].claim("root")                          # gen 2, removes gen 1
+    stale.leases = lambda: seen
+    assert not stale.claim("root")                         # re-creates gen 1: superseded, removed again
+    assert sorted(os.listdir(ctl)) == ["lease.root.2.json"]
+    held._held["root"], held._last_ok = 0, time.monotonic()    # as if its heartbeat had just renewed it
+    with pytest.raises(StoreError, match="taken over"):
+        held.fence("root")
+    for att in later + [stale]:
+        att.close()

@@ -12,6 +12,7 @@ import xarray as xr
 
 from reward_lens_spec.store import open_store, write_run
 from reward_lens_spec.store._backend import Backend
+from reward_lens_spec.store import writer as store_writer
 from reward_lens_spec.store.attempts import Attempt
 from reward_lens_spec.store.gc import collect_run
 from test_store import assert_same, make_attrs, make_results
@@ -48,7 +49,7 @@ def test_gc_never_removes_the_attempt_a_run_completed_during_its_pass_names(tmp_
     url = str(tmp_path / "s.zarr")
     b = Backend(url)
     Attempt.create(b, "r", {"kind": "write"}, aid="attempt-0").close()     # dead, listed first
-    real_complete, real_remove = Attempt.complete, Attempt.remove
+    real_complete, real_remove = store_writer.complete, Attempt.remove
     in_complete, go = threading.Event(), threading.Event()
 
     def held_complete(att, *a, **k):
@@ -61,7 +62,7 @@ def test_gc_never_removes_the_attempt_a_run_completed_during_its_pass_names(tmp_
         writer.join(60)
         return real_remove(att)
 
-    monkeypatch.setattr(Attempt, "complete", held_complete)
+    monkeypatch.setattr(store_writer, "complete", held_complete)
     won = []
     writer = threading.Thread(target=lambda: won.append(write_run(url, "r", make_results(5), make_attrs(5))))
     writer.start()

@@ -17,6 +17,7 @@ import pytest
 from reward_lens_spec.errors import StoreError
 from reward_lens_spec.store import open_store, write_run
 from reward_lens_spec.store.attempts import Attempt
+from reward_lens_spec.store.completion import complete
 from reward_lens_spec.store._backend import Backend
 from reward_lens_spec.store.log import read_log
 from test_store import assert_same, make_attrs, make_results, spawn_writer
@@ -64,7 +65,7 @@ def test_two_writers_of_one_run_id_killed_at_random_points(tmp_path):
 
     Whatever the timing, the listed run is either absent or one writer's, whole. Absent although the survivor
     completed: the victim (forced) had unlisted the survivor's run to replace it and was killed before listing its
-    own (``Attempt.complete``; ``test_forced_replacement.py`` plants that death at each step).
+    own (``store.completion``; ``test_forced_replacement.py`` plants that death at each step).
     """
     rng = random.Random(17)
     for rnd in range(6):
@@ -123,7 +124,7 @@ def test_fence_stops_a_displaced_or_stalled_holder(tmp_path):
     with pytest.raises(StoreError, match="taken over"):
         att.fence("write")
     with pytest.raises(StoreError, match="taken over"):
-        att.complete({"x": 1}, "write")
+        complete(att, {"x": 1}, "write")
     att._last_ok -= att.lease_s                          # a holder whose own renewals stalled
     with pytest.raises(StoreError, match="not renewed"):
         att.fence("write")

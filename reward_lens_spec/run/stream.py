@@ -46,6 +46,7 @@ from ..errors import SpecError, StoreError
 from ..planning import data_dims, data_widths, passes, stages
 from ..result import Result
 from ..store.attempts import PREFIX, Attempt, list_attempts
+from ..store.completion import complete
 from ..store.digest import KEY as DIGESTS, result_digests
 from ..store.groups import open_variable, open_variables, variable_values, write_variables
 from ..store.published import HIDDEN
@@ -246,7 +247,7 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
         attrs = with_digests(attrs, {plan.observable: result_digests(stored)})
     att.fence("reduce")
     label_group(att.zstore("reduce"), out_g, observable_attrs(attrs, stored), plan.outputs, staged=staged)
-    won = att.complete(attrs, "reduce", force=store_spec.force)
+    won = complete(att, attrs, "reduce", force=store_spec.force)
     att.release("reduce")
     if keep_context and contexts:
         _add(contexts[-1].counts, {k: v for k, v in counts.items() if k not in contexts[-1].counts})

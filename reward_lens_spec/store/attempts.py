@@ -1,4 +1,4 @@
-"""One writer's prefix of a run: attempts, leases, chunk markers and completion.
+"""One writer's prefix of a run: attempts, leases and chunk markers (completion: ``store.completion``).
 
 However many processes write one run id, each launch writes under an **attempt**
 prefix of its own, outside the Zarr hierarchy plain readers open (``_internal/``), and the
@@ -17,6 +17,8 @@ data it lists, after that attempt's data are published into the run group (``sto
                                             the writing user's key, ``Attempt.authentic``)
     _internal/attempts/<run_id>/<aid>/_ctl/skeleton.json   the arrays of every chunk exist
     _internal/attempts/<run_id>/_publish/_ctl/lease.publish.<gen>.json   who publishes the run now
+    _internal/attempts/_root/_publish/_ctl/lease.root.<gen>.json   who updates the root's consolidated
+                                            metadata now (``store.publish.consolidate``)
 
 Roles are ``write`` (a whole-dataset ``write_run``), ``skeleton``, ``shard-<i>``
 (the pair chunks ``k`` with ``k % shards == i``) and ``reduce`` (the steps that
@@ -26,6 +28,7 @@ stores), only when generation ``g`` is released or dead: its writer's heartbeat 
 older than ``lease_s`` or, on the same host, its process no longer exists. So shards
 of one launch share an attempt, a rerun after a kill adopts the dead attempt and
 computes only its missing chunks, and a second live launch gets an attempt of its own.
+The lock leases (``publish``, ``root``) keep only their latest generations: a claim removes the one before.
 
 Fencing: before every write a holder checks that its own heartbeat succeeded within
 ``lease_s / 2`` and that no later generation of its role exists; a displaced or
@@ -52,7 +55,6 @@ from reward_lens_spec.errors import StoreError
 from reward_lens_spec.signed_cache import tagged_by_user, user_tag
 from reward_lens_spec.store._backend import DOC, INTERNAL, RUNS, Backend, group_doc
 from reward_lens_spec.store.leases import HEARTBEAT, HOST, LEASE_S, fenced_store, lease_live
-from reward_lens_spec.store.log import append as append_to_log
 from reward_lens_spec.store.state import complete_attrs, run_state
 
 PREFIX = "attempt-"
@@ -176,11 +178,36 @@ class Attempt:
             raise self._collected(e) from None
         if not created:
             return False
+        if self.aid == PUBLISH and gen > 0 and self._superseded(role, gen):
+            self._remove_lease(role, gen)             # a removed generation re-created: never the lease
+            return False
+        if self.aid == PUBLISH and gen > 0:
+            # A lock lease (a run's ``publish``, the store's ``root``) gets a generation per claim: the one
+            # before is removed, so the folder holds one or two files however often it is claimed. Safe: the
+            # highest generation decides a claim; a claimer that listed before this one took ``gen`` fails
+            # its exclusive create of ``gen`` and retries; one that re-creates a removed lower generation (it
+            # listed before earlier claims) sees a higher one right after (``_superseded`` above) and fails;
+            # and a displaced holder's ``fence`` looks for any higher generation, not only the next.
+            self._remove_lease(role, gen - 1)
         with self._lock:
             self._held[role] = gen
             self._last_ok = time.monotonic()
         self._start_heartbeat()
         return True
+
+    def _remove_lease(self, role: str, gen: int) -> None:
+        try:
+            self.b.remove_file(self._lease_key(role, gen))
+        except StoreError:                        # best effort: a file left over is never read as the lease
+            pass
+
+    def _superseded(self, role: str, gen: int) -> bool:
+        """Whether a generation of ``role`` after ``gen`` exists: the next one, or (a lock lease, whose lower
+        generations are removed by later claimers) any later one listed."""
+        if self.aid != PUBLISH:
+            return self.b.exists_key(self._lease_key(role, gen + 1))
+        return any(m and m["role"] == role and int(m["gen"]) > gen
+                   for m in map(_LEASE.match, self.b.list_files(f"{self.prefix}/{CTL}")))
 
     def release(self, role: str) -> None:
         """Mark ``role`` done (its lease says ``released``) and stop renewing it."""
@@ -210,7 +237,7 @@ class Attempt:
         if age > self.lease_s / 2:
             raise StoreError(f"store {self.b.url}: run {self.run_id}: the lease on {role} was not renewed for "
                              f"{age:.0f} s; stopping before writing (another writer may have taken over).")
-        if self.b.exists_key(self._lease_key(role, gen + 1)):
+        if self._superseded(role, gen):
             raise StoreError(f"store {self.b.url}: run {self.run_id} attempt {self.aid}: role {role} was taken "
                              "over by another writer; this one stops without writing.")
 
@@ -263,7 +290,7 @@ class Attempt:
         if self._beating.acquire(timeout=5):
             self._beating.release()
 
-    # -- chunks and completion ---------------------------------------------------------------
+    # -- chunks and the run document ---------------------------------------------------------------
     def mark(self, name: str, info: dict, role: str) -> None:
         """Record ``_ctl/<name>.json`` (e.g. ``chunk.3``, ``skeleton``) after its data are written, tagged
         with this user's key (``signed_cache.user_tag``) over the run, the attempt, the name and ``info``."""
@@ -301,65 +328,6 @@ class Attempt:
         """True when the run document is complete and names this attempt."""
         attrs = complete_attrs(self.b, self.run_id)         # (the run document alone: nothing listed)
         return attrs is not None and attrs.get("attempt") == self.aid
-
-    def complete(self, run_attrs: dict, role: str, *, force: bool = False) -> bool:
-        """Publish this attempt's observables into the run group and name it in the run document; False when
-        another writer completed first.
-
-        Under the run's ``publish`` lease (one completing writer at a time): the published groups are
-        replaced by this attempt's (``store.publish.publish``), the run is logged, then the run document is
-        written (one atomic write); then, still under that lease (so a forced writer's unlisting is never
-        overwritten by it), the root's consolidated metadata is brought up to date. Without ``force`` a run
-        already complete is left as it is (the first stays listed). With ``force`` a complete run is first
-        unlisted (its document emptied, the root's consolidated metadata without it) before its published
-        groups are touched: a writer that dies while replacing them leaves the run absent, never listed over
-        missing data or another writer's; a run the root's consolidated metadata still lists (a forced writer
-        died after emptying its document) is dropped from it first too. Raises StoreError when this process
-        no longer holds ``role``.
-        """
-        from reward_lens_spec.store.publish import consolidate, publish, root_lists
-
-        self.fence(role)
-        if not force and complete_attrs(self.b, self.run_id) is not None:
-            return False
-        lock = Attempt(self.b, self.run_id, PUBLISH, {}, lease_s=self.lease_s)
-        try:
-            while not lock.claim("publish"):          # another writer publishes this run now
-                self.fence(role)
-                if not force and complete_attrs(self.b, self.run_id) is not None:
-                    return False
-                time.sleep(0.05)
-            if not force and complete_attrs(self.b, self.run_id) is not None:
-                return False
-
-            def fence():
-                self.fence(role)
-                lock.fence("publish")
-
-            listed = complete_attrs(self.b, self.run_id) is not None
-            if listed or root_lists(self.b, self.run_id):    # force, or a forced writer died unlisting it:
-                fence()                                      # unlisted before its data are replaced
-                if listed:
-                    self.b.write_atomic(f"{RUNS}/{self.run_id}/{DOC}", group_doc({}))
-                consolidate(self.b, [self.run_id])
-            entries = publish(self, run_attrs, fence)
-            # seq under the seal, then the entry in the evidence log, then the document (store.log)
-            run_attrs = append_to_log(self.b, self.run_id, run_attrs, fence=fence)
-            doc = {"zarr_format": 3, "node_type": "group",
-                   "attributes": {**run_attrs, "complete": True, "attempt": self.aid}}
-            self.b.write_atomic(f"{RUNS}/{self.run_id}/{DOC}", group_doc(doc["attributes"]))
-            entries[f"{RUNS}/{self.run_id}"] = {**doc, "consolidated_metadata": {
-                "kind": "inline", "must_understand": False, "metadata": {}}}
-            try:          # still under the lease: a forced writer's unlisting is never overwritten by this
-                consolidate(self.b, known={self.run_id: entries})
-            except Exception:                 # the run is complete: a failure here only delays plain readers
-                pass
-        finally:
-            try:
-                lock.release("publish")       # also after a failure: the next writer clears what is left
-            finally:
-                lock.close()
-        return True
 
     def remove(self) -> None:
         """Delete this attempt's prefix (callers only remove attempts no run document names)."""

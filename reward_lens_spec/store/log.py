@@ -1,6 +1,6 @@
 """The store's evidence log: an append-only, hash-chained record of every completed run document.
 
-``<store>/_internal/log/<seq, 12 digits>.json``, one entry per completion (``Attempt.complete``)::
+``<store>/_internal/log/<seq, 12 digits>.json``, one entry per completion (``store.completion``)::
 
     {"seq": n, "kind": "scorecard"|"study"|"adjudication"|"run", "id": run id,
      "doc": content hash of the document as completed, "created": its sealed time,

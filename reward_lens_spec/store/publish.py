@@ -20,23 +20,29 @@ Consolidated metadata (``consolidate``): the root ``zarr.json`` carries, under `
 the metadata documents of ``runs``, every complete run's group and its published groups and arrays, so
 plain readers never list the store (and never meet ``_internal/``). It is merged, not rebuilt: entries of
 other runs are kept, runs no longer listed are dropped, and after writing it the writer re-lists the runs
-and adds any complete one it missed (a concurrent completion), until nothing is missing.
+and adds any complete one it missed (a concurrent completion), until nothing is missing. One writer at a
+time does so: under the store-wide ``root`` lease, taken after a run's ``publish`` lease, never before.
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from reward_lens_spec.errors import StoreError
 from reward_lens_spec.store._backend import DOC, RUNS, Backend, group_doc
+from reward_lens_spec.store.attempts import PUBLISH, Attempt
 
 VARIABLES = "output_variables"
 STORED_AS = "stored_as"
 ATTEMPT = "attempt"
 COORDS = "coordinates"
 _INLINE = {"kind": "inline", "must_understand": False}
+# the run id of the store-wide lease ``consolidate`` holds (``_internal/attempts/_root/_publish``): never a run's
+# (``_backend.RUN_NAME`` starts alphanumeric), and ``store gc`` lists runs from ``runs/``, so it never collects it
+ROOT = "_root"
 
 
 def published_group(run_id: str, observable: str) -> str:
@@ -338,11 +344,26 @@ def consolidate(b: Backend, run_ids=(), *, rebuild: bool = False, known: dict | 
                 tries: int = 20) -> None:
     """Bring the root's consolidated metadata up to date for ``run_ids`` (and any complete run it lacks);
     ``rebuild``: every run read again; ``known``: ``{run_id: its entries}`` the caller just wrote (not read
-    again). Best effort against concurrent writers: re-lists after writing and repeats while a complete run
-    is missing (at most ``tries`` times)."""
+    again). The whole read-merge-write runs under the store-wide ``root`` lease (``ROOT``): a writer never
+    writes back entries read before another writer's update (a forced writer's unlisting stays). Lock
+    order: a run's ``publish`` lease, then this one; nothing takes a run's lease while holding it. Re-lists
+    after writing and repeats while a complete run is missing (at most ``tries`` times). Raises StoreError
+    when the store cannot be written, or this writer lost the lease (stalled past ``leases.LEASE_S``)."""
+    lock = Attempt(b, ROOT, PUBLISH, {})
+    try:
+        while not lock.claim("root"):                # another writer updates the root now
+            time.sleep(0.02)
+        _consolidate(b, run_ids, rebuild, dict(known or {}), tries, lambda: lock.fence("root"))
+    finally:
+        try:
+            lock.release("root")
+        finally:
+            lock.close()
+
+
+def _consolidate(b: Backend, run_ids, rebuild: bool, known: dict, tries: int, fence) -> None:
     import warnings
 
-    known = dict(known or {})
     changed = set(run_ids) | set(known)
     for _ in range(tries):
         root = b.read_json(DOC) or {}
@@ -362,6 +383,7 @@ def consolidate(b: Backend, run_ids=(), *, rebuild: bool = False, known: dict | 
         root.setdefault("zarr_format", 3)
         root.setdefault("node_type", "group")
         root["consolidated_metadata"] = {**_INLINE, "metadata": dict(sorted(keep.items()))}
+        fence()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             b.write_atomic(DOC, json.dumps(root, separators=(",", ":"), allow_nan=True).encode())

@@ -13,9 +13,9 @@
    every chunk with a ``crc32c`` checksum codec. The digest of every stored array
    (``store.digest``) goes into the run document, under its seal when it has one.
    Streaming runs write pair-chunk regions instead (``reward_lens_spec.streaming``).
-4. **complete**: while its lease holds, under the run's ``publish`` lease, the writer publishes its
-   attempt's observables as ``runs/<run_id>/<observable>`` (one plain xarray Dataset each,
-   ``store.publish``), logs the run, replaces the run document ``runs/<run_id>/zarr.json`` atomically
+4. **complete** (``store.completion``): while its lease holds, under the run's ``publish`` lease, the
+   writer publishes its attempt's observables as ``runs/<run_id>/<observable>`` (one plain xarray Dataset
+   each, ``store.publish``), logs the run, replaces the run document ``runs/<run_id>/zarr.json`` atomically
    by one with ``complete: true`` and ``attempt: <its attempt>``, and consolidates the root's metadata.
    Readers list only complete runs and read the groups published from the attempt that document names,
    so a displaced, slow or killed writer never changes what they see: its data lie in a prefix nobody lists.
@@ -34,6 +34,7 @@ from reward_lens_spec.store._attrs import attrs_problem, check_json_safe
 from reward_lens_spec.store._backend import (DOC, LAYOUT_KEY, LAYOUT_VERSION, RUN_NAME, RUNS, Backend,
                                              group_doc, store_handle)
 from reward_lens_spec.store.attempts import ATTEMPTS, Attempt, list_attempts
+from reward_lens_spec.store.completion import complete
 from reward_lens_spec.store.groups import write_variables, written_digests
 from reward_lens_spec.store.state import run_state  # noqa: F401  (defined in store.state; importable from here as before)
 from reward_lens_spec.store.digest import result_digests
@@ -188,7 +189,7 @@ def write_run(url, run_id: str, results: dict, attrs: dict, *,
     store, a symlinked run folder, or a failed write (this writer's attempt is
     then removed, best effort; nothing listed is touched, except that a ``force``
     write failing while it publishes leaves the run it replaces unlisted:
-    ``Attempt.complete``).
+    ``store.completion``).
     """
     check_name("run_id", run_id)
     if not isinstance(results, dict) or not results:
@@ -235,7 +236,7 @@ def write_run(url, run_id: str, results: dict, attrs: dict, *,
                                  f"({type(e).__name__}: {e}).") from e
         run_attrs = with_digests(run_attrs, digests)
         run_attrs["store_write_s"] = round(time.perf_counter() - t0, 3)
-        won = att.complete(run_attrs, "write", force=force)
+        won = complete(att, run_attrs, "write", force=force)
         att.release("write")
     except BaseException:
         if not won:
