@@ -93,7 +93,7 @@ def bench_model(shape, args, device):
     from reward_lens_spec.registry import build_plan
     from reward_lens_spec.spec import StoreSpec
     from reward_lens_spec.store._backend import Backend
-    from reward_lens_spec.store.writer import check_layout
+    from reward_lens_spec.store.layout import check_layout
     from reward_lens_spec.run.stream import stream
 
     t0 = time.perf_counter()

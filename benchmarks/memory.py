@@ -147,7 +147,7 @@ def child(args) -> dict:
         from reward_lens_spec.spec import StoreSpec
         from reward_lens_spec.store import open_store
         from reward_lens_spec.store._backend import Backend
-        from reward_lens_spec.store.writer import check_layout
+        from reward_lens_spec.store.layout import check_layout
         from reward_lens_spec.run.stream import stream
         url = tempfile.mkdtemp(prefix="rl_mem_") + "/s.zarr"
         b = Backend(url)

@@ -91,7 +91,7 @@ def help_text() -> str:
 
 
 def _store_url(cfg, base_dir: str) -> str:
-    hc = HydraConfig.get()                 # a sweep folder counts only when typed: Hydra's default one is dated
+    hc = HydraConfig.get()         # a sweep folder counts only when typed (the default holds Hydra's record)
     chosen = hc.mode.name == "MULTIRUN" and any(o.startswith("hydra.sweep.dir=") for o in hc.overrides.hydra)
     return store_url(cfg.store.url, base_dir, hc.sweep.dir if chosen else None)
 
@@ -113,7 +113,11 @@ def _run_task(cfg) -> None:
 def _run_config(cfg, base_dir: str, typed: list[str], url, multirun: bool = False) -> None:
     """The main job on a composed config (no ``hydra`` node): validate or execute, then print."""
     run, resolved_yaml = finish(cfg, typed)
-    if run.mode.value == "validate":
+    if run.mode.value == "validate":           # a store the run could not write is refused here too
+        from .store import store_handle
+        from .store.layout import check_writable
+
+        check_writable(store_handle(url(), dict(run.store.storage_options)))
         return _validate(run, resolved_yaml, base_dir)
     out = execute(run, resolved_yaml=resolved_yaml, base_dir=base_dir, store_url=url(),
                   defer_lines=multirun,                   # a multirun's jobs share a console: each prints one block

@@ -4,7 +4,8 @@
 ``hydra.searchpath=[...]`` become the user's config folders (``paths.add_user_dirs``) and one
 ``hydra.searchpath`` override; ``group=path/to/file.yaml`` registers that file as an option of the
 group; ``dataset.fields.<name>=<key>`` adds a mapping entry (no ``+`` needed); ``model.checkpoints=...``
-replaces the chosen option's sequence (a list over ``tiny_checkpoints``' ``{folder, steps}``, as its Fix says). ``precheck_overrides``
+replaces the chosen option's sequence (a list over ``tiny_checkpoints``' ``{folder, steps}``, as its Fix says);
+``-m`` / ``--multirun`` typed after an override moves ahead of the overrides (Hydra's parser takes it there only). ``precheck_overrides``
 then checks ``group=option`` and ``group.key=value`` against the folders and schemas, so a typo gets
 "did you mean" and a non-zero exit instead of Hydra's traceback; shared by the main app and ``fit``.
 """
@@ -163,7 +164,11 @@ def prepare_overrides(argv: list[str]) -> list[str]:
     entries = [f"file://{d}" for d in user_dirs()] + other
     if entries:
         out.append(f"hydra.searchpath=[{','.join(entries)}]")
-    return out
+    flags = [a for a in out if a in MULTIRUN_FLAGS]   # Hydra's parser takes its flags before the overrides only
+    return flags + [a for a in out if a not in MULTIRUN_FLAGS]
+
+
+MULTIRUN_FLAGS = ("-m", "--multirun")
 
 
 def _sweep_call(value: str) -> bool:

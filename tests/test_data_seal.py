@@ -18,7 +18,7 @@ from reward_lens_spec.spec import StoreSpec
 from reward_lens_spec.store import catalog_cli
 from reward_lens_spec.store._backend import Backend
 from reward_lens_spec.store.digest import KEY
-from reward_lens_spec.store.writer import check_layout
+from reward_lens_spec.store.layout import check_layout
 from reward_lens_spec.trust.evidence import seal
 from tests.conftest import make_pairs, tiny_lm
 from tests.test_streaming import TEMPLATE, plan_of

@@ -24,7 +24,7 @@ from reward_lens_spec.inputs import encode, load_lm
 from reward_lens_spec.run.stream_arrays import pad_widths
 from reward_lens_spec.spec import StoreSpec
 from reward_lens_spec.store._backend import Backend
-from reward_lens_spec.store.writer import check_layout
+from reward_lens_spec.store.layout import check_layout
 
 # chunk 0 (one pair) has 1 step and short responses; later chunks have more steps and longer responses
 PAIRS = [Pair(id="short", prompt="1 + 1?", chosen="x = 2\n", rejected="x = 3\n"),

@@ -128,7 +128,7 @@ def test_drift_refuses_a_store_without_a_sequence(tmp_path):
     from reward_lens_spec.compare.drift import drift
 
     from reward_lens_spec.store import Backend
-    from reward_lens_spec.store.writer import check_layout
+    from reward_lens_spec.store.layout import check_layout
 
     url = str(tmp_path / "empty.zarr")
     check_layout(Backend(url), create=True)

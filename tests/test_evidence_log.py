@@ -145,7 +145,7 @@ def test_tampered_log_is_caught_on_read(calibrated, how):
 
 
 def test_concurrent_appenders_neither_fork_nor_lose_entries(tmp_path):
-    from reward_lens_spec.store.writer import check_layout
+    from reward_lens_spec.store.layout import check_layout
 
     b = Backend(str(tmp_path / "s.zarr"))
     check_layout(b, create=True)

@@ -377,3 +377,17 @@ def test_plan_time_discovery_never_asks_on_stdin(monkeypatch, tmp_path):
     with pytest.raises(SpecError, match="^model.family: model_type 'evil_llama'"):
         discover_from_config(evil)
     assert seen == [False, False]                 # a bool every time: None is what makes transformers ask
+
+
+def test_a_folder_without_tokenizer_files_is_one_model_source_line(tmp_path):
+    """A folder holding weights and config but no tokenizer files (transformers raises ValueError, not OSError):
+    the loader the run uses answers with one SpecError naming model.source and the files to add."""
+    from reward_lens_spec.spec import ModelSpec
+
+    d = llama_folder(tmp_path / "m")
+    for f in d.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+            f.unlink()
+    with pytest.raises(SpecError, match="tokenizer files") as e:
+        load_model(ModelSpec(name="m", source=str(d)))
+    assert e.value.field == "model.source" and "\n" not in str(e.value)

@@ -74,7 +74,7 @@ def test_a_stalled_writer_whose_attempt_was_collected_stops_with_one_line(tmp_pa
     from reward_lens_spec.store import _backend
     from reward_lens_spec.store.attempts import Attempt
     from reward_lens_spec.store.gc import collect_run
-    from reward_lens_spec.store.writer import check_layout
+    from reward_lens_spec.store.layout import check_layout
 
     url = str(tmp_path / "s.zarr")
     b = Backend(url)

@@ -10,7 +10,7 @@ import os
 from reward_lens_spec.run.stream_arrays import ensure_skeleton, region_digests, write_region
 from reward_lens_spec.store import store_handle
 from reward_lens_spec.store.attempts import Attempt
-from reward_lens_spec.store.writer import check_layout
+from reward_lens_spec.store.layout import check_layout
 
 from test_store_direct import N, mixed
 

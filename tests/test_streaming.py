@@ -22,7 +22,7 @@ from reward_lens_spec.registry import build_plan
 from reward_lens_spec.run import compute
 from reward_lens_spec.spec import StoreSpec
 from reward_lens_spec.store._backend import Backend
-from reward_lens_spec.store.writer import check_layout
+from reward_lens_spec.store.layout import check_layout
 from reward_lens_spec.run.stream import stream
 from tests.conftest import JOBLIB, SUBMITIT, assert_identical_results, make_pairs, tiny_lm
 

@@ -90,7 +90,7 @@ def test_scope_and_the_store_raising_the_requirement(tmp_path):
 
 def test_the_typed_word_names_the_readers_trust_file_and_verify_says_where_the_policy_came_from(tmp_path, capsys):
     from reward_lens_spec.cli import main
-    from reward_lens_spec.store.writer import check_layout
+    from reward_lens_spec.store.layout import check_layout
 
     url = str(tmp_path / "s.zarr")
     check_layout(Backend(url), create=True)

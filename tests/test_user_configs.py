@@ -221,3 +221,21 @@ def test_missing_optional_dependency_is_one_line_naming_the_extra(tmp_path):
             overrides.prepare_overrides(["-m", "hydra/launcher=nope"])
     finally:
         del overrides.LAUNCHER_PLUGINS["nope"]
+
+
+@pytest.mark.parametrize("flag", ["-m", "--multirun"])
+@pytest.mark.parametrize("where", [0, 1, 2])
+def test_the_multirun_flag_is_taken_wherever_it_is_typed(tmp_path, flag, where):
+    """``-m`` after an override (``--config-dir conf dataset=x -m observable=a,b``): Hydra's own argument parser
+    reads the prepared command line as a multirun of both overrides, not as unrecognized arguments."""
+    from hydra._internal.utils import get_args_parser
+
+    from reward_lens_spec import overrides
+
+    conf = tmp_path / "conf"
+    (conf / "observable").mkdir(parents=True)
+    typed = ["dataset=diagnostic", "observable=score,dla"]
+    argv = ["--config-dir", str(conf), *typed[:where], flag, *typed[where:]]
+    args = get_args_parser().parse_args(overrides.prepare_overrides(argv))
+    assert args.multirun and args.overrides[:2] == typed
+    assert args.overrides[2].startswith("hydra.searchpath=[file://")

@@ -130,19 +130,20 @@ def load_config(loc, *, trust_remote_code: bool, source: str | None = None, gguf
 
 def load_tokenizer(loc, *, trust_remote_code: bool, source: str | None = None, gguf_file: str | None = None,
                    revision: str | None = None):
-    """The tokenizer at ``loc``. Raises ``SpecError`` like ``load_config``."""
+    """The tokenizer at ``loc``. Raises ``SpecError`` like ``load_config`` (``model.source`` also for a folder
+    without tokenizer files)."""
     import transformers as tf
 
     kw = _kwargs(trust_remote_code, gguf_file, revision)
     try:
         with no_prompt():
             tok = tf.AutoTokenizer.from_pretrained(str(loc), **kw)
-    except (OSError, ValueError) as exc:
-        err = remote_code_error(source or loc, exc)
-        if err is None and isinstance(exc, ValueError):
-            raise
-        raise err or SpecError("model.source", f"could not load '{source or loc}' (its tokenizer): "
-                               f"{_first_line(exc)}", fix="check model.source (tests never download).") from None
+    except (OSError, ValueError) as exc:       # (a folder without tokenizer files: transformers' ValueError)
+        raise remote_code_error(source or loc, exc) or SpecError(
+            "model.source", f"could not load the tokenizer of '{source or loc}': {_first_line(exc)}",
+            fix="put the model's tokenizer files in that folder (tokenizer.json and tokenizer_config.json, as "
+                "save_pretrained writes them), or point model.source at a folder or Hub id that has them "
+                "(tests never download).") from None
     from .tiny_tokenizer import no_whole_text_cache
     return no_whole_text_cache(tok)           # a texts-sized cache that saves nothing (no pre-tokenizer split)
 

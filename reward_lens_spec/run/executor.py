@@ -26,6 +26,7 @@ from ..report.summary import summary_of
 from .seal import seal_run
 from ..spec import StoreSpec
 from ..store import store_handle
+from ..store.layout import check_layout, check_writable
 
 if TYPE_CHECKING:                     # the executor's heavy imports (torch, transformers) come after the reuse check
     from ..result import Result
@@ -85,7 +86,6 @@ def compute(lm, pairs, plan, info, *, fmt="plain", template="User: {prompt}\nAss
     outputs, the last chunk's RunContext (capture, counts of the whole run), EncodedPairs)``.
     Raises ``SpecError`` when no pair is left after exclusions, and the operators' errors.
     """
-    from ..store.writer import check_layout
     from .identity import declared_fields
     from .stream import stream
 
@@ -167,6 +167,7 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     by chunk and read back by chunk (benchmarks/results.md §16, §21, §25)."""
     t0 = time.perf_counter()
     store = store_handle(store_url, dict(run.store.storage_options))   # the run's one store handle, handed down
+    check_writable(store)                                     # refused before any model loads or data are read
     study = None
     if run.experiment:                                        # (trust.studies imports xarray: only for a study)
         from ..trust.studies import check_run
@@ -182,7 +183,6 @@ def execute(run, *, resolved_yaml: str, base_dir: str, store_url: str, progress:
     from ..models.fingerprint import model_fingerprint
     from ..planning import frame_dependent, plan_for
     from ..store import is_complete, open_store
-    from ..store.writer import check_layout
     from .identity import declared_fields, identity_parts, run_id_of
     from .stream import stream
 

@@ -134,7 +134,7 @@ def migrate(url: str, *, storage_options: dict | None = None) -> int:
     Raises StoreError (one line) for a missing or garbage root, a store from a newer version, or a Zarr
     group this package did not write (nothing is changed then).
     """
-    from reward_lens_spec.store.writer import check_layout
+    from reward_lens_spec.store.layout import check_layout
 
     b = store_handle(url, storage_options)
     b.check_not_file()

@@ -37,7 +37,8 @@ from reward_lens_spec.store._attrs import encode_json_attrs
 from reward_lens_spec.store._backend import Backend, store_handle
 from reward_lens_spec.store.gc import GC_AGE_S, collect_run
 from reward_lens_spec.store.published import open_published
-from reward_lens_spec.store.writer import check_layout, check_name, data_group, run_state
+from reward_lens_spec.store.layout import check_layout
+from reward_lens_spec.store.writer import check_name, data_group, run_state
 from reward_lens_spec.store.digest import DigestError, KEY
 from reward_lens_spec.store.log import read_log
 from reward_lens_spec.trust.evidence import seal_error

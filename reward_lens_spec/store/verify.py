@@ -74,7 +74,7 @@ def run_verify(store, kv: dict) -> int:
 
 def run_keys(cmd: str, kv: dict, storage_options=None) -> int:
     """``keygen`` and ``keys`` (see the module doc and ``store.signing``)."""
-    from reward_lens_spec.store.writer import check_layout
+    from reward_lens_spec.store.layout import check_layout
     if cmd == "keygen":
         if not kv.get("out"):
             raise StoreError("store keygen: missing out=PATH (where to write the private key).")

@@ -31,11 +31,11 @@ import xarray as xr
 from reward_lens_spec.errors import StoreError
 from reward_lens_spec.result import Result
 from reward_lens_spec.store._attrs import attrs_problem, check_json_safe
-from reward_lens_spec.store._backend import (DOC, LAYOUT_KEY, LAYOUT_VERSION, RUN_NAME, RUNS, Backend,
-                                             group_doc, store_handle)
+from reward_lens_spec.store._backend import DOC, RUN_NAME, RUNS, Backend, store_handle
 from reward_lens_spec.store.attempts import ATTEMPTS, Attempt, list_attempts
 from reward_lens_spec.store.completion import complete
 from reward_lens_spec.store.groups import write_variables, written_digests
+from reward_lens_spec.store.layout import check_layout
 from reward_lens_spec.store.state import run_state  # noqa: F401  (defined in store.state; importable from here as before)
 from reward_lens_spec.store.digest import result_digests
 from reward_lens_spec.store.groups import open_variables
@@ -49,44 +49,6 @@ def check_name(kind: str, name) -> str:
         raise StoreError(f"{kind} {name!r} is not a valid name: use letters, digits and "
                          "'._=+-' (no '/', not starting with '.' or '_').")
     return name
-
-
-def check_layout(b: Backend, *, create: bool = False) -> int:
-    """Check (and with ``create``, create-if-absent) the store root; return its layout.
-
-    Raises StoreError when: the URL is a plain file or unreachable; there is no
-    store there (read) or a non-store folder (create); the root document is
-    garbage; the layout is newer than this package (refused) or older / missing
-    (names ``reward-lens-spec store migrate url=...``).
-    """
-    b.check_not_file()
-    if create and b.read(DOC) is None:
-        if b.exists() and b.has_foreign_content():
-            raise StoreError(f"store {b.url}: folder exists, holds other files and no zarr.json; "
-                             "refusing to turn it into a store. Fix: use a new or empty folder.")
-        b.create_exclusive(DOC, group_doc({LAYOUT_KEY: LAYOUT_VERSION}))
-        b.create_exclusive(f"{RUNS}/{DOC}", group_doc({}))
-    try:
-        doc = b.read_json(DOC)
-    except ValueError as e:
-        raise StoreError(f"store {b.url}: root zarr.json is not valid JSON ({e}).") from e
-    if doc is None:
-        raise StoreError(f"no result store at {b.url} (no zarr.json). Fix: check url=, or write "
-                         "a run there first.")
-    version = (doc.get("attributes") or {}).get(LAYOUT_KEY)
-    if version is None and not b.exists_key(f"{RUNS}/{DOC}"):
-        raise StoreError(f"store {b.url} is a Zarr group reward_lens_spec did not write (no {LAYOUT_KEY} "
-                         "attribute, no runs/ group). Fix: point the store URL (store.url= of a run, url= of a "
-                         "store command) at a result store this package wrote.")
-    if not isinstance(version, int) or version < LAYOUT_VERSION:
-        raise StoreError(f"store {b.url} has layout {version!r}, older than this package's "
-                         f"{LAYOUT_VERSION}. Fix: run `reward-lens-spec store migrate url={b.url}`.")
-    if version > LAYOUT_VERSION:
-        raise StoreError(f"store {b.url} was written by a newer version of reward_lens_spec "
-                         f"(layout {version} > {LAYOUT_VERSION}); refusing to read or write it. "
-                         "Fix: upgrade reward_lens_spec.")
-    return version
-
 
 
 def check_storable(res, observable: str, ops: dict | None = None, run_id: str | None = None) -> None:
