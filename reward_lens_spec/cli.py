@@ -114,10 +114,9 @@ def _run_config(cfg, base_dir: str, typed: list[str], url, multirun: bool = Fals
     """The main job on a composed config (no ``hydra`` node): validate or execute, then print."""
     run, resolved_yaml = finish(cfg, typed)
     if run.mode.value == "validate":           # a store the run could not write is refused here too
-        from .store import store_handle
         from .store.layout import check_writable
 
-        check_writable(store_handle(url(), dict(run.store.storage_options)))
+        check_writable(url(), dict(run.store.storage_options))
         return _validate(run, resolved_yaml, base_dir)
     out = execute(run, resolved_yaml=resolved_yaml, base_dir=base_dir, store_url=url(),
                   defer_lines=multirun,                   # a multirun's jobs share a console: each prints one block

@@ -40,7 +40,8 @@ def make_store(d: Path) -> str:
     assert calibrate_main(["observable=margin", "n_pairs=6", f"store.url={url}"]) == 0   # a passing card
     ids = {}
     for model, obs in (("tiny", "battery"), ("tiny", "confounders"), ("tiny", "score"), ("tiny", "margin"),
-                       ("tiny", "reward_direction"), ("tiny_gpt2", "reward_direction")):
+                       ("tiny", "reward_direction"), ("tiny_gpt2", "reward_direction"),
+                       ("tiny", "examples/accuracy_by_dimension")):
         run, text = compose_run([f"model={model}", f"observable={obs}", "dataset.limit=6"])
         ids[model, obs] = execute(run, resolved_yaml=text, base_dir=str(d), store_url=url, progress=False).run_id
     compare_runs(url, ids["tiny", "reward_direction"], ids["tiny_gpt2", "reward_direction"], ["margin"])
@@ -135,7 +136,7 @@ def test_catalog_lists_every_complete_run_and_no_incomplete_one(store, page):
     text = page.read_text()
     p = Page(text)
     want = set(s.runs()["run_id"])
-    assert [r["data-run"] for r in p.rows] == list(s.runs()["run_id"]) and len(want) == 9
+    assert [r["data-run"] for r in p.rows] == list(s.runs()["run_id"]) and len(want) == 10
     assert set(p.sections) == {f"run-{r}" for r in want}
     assert INCOMPLETE not in text and "1 incomplete run(s)" in text
 
@@ -175,6 +176,17 @@ def test_run_sections_hold_the_standard_figures_with_units_and_gauge(store, page
     assert f"pearson {r:.3g}" in cmp_ and "p_perm" in cmp_ and "shuffled pairings" in cmp_
     # w_r sits in each model's native frame: the gate's refusal and its fix are shown, no cosine
     assert "w_r: not compared." in cmp_ and "Fix: fit a shared frame" in cmp_ and "direction cosine" not in cmp_
+
+
+def test_the_per_pair_table_shows_each_pairs_dimension_beside_an_output_by_dimension(store, page):
+    """An observable with an output by ``dimension`` (its published group renames that dim): the per-pair table
+    still shows every pair's own dimension label, as plain xarray reads it from the store."""
+    run_id = open_store(store).runs(observable="accuracy_by_dimension")["run_id"].iloc[0]
+    stored = xr.open_zarr(store, group=f"runs/{run_id}/accuracy_by_dimension")
+    text = page.read_text()
+    sec = text[text.index(f'id="run-{run_id}"'):].split("</section>")[0]
+    rows = re.findall(r'<tr><td><span class="mono">([^<]*)</span></td><td>([^<]*)</td>', sec)
+    assert rows and dict(rows) == {str(p): str(d) for p, d in zip(stored["pair"].values, stored["dimension"].values)}
 
 
 def test_trust_comes_from_the_catalog_and_is_flagged_when_unverified(store, page):

@@ -30,6 +30,7 @@ URL_OPENERS = {
     "store/writer.py": {"write_run", "is_complete"},
     "store/run_doc.py": {"complete_provenance"},
     "store/migration.py": {"migrate"},
+    "store/layout.py": {"check_writable"},
     "store/verify.py": {"run_keys"},
     "store/stored_inputs.py": {"StoredInputs.handle"},
     "run/executor.py": {"execute", "compute"},

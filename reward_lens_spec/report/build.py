@@ -70,12 +70,12 @@ def pair_table(ds, prov: dict) -> str:
         return "".join(parts)
     margin = first_objective(ds["margin"])[0].transpose("pair", ...)
     m = np.asarray(margin.values, float).reshape(ds.sizes["pair"], -1)[:, 0]
-    ids = strs(ds["pair"].values)
-    dim = strs(ds["dimension"].values) if "dimension" in ds.coords else np.array([""] * len(ids))
+    labels = {k: c for k, c in ds["margin"].coords.items() if c.dims == ("pair",)}   # the margin's own pair labels
+    ids = strs(labels["pair"].values)    # (an output by dimension makes the observable's `dimension` a dim, not these)
+    dim = strs(labels["dimension"].values) if "dimension" in labels else np.array([""] * len(ids))
     cf = (np.asarray(first_objective(ds["crystallization_fraction"])[0].values, float).ravel()
           if "crystallization_fraction" in ds else np.full(len(ids), np.nan))
-    flag_cols = {f: np.asarray(ds[f].values, bool) for f in PAIR_FLAGS + KIND_FLAGS
-                 if f in ds.coords and ds[f].dims == ("pair",)}
+    flag_cols = {f: np.asarray(labels[f].values, bool) for f in PAIR_FLAGS + KIND_FLAGS if f in labels}
     rows, n_le0, n_nonfinite = [], 0, 0
     for i in range(len(ids)):
         f = []

@@ -8,7 +8,7 @@ command line's reuse check runs them before importing either.
 from __future__ import annotations
 
 from reward_lens_spec.errors import StoreError
-from reward_lens_spec.store._backend import DOC, LAYOUT_KEY, LAYOUT_VERSION, RUNS, Backend, group_doc
+from reward_lens_spec.store._backend import DOC, LAYOUT_KEY, LAYOUT_VERSION, RUNS, Backend, group_doc, store_handle
 
 
 def check_layout(b: Backend, *, create: bool = False) -> int:
@@ -46,11 +46,12 @@ def check_layout(b: Backend, *, create: bool = False) -> int:
     return version
 
 
-def check_writable(b: Backend) -> None:
-    """Refuse, before any model loads, a store URL a run could not write to: what ``check_layout(b,
-    create=True)`` refuses (a plain file, a folder of other files, a Zarr group this package did not write, a
-    layout older or newer than this package's), creating nothing; a store not there yet passes (the run
-    creates it). Raises StoreError."""
+def check_writable(store, storage_options: dict | None = None) -> None:
+    """Refuse, before any model loads, a store a run could not write to (``store``: a URL, with its
+    ``storage_options``, or an open handle, ``store_handle``): what ``check_layout(b, create=True)`` refuses (a
+    plain file, a folder of other files, a Zarr group this package did not write, a layout older or newer than
+    this package's), creating nothing; a store not there yet passes (the run creates it). Raises StoreError."""
+    b = store_handle(store, storage_options)
     b.check_not_file()
     if b.read(DOC) is None:
         _refuse_foreign_folder(b)
