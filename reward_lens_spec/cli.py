@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import textwrap
+import warnings
 
 from .commands import COMMANDS, LISTING_NOTES
 from .errors import RewardLensError
@@ -239,6 +240,20 @@ INTERRUPTED = ("interrupted (Ctrl-C): the chunks already stored are kept and an 
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The command line (``reward-lens-spec``): every warning one line on stderr while it runs."""
+    with warnings.catch_warnings():
+        warnings.showwarning = _warning_line
+        _main(argv)
+
+
+def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as one line, ``warning: <message>`` (its category named unless a plain ``UserWarning``), no
+    source line: what a person at the command line needs, not where in the package it was raised."""
+    kind = "" if category is UserWarning else f"{category.__name__}: "
+    print(f"warning: {kind}{message}", file=sys.stderr if file is None else file)
+
+
+def _main(argv: list[str] | None) -> None:
     os.environ.setdefault(*ARROW_POOL)
     argv = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -269,3 +269,22 @@ def test_hydra_sweep_functions_pass_the_precheck_and_a_plain_bad_value_does_not(
         with pytest.raises(SpecError) as e:
             precheck_overrides([arg])
         assert e.value.field == key and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_data_warning_is_one_line_on_the_command_line_naming_no_internals(tmp_path, monkeypatch, capsys):
+    """A dataset warning (pairs whose two prompts differ) reaches a person at the command line as one
+    ``warning:`` line on stderr: no Python category, no source line, no internal attribute to look up."""
+    from reward_lens_spec.cli import main
+
+    rows = [{"id": f"p{i}", "prompt": f"q {i}", "chosen": f"good {i}", "rejected": f"bad {i}"} for i in range(4)]
+    rows[1]["prompt_rejected"] = "another prompt"
+    (tmp_path / "pairs.jsonl").write_text("".join(__import__("json").dumps(r) + "\n" for r in rows))
+    monkeypatch.chdir(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        main(["validate", "dataset=jsonl", "dataset.path=pairs.jsonl"])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    said = [ln for ln in err if "prompts differ" in ln]
+    assert len(said) == 1 and said[0].startswith("warning: dataset 'pairs': excluded 1 pair(s)"), err
+    assert "p1" in said[0] and "data_flags" in said[0]
+    assert not any("UserWarning" in ln or "warnings.warn" in ln or "PairSet" in ln for ln in err), err

@@ -53,7 +53,6 @@ names the config field (``dataset.path``, ``dataset.kind``, ``dataset.fields.<na
 """
 from __future__ import annotations
 
-import warnings
 from enum import Enum
 from importlib import resources
 from pathlib import Path
@@ -67,7 +66,7 @@ from .files import (check_dimension_names, check_file, check_limit, file_info, f
                     jsonl_records, read_bytes, read_text, resolve_path)
 from .pairs import FLAG_REASONS, Pair, PairSet, make_meta
 from .readers import CONVERSATIONAL, STEPWISE, check_trl_fields, check_trl_options, preference_reader
-from .stream_load import empty_response, load_streamed
+from .stream_load import empty_response, load_streamed, warn_prompt_mismatch
 
 KINDS = ("diagnostic", "jsonl", "hh_rlhf", "rewardbench", "rewardbench2", "trl", "trl_stepwise")
 TRL_KINDS = ("trl", "trl_stepwise")
@@ -172,10 +171,7 @@ def load_pairs(kind: str, *, path: str | None = None, fields: Mapping[str, str] 
 
     mismatched = [p.id for p in pairs if p.prompt_rejected is not None]
     if mismatched:
-        shown = ", ".join(mismatched[:8]) + (", ..." if len(mismatched) > 8 else "")
-        warnings.warn(f"dataset {name!r}: excluded {len(mismatched)} pair(s) whose chosen and "
-                      f"rejected prompts differ ({shown}); see PairSet.flags['prompt_mismatch'].",
-                      UserWarning, stacklevel=2)
+        warn_prompt_mismatch(name, mismatched, stacklevel=2)
         pairs = [p for p in pairs if p.prompt_rejected is None]
     if not pairs:
         raise SpecError("dataset.path", f"{file_label}: every pair was excluded because its two "

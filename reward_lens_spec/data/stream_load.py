@@ -24,6 +24,16 @@ from .pairs import FLAG_REASONS, PairSet
 from .readers import CONVERSATIONAL
 
 
+def warn_prompt_mismatch(name: str, ids: list, stacklevel: int = 2) -> None:
+    """The one warning for pairs left out because their chosen and rejected prompts differ (``UserWarning``;
+    the run counts them in its ``data_flags`` as ``prompt_mismatch``); ``stacklevel`` as the caller's own
+    ``warnings.warn`` would take it."""
+    shown = ", ".join(map(str, ids[:8])) + (", ..." if len(ids) > 8 else "")
+    warnings.warn(f"dataset {name!r}: excluded {len(ids)} pair(s) whose chosen and rejected prompts differ "
+                  f"({shown}); the run counts them in its data_flags (prompt_mismatch).", UserWarning,
+                  stacklevel=stacklevel + 1)
+
+
 def empty_response(text: str, conversational: bool) -> bool:
     """An empty response: blank text, or (messages) every message's content blank."""
     if not conversational:
@@ -108,10 +118,7 @@ def load_streamed(resolved: Path, convert, name: str, limit, wanted, chat_templa
         keep &= np.isin(col["dim"], [dims[d] for d in set(wanted)])
     mismatched = [pair_ids[k] for k in np.flatnonzero(keep & col["mis"])]
     if mismatched:
-        shown = ", ".join(mismatched[:8]) + (", ..." if len(mismatched) > 8 else "")
-        warnings.warn(f"dataset {name!r}: excluded {len(mismatched)} pair(s) whose chosen and "
-                      f"rejected prompts differ ({shown}); see PairSet.flags['prompt_mismatch'].",
-                      UserWarning, stacklevel=3)
+        warn_prompt_mismatch(name, mismatched, stacklevel=3)
         keep &= ~col["mis"]
     kept = np.flatnonzero(keep)
     if not kept.size:
