@@ -55,6 +55,7 @@ from ..store.writer import check_storable, discard_unstarted, observable_attrs, 
 from ..store.staged import staged_values
 from ..store.zarr_io import Written
 from .chunk_checks import unverified_chunks
+from .heap import trim_heap
 from .stream_arrays import ensure_skeleton, label_group, labels_once, pad_widths, region_digests, write_region
 
 SCRATCH = "_stage"           # not a valid observable name (store.writer.check_name), so no clash
@@ -237,6 +238,8 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
                   "by_writer": by_writer, **({"widths": widths} if widths else {})}
     zs = att.zarr_store()     # the outputs as stored: small ones read in one pass, bigger ones block by block;
     staged = None if any(st[o] == "reduce" for o in plan.outputs) else shared["staged"]   # (a one-chunk run's: its values)
+    if not staged:               # read back from the store (no one-chunk values): the chunks' freed memory returned first
+        trim_heap()
     stored = open_variables(zs, out_g, plan.outputs, lazy=EAGER_BYTES, staged=staged,   # labels: not read back
                             labels=labels.held(out_g) if staged else labels.known(out_g, full_coords))
     logits = staged_values(staged, f"{scr_g}/{HEAD_LOGITS}/{HEAD_LOGITS}") if staged else None
