@@ -194,3 +194,28 @@ def test_run_labels_equal_the_labels_read_back_from_the_skeleton():
             xr.testing.assert_identical(made, stored)
             assert {k: c.dtype for k, c in made.coords.items()} == {k: c.dtype for k, c in stored.coords.items()}
             assert made.indexes["pair"].dtype == stored.indexes["pair"].dtype
+
+
+def test_a_chunked_completion_returns_the_freed_heap_once_before_reading_back(monkeypatch):
+    """The chunks' freed memory is handed back to the C library's system (``run.heap.trim_heap``) once, before a
+    completion that reads its outputs back from the store; a one-chunk run's completion takes its staged values
+    and trims nothing (the 64-pair runs' CPU). The result is the same either way."""
+    import reward_lens_spec.run.stream as stream_mod
+    from reward_lens_spec.run import heap
+
+    calls = []
+    monkeypatch.setattr(stream_mod, "trim_heap", lambda: calls.append("trim") or heap.trim_heap())
+    lm, pairs = tiny_lm("tiny_llama"), make_pairs(5)
+    plan, info = plan_of(lm, "dla")
+    chunked, _, _ = compute(lm, pairs, plan, info, batch_size=2, chunk_pairs=2)
+    assert calls == ["trim"]
+    whole, _, _ = compute(lm, pairs, plan, info, batch_size=2)
+    assert calls == ["trim"]
+    np.testing.assert_array_equal(chunked["dla"].values, whole["dla"].values)
+
+
+def test_trim_heap_asks_glibc_where_there_is_one():
+    import platform
+
+    from reward_lens_spec.run.heap import trim_heap
+    assert trim_heap() is (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")

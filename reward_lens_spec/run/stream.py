@@ -1,36 +1,33 @@
 """A plan in two stages, streamed into the store: memory bounded by the chunk, resumable, sharded.
 
-Stage 1 (``planning.stages`` → ``"pair"``): the capture pass and every step that acts pair by
-pair run one chunk of ``store.chunk_pairs`` pairs at a time. Each chunk's outputs are written
-to its region of the run's arrays (Zarr region writes; the arrays' pair chunks are the run's
-chunks), then a marker ``_ctl/chunk.<k>.json`` records it. Per-pair steps that only
-reductions read go to a scratch group (``_stage``); every other intermediate is dropped as soon
-as no later step of the chunk reads it, so no step holds more than one chunk's activations.
+Stage 1 (``planning.stages`` → ``"pair"``): the capture pass and every step that acts pair by pair run one chunk of
+``store.chunk_pairs`` pairs at a time. Each chunk's outputs are written to its region of the run's arrays (Zarr
+region writes; the arrays' pair chunks are the run's chunks), then a marker ``_ctl/chunk.<k>.json`` records it.
+Per-pair steps that only reductions read go to a scratch group (``_stage``); every other intermediate is dropped as
+soon as no later step of the chunk reads it, so no step holds more than one chunk's activations.
 
-Stage 2 (``"reduce"``): after the last chunk, whoever wrote it runs the steps that reduce over
-pairs on the stored arrays, opened lazily (dask), writes their outputs next to the per-pair
-ones, and completes the run (``store.attempts``: the run document names the attempt).
+Stage 2 (``"reduce"``): after the last chunk, whoever wrote it runs the steps that reduce over pairs on the stored
+arrays, opened lazily (dask), writes their outputs next to the per-pair ones, and completes the run
+(``store.attempts``: the run document names the attempt). In memory (``run.executor.compute``) is this same executor
+into an in-memory store (``memory://``).
 
-Passes (``planning.passes``): a pair-stage step that reads a reduction (steering along a mean
-difference direction) runs in a later pass: after the reductions it needs, the completing job
-captures each chunk again and writes that pass's regions (markers ``pass<p>.chunk.<k>``), then runs
-the reductions of that pass. Every step of a plan runs in exactly one such stage of one pass.
-
-In memory (``run.executor.compute``) is this same executor into an in-memory store (``memory://``).
+Passes (``planning.passes``): a pair-stage step that reads a reduction (steering along a mean difference direction)
+runs in a later pass: after the reductions it needs, the completing job captures each chunk again and writes that
+pass's regions (markers ``pass<p>.chunk.<k>``), then runs the reductions of that pass. Every step of a plan runs in
+exactly one such stage of one pass.
 
 A pair-stage step whose rows read every pair's capture (``Operator.needs_all_pairs``: mean or
 resample ablation, steering in units of the residual's RMS over pairs) makes the run one chunk:
 correct, but its memory is then that of the whole dataset.
 
-Resume and shards: a job computes the chunks ``k`` with ``k % store.shards == store.shard``
-that have no marker yet, or whose marker is not this user's as written (``Attempt.authentic``) or whose
-data no longer match the digests it records (a job re-reads every chunk it adopts, the completing job
-every chunk of the run), in the attempt it shares with its launch (``store.launch``, or Hydra's sweep
-dir) or adopts from a dead writer (``store.attempts``). Chunks are the same pairs whoever computes them,
-so a resumed or sharded run is bit-identical to one uninterrupted job. A killed writer on this host is
-seen dead at once (its process is gone); one on another host only when its lease expires
-(``store.attempts.LEASE_S``, 60 s): a rerun started elsewhere before that computes the run in an attempt
-of its own instead of resuming.
+Resume and shards: a job computes the chunks ``k`` with ``k % store.shards == store.shard`` that have no marker yet,
+or whose marker is not this user's as written (``Attempt.authentic``) or whose data no longer match the digests it
+records (a job re-reads every chunk it adopts, the completing job every chunk of the run), in the attempt it shares
+with its launch (``store.launch``, or Hydra's sweep dir) or adopts from a dead writer (``store.attempts``). Chunks
+are the same pairs whoever computes them, so a resumed or sharded run is bit-identical to one uninterrupted job. A
+killed writer on this host is seen dead at once (its process is gone); one on another host only when its lease
+expires (``store.attempts.LEASE_S``, 60 s): a rerun started elsewhere before that computes the run in an attempt of
+its own instead of resuming.
 """
 from __future__ import annotations
 
@@ -55,6 +52,7 @@ from ..store.writer import check_storable, discard_unstarted, observable_attrs, 
 from ..store.staged import staged_values
 from ..store.zarr_io import Written
 from .chunk_checks import unverified_chunks
+from .heap import trim_heap
 from .stream_arrays import ensure_skeleton, label_group, labels_once, pad_widths, region_digests, write_region
 
 SCRATCH = "_stage"           # not a valid observable name (store.writer.check_name), so no clash
@@ -237,6 +235,8 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
                   "by_writer": by_writer, **({"widths": widths} if widths else {})}
     zs = att.zarr_store()     # the outputs as stored: small ones read in one pass, bigger ones block by block;
     staged = None if any(st[o] == "reduce" for o in plan.outputs) else shared["staged"]   # (a one-chunk run's: its values)
+    if not staged:               # read back from the store: the chunks' freed memory given back first (run.heap)
+        trim_heap()
     stored = open_variables(zs, out_g, plan.outputs, lazy=EAGER_BYTES, staged=staged,   # labels: not read back
                             labels=labels.held(out_g) if staged else labels.known(out_g, full_coords))
     logits = staged_values(staged, f"{scr_g}/{HEAD_LOGITS}/{HEAD_LOGITS}") if staged else None
