@@ -92,7 +92,7 @@ def help_text() -> str:
 
 
 def _store_url(cfg, base_dir: str) -> str:
-    hc = HydraConfig.get()         # a sweep folder counts only when typed (the default holds Hydra's record)
+    hc = HydraConfig.get()                 # a sweep folder counts only when typed: Hydra's default one is dated
     chosen = hc.mode.name == "MULTIRUN" and any(o.startswith("hydra.sweep.dir=") for o in hc.overrides.hydra)
     return store_url(cfg.store.url, base_dir, hc.sweep.dir if chosen else None)
 
