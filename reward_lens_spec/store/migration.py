@@ -85,7 +85,10 @@ def _list_plain(b: Backend, group: str) -> None:
 def _publish_run(b: Backend, run_id: str) -> None:
     """Publish the observables of a complete run that are not (or not wholly) published from the attempt its
     document names; under the run's ``publish`` lease, the document read again there (a forced writer may
-    have replaced the run meanwhile: its groups are never overwritten with the attempt it replaced)."""
+    have replaced the run meanwhile: its groups are never overwritten with the attempt it replaced).
+
+    Raises StoreError (one line) when such a run's ``publish`` lease is held by another process: the run is
+    listed by its document, so migration must not go on as if it were published."""
     state, attrs = run_state(b, run_id)
     if state != "complete":
         return
@@ -97,8 +100,11 @@ def _publish_run(b: Backend, run_id: str) -> None:
     if not _unpublished(b, run_id, attrs):
         return
     lock = Attempt(b, run_id, PUBLISH, {})
-    if not lock.claim("publish"):                     # a writer publishes this run now
-        return
+    if not lock.claim("publish"):      # skipping would list a complete run over data not published
+        raise StoreError(f"store migrate: run {run_id} is complete but not yet published, and its publication "
+                         "lease is held by another process (a migrate or writer at work, or one that died less "
+                         f"than {lock.lease_s:g} s ago); the layout was not changed past it. Fix: run store "
+                         "migrate again once that process has ended.")
     try:
         state, attrs = run_state(b, run_id)
         if state != "complete" or attrs.get("attempt") != aid:
