@@ -8,6 +8,7 @@ every k until the migration gets through. The dead migrate's leases are then tho
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import warnings
 
@@ -104,3 +105,40 @@ def test_migrate_refuses_while_another_process_holds_a_runs_publish_lease(tmp_pa
         holder.close()
     assert migrate(url) == LAYOUT_VERSION
     _migrated_whole(url, before)
+
+
+@pytest.mark.parametrize("step", ["cp_file", "rm_file"])
+def test_migrate_on_an_object_store_dying_mid_move_then_again_moves_whole(tmp_path, monkeypatch, step):
+    """On object stores a folder is moved object by object. ``fs.mv`` interrupted, then run again into the
+    ``dst`` it had begun, nested the source inside it (``_internal/log/log/…``, ``<attempt>/<attempt>/…``):
+    the run was then listed over data no reader finds (``GroupNotFoundError``), log entries lost to the
+    chain. Planted here on ``memory://`` at the k-th object copied or removed, every 7th k up to every
+    object of the store."""
+    import fsspec
+
+    local = _old(tmp_path)
+    before = _layout3_values(local)
+    log = sorted(os.listdir(os.path.join(local, "log")))
+    mem = fsspec.filesystem("memory")
+    n = sum(len(files) for _, _, files in os.walk(local))
+    for after in range(0, 2 * n, 7):
+        url = f"memory://migrate-{step}-{after}.zarr"
+        mem.put(local + "/", url[len("memory://"):], recursive=True)
+        monkeypatch.setattr(type(mem), step, _dies_after(getattr(type(mem), step), after, step))
+        try:
+            migrate(url)
+        except (Died, StoreError):
+            pass
+        else:
+            break
+        finally:
+            monkeypatch.undo()
+        with monkeypatch.context() as m:
+            m.setattr(leases, "pid_alive", lambda pid: False)
+            assert migrate(url) == LAYOUT_VERSION, (step, after)
+        keys = mem.find(url[len("memory://"):])
+        assert not [k for k in keys if re.search(r"/(log|attempt-[0-9a-f]+)/\1/", k)], (step, after)   # nested
+        assert sorted(k.rsplit("/", 1)[-1] for k in keys if "/_internal/log/" in k) == log, (step, after)
+        _migrated_whole(url, before)
+    else:
+        pytest.fail(f"{step}: migrate never got through")

@@ -45,6 +45,8 @@ def _ours(b: Backend, attrs: dict) -> bool:
 
 
 def _move(b: Backend, src: str, dst: str) -> None:
+    """Move the folder ``src`` to ``dst`` (keys); nothing when ``src`` is absent. Run again after an
+    interruption, it completes the move (``dst`` already there is merged into, never nested in)."""
     b.check_inside(src)
     b.check_inside(dst)
     try:
@@ -59,9 +61,15 @@ def _move(b: Backend, src: str, dst: str) -> None:
             else:
                 os.rename(b.path(src), b.path(dst))
             return
-        if b.fs.exists(b.path(src)):
-            b.fs.mv(b.path(src), b.path(dst), recursive=True)
-            b.fs.invalidate_cache(b.path(src))
+        # object stores: every object copied to its own key, then the source removed. Not ``fs.mv``: an
+        # interrupted one leaves ``dst`` behind, and moving into an existing ``dst`` nests ``src`` inside it
+        # (``dst/<name>/...``, where no reader looks); this is the same whichever run of it finishes.
+        base = b.path(src)
+        found = [p for p in b.fs.find(base, withdirs=False) if p.startswith(base + "/")]
+        if found:
+            b.fs.copy(found, [b.path(dst) + p[len(base):] for p in found])
+            b.fs.rm(base, recursive=True)
+            b.fs.invalidate_cache(base)
     except StoreError:
         raise
     except Exception as e:
