@@ -45,6 +45,8 @@ def _ours(b: Backend, attrs: dict) -> bool:
 
 
 def _move(b: Backend, src: str, dst: str) -> None:
+    """Move the folder ``src`` to ``dst`` (keys); nothing when ``src`` is absent. Run again after an
+    interruption, it completes the move (``dst`` already there is merged into, never nested in)."""
     b.check_inside(src)
     b.check_inside(dst)
     try:
@@ -59,9 +61,15 @@ def _move(b: Backend, src: str, dst: str) -> None:
             else:
                 os.rename(b.path(src), b.path(dst))
             return
-        if b.fs.exists(b.path(src)):
-            b.fs.mv(b.path(src), b.path(dst), recursive=True)
-            b.fs.invalidate_cache(b.path(src))
+        # object stores: every object copied to its own key, then the source removed. Not ``fs.mv``: an
+        # interrupted one leaves ``dst`` behind, and moving into an existing ``dst`` nests ``src`` inside it
+        # (``dst/<name>/...``, where no reader looks); this is the same whichever run of it finishes.
+        base = b.path(src)
+        found = [p for p in b.fs.find(base, withdirs=False) if p.startswith(base + "/")]
+        if found:
+            b.fs.copy(found, [b.path(dst) + p[len(base):] for p in found])
+            b.fs.rm(base, recursive=True)
+            b.fs.invalidate_cache(base)
     except StoreError:
         raise
     except Exception as e:
@@ -85,7 +93,10 @@ def _list_plain(b: Backend, group: str) -> None:
 def _publish_run(b: Backend, run_id: str) -> None:
     """Publish the observables of a complete run that are not (or not wholly) published from the attempt its
     document names; under the run's ``publish`` lease, the document read again there (a forced writer may
-    have replaced the run meanwhile: its groups are never overwritten with the attempt it replaced)."""
+    have replaced the run meanwhile: its groups are never overwritten with the attempt it replaced).
+
+    Raises StoreError (one line) when such a run's ``publish`` lease is held by another process: the run is
+    listed by its document, so migration must not go on as if it were published."""
     state, attrs = run_state(b, run_id)
     if state != "complete":
         return
@@ -97,8 +108,11 @@ def _publish_run(b: Backend, run_id: str) -> None:
     if not _unpublished(b, run_id, attrs):
         return
     lock = Attempt(b, run_id, PUBLISH, {})
-    if not lock.claim("publish"):                     # a writer publishes this run now
-        return
+    if not lock.claim("publish"):      # skipping would list a complete run over data not published
+        raise StoreError(f"store migrate: run {run_id} is complete but not yet published, and its publication "
+                         "lease is held by another process (a migrate or writer at work, or one that died less "
+                         f"than {lock.lease_s:g} s ago); the layout was not changed past it. Fix: run store "
+                         "migrate again once that process has ended.")
     try:
         state, attrs = run_state(b, run_id)
         if state != "complete" or attrs.get("attempt") != aid:
