@@ -173,8 +173,9 @@ def _validate(run, resolved_yaml: str, base_dir: str) -> None:
         src = f"stored frame {run.frame.id}" if run.frame.id else "fitted at run time or reused from the store"
         say(f"frame={run.frame.name.value} ({src}): outputs expressed in it: {frame_dependent(plan) or 'none'}")
     pairs = load_dataset(run.dataset, base_dir)     # the data refusals of a real run, before any model
-    say(f"data OK: {len(pairs)} pairs from dataset={run.dataset.kind}"
-        + (f" ({run.dataset.path})" if run.dataset.path else ""))
+    where = [run.dataset.kind] if run.dataset.name != run.dataset.kind else []   # the option the person chose
+    where += [str(run.dataset.path)] if run.dataset.path else []
+    say(f"data OK: {len(pairs)} pairs from dataset={run.dataset.name}" + (f" ({', '.join(where)})" if where else ""))
     say("plan OK (no model was loaded)")
     if key:
         write_signed("validate", key, {"text": "\n".join(lines)})

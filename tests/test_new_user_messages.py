@@ -288,3 +288,19 @@ def test_a_data_warning_is_one_line_on_the_command_line_naming_no_internals(tmp_
     assert len(said) == 1 and said[0].startswith("warning: dataset 'pairs': excluded 1 pair(s)"), err
     assert "p1" in said[0] and "data_flags" in said[0]
     assert not any("UserWarning" in ln or "warnings.warn" in ln or "PairSet" in ln for ln in err), err
+
+
+def test_validate_names_the_dataset_option_the_person_chose(tmp_path, monkeypatch, capsys):
+    """``validate`` with a dataset option of the person's own folder (``dataset=my_pairs``, kind jsonl) names
+    that option, then its kind and file; a built-in option is named as it is."""
+    from reward_lens_spec.cli import main
+
+    (tmp_path / "conf" / "dataset").mkdir(parents=True)
+    (tmp_path / "conf" / "dataset" / "my_pairs.yaml").write_text("name: my_pairs\nkind: jsonl\npath: pairs.jsonl\n")
+    rows = [{"id": f"p{i}", "prompt": f"q {i}", "chosen": f"good {i}", "rejected": f"bad {i}"} for i in range(3)]
+    (tmp_path / "pairs.jsonl").write_text("".join(__import__("json").dumps(r) + "\n" for r in rows))
+    monkeypatch.chdir(tmp_path)
+    main(["validate", "--config-dir", "conf", "dataset=my_pairs"])
+    assert "data OK: 3 pairs from dataset=my_pairs (jsonl, pairs.jsonl)" in capsys.readouterr().out
+    main(["validate", "dataset.limit=2"])
+    assert "data OK: 2 pairs from dataset=diagnostic\n" in capsys.readouterr().out
