@@ -8,6 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
+import xarray as xr
 import zarr
 
 from reward_lens_spec import open_store
@@ -184,3 +185,23 @@ def test_resume_recomputes_chunks_whose_data_do_not_match_their_marker(setup, pr
     for v in want:
         np.testing.assert_array_equal(got[v].values, want[v].values, err_msg=v)
     assert catalog_cli.main(["verify", f"url={url}"]) == 0
+
+
+def test_the_attempt_holds_the_pair_labels_once(pristine):
+    """A streamed run writes the pair labels to the observable's group only: no variable group keeps a copy of the
+    ``pair`` ids, and the scratch group (read by the reductions, here ``dla``'s) has no labels of its own. The
+    published Dataset still has every label, and each variable reads back with the labels' ids."""
+    d = _mark_dir(pristine)
+    labels = {"pair", "dimension", "prompt_id"}
+    assert labels <= set(os.listdir(os.path.join(d, "dla")))
+    for group in ("dla", "_stage"):
+        for var in [v for v in os.listdir(os.path.join(d, group)) if os.path.isdir(os.path.join(d, group, v))]:
+            if var not in labels and os.path.exists(os.path.join(d, group, var, var, "zarr.json")):
+                assert "pair" not in os.listdir(os.path.join(d, group, var)), f"{group}/{var}"
+    assert not labels & set(os.listdir(os.path.join(d, "_stage")))
+    ds = xr.open_zarr(_group(pristine), consolidated=False)
+    assert labels <= set(ds.coords) and ds.sizes["pair"] == len(ds["pair"])
+    got = open_store(pristine).load("r", "dla", lazy=False)
+    for v in got:
+        if "pair" in got[v].dims:
+            assert list(got[v]["pair"].values) == list(ds["pair"].values)

@@ -34,3 +34,45 @@ def test_a_per_side_coord_does_not_survive_as_the_pairs():
     got = Diff(NoParams()).run(None, x)
     assert "response_tokens" not in got.coords
     np.testing.assert_array_equal(got.values, [-1.0, -1.0, -1.0])
+
+
+def _by_label(x):
+    """The definition: two selections by label and xarray's aligned subtraction, the input's attrs kept."""
+    out = x.sel(side="chosen", drop=True) - x.sel(side="rejected", drop=True)
+    out.attrs = dict(x.attrs)
+    if "affine" in out.attrs:
+        out.attrs["affine"] = "vector"
+    return out
+
+
+def _inputs():
+    rng = np.random.default_rng(1)
+    pair = [f"p{i}" for i in range(4)]
+    yield xr.DataArray(rng.standard_normal((4, 2)).astype(np.float32), dims=("pair", "side"), name="reward",
+                       coords={"pair": pair, "side": ["chosen", "rejected"], "dimension": ("pair", list("aabb")),
+                               "flag": ("pair", [True, False, True, False])}, attrs={"units": "reward"})
+    yield xr.DataArray(rng.standard_normal((3, 4, 2, 5)), dims=("layer", "pair", "side", "d_model"),
+                       coords={"layer": [-1, 0, 1], "pair": pair, "side": ["rejected", "chosen"]})
+    yield xr.DataArray(rng.integers(-9, 9, (2, 4)), dims=("side", "pair"), coords={"side": ["chosen", "rejected"]})
+    yield xr.DataArray(rng.standard_normal((4, 3)), dims=("pair", "side"), name=None,
+                       coords={"pair": pair, "side": ["ref", "rejected", "chosen"]}, attrs={"affine": "point"})
+    yield xr.DataArray(rng.standard_normal((4, 2)), dims=("pair", "side"),            # a per-side coord
+                       coords={"pair": pair, "side": ["chosen", "rejected"],
+                               "response_tokens": (("pair", "side"), rng.integers(1, 9, (4, 2)))})
+    yield xr.DataArray(rng.standard_normal((4, 2)), dims=("pair", "side"),
+                       coords={"pair": pair, "side": ["chosen", "rejected"]}).chunk({"pair": 2})   # dask
+
+
+@pytest.mark.parametrize("k", range(6))
+def test_diff_equals_the_selections_by_label_and_a_naive_subtraction(k):
+    """Every input kind gives exactly what the definition gives (numbers, coords, name, attrs), and the numbers of
+    a plain numpy subtraction of the two sides' positions."""
+    x = list(_inputs())[k]
+    got = Diff(NoParams()).run(None, x)
+    want = _by_label(x)
+    xr.testing.assert_identical(got.compute(), want.compute())
+    side = list(x["side"].values)
+    ax = x.dims.index("side")
+    naive = np.take(np.asarray(x.values), side.index("chosen"), axis=ax) - np.take(
+        np.asarray(x.values), side.index("rejected"), axis=ax)
+    np.testing.assert_array_equal(got.transpose(*[d for d in x.dims if d != "side"]).values, naive)

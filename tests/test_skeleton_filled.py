@@ -34,7 +34,8 @@ def _write(url, filled: bool):
     check_layout(b, create=True)
     att = Attempt.create(b, "r1", {"kind": "test"}, role="shard-0")
     try:
-        wrote = ensure_skeleton(att, "shard-0", b, [("obs", res, pair_coords)], N, N, RUN_NAMES, filled=filled)
+        wrote = ensure_skeleton(att, "shard-0", b, [("obs", res, pair_coords)], N, N, RUN_NAMES, labels=("obs",),
+                                filled=filled)
         if wrote:
             digests = region_digests("obs", res, RUN_NAMES)
         else:

@@ -87,7 +87,7 @@ def _skeleton_peak(n: int, k: int, size: int = 256) -> int:
     tracemalloc.start()
     try:
         base = tracemalloc.get_traced_memory()[0]
-        ensure_skeleton(att, "w", None, [("obs", res, labels)], n, size, set(labels))
+        ensure_skeleton(att, "w", None, [("obs", res, labels)], n, size, set(labels), labels=("obs",))
         peak = tracemalloc.get_traced_memory()[1] - base
     finally:
         tracemalloc.stop()

@@ -184,7 +184,7 @@ def _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_k
     keep = {s.name for s in plan.steps if st[s.name] == "pair" and (s.name in plan.outputs or s.name in later)}
     need_h = any(s.op.reads_capture for s in plan.steps if st[s.name] == "reduce")
     full_coords = RunContext(lm=lm, pairs=pairs, encoded=enc, capture=None, info=info).pair_coords()
-    labels = labels_once(att)
+    labels = labels_once(att, {scr_g: out_g})
     shared = dict(labels=labels, b=b, stores=StoredInputs(b), lm=lm, pairs=pairs, enc=enc, plan=plan, info=info,
                   positions=pair_positions(pairs, enc.pair_ids),      # a chunk's operators see its pairs only
                   st=st, ps=ps, slices=slices, keep=keep, capture_kw=capture_kw, frame=frame, need_h=need_h,
@@ -303,7 +303,7 @@ def _chunk_loop(att, role, p, ks, reduced, sh, progress) -> list:
         marker = "skeleton" if p == 0 else f"pass{p}.skeleton"
         small = sum(v.nbytes for res in (ds_out, ds_scr) for v in res.values()) <= STAGED_BYTES
         filled = ensure_skeleton(att, role, b, [(out_g, ds_out, sh["full_coords"]), (scr_g, ds_scr, sh["full_coords"])],
-                                 n, sh["size"], run_names, marker=marker, labels=p == 0, filled=len(sh["slices"]) == 1,
+                                 n, sh["size"], run_names, marker=marker, labels=(out_g,) if p == 0 else (), filled=len(sh["slices"]) == 1,
                                  staged=sh["staged"] if small else None)
         digests = {}
         for group, res in ((out_g, ds_out), (scr_g, ds_scr)):

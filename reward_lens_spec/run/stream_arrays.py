@@ -58,40 +58,43 @@ def pad_widths(v: xr.DataArray, widths: dict, where: str) -> xr.DataArray:
     return v
 
 
-def labels_once(b) -> "GroupLabels":
+def labels_once(b, same: dict | None = None) -> "GroupLabels":
     """``labels(group)``: the group's stored pair labels (``store.groups.group_labels``), read once per run:
     every later open of the group's variables is given them. ``b``: what holds the groups (an attempt:
-    ``store.attempts.Attempt``, whose ``zarr_store()`` is rooted at its prefix)."""
-    return GroupLabels(b)
+    ``store.attempts.Attempt``, whose ``zarr_store()`` is rooted at its prefix). ``same``: ``{group: the group
+    whose labels it shares}`` (the scratch group, which ``ensure_skeleton`` gives no labels of its own)."""
+    return GroupLabels(b, same)
 
 
 class GroupLabels:
     """``labels_once``'s memo: ``labels(group)`` reads a group's pair labels the first time, ``labels.held(group)``
     gives them only when read already (None: a reader of the group's variables reads them in its own pass)."""
 
-    def __init__(self, b):
-        self._b, self._memo = b, {}
+    def __init__(self, b, same=None):
+        self._b, self._memo, self._same = b, {}, dict(same or {})
 
     def __call__(self, group):
+        group = self._same.get(group, group)
         if group not in self._memo:
             self._memo[group] = group_labels(self._b.zarr_store(), group)
         return self._memo[group]
 
     def held(self, group):
-        return self._memo.get(group)
+        return self._memo.get(self._same.get(group, group))
 
     def known(self, group, pair_coords):
         """The group's labels when read already, else the run's own (``run_labels(pair_coords)``: the labels the
         skeleton wrote, as read back), not read from the store."""
-        held = self._memo.get(group)
+        held = self.held(group)
         return held if held is not None else run_labels(pair_coords)
 
 
-def ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skeleton", labels=True,
+def ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skeleton", labels=(),
                     filled=False, staged=None) -> bool:
     """Create every run array of one pass once per attempt (full pair length, zarr chunks = run chunks):
-    each group holds the run's pair labels once (written with the first pass's skeleton, ``labels``),
-    each variable its own group (``store.groups``) with its own coords; then marker ``marker``.
+    the groups named in ``labels`` hold the run's pair labels once (the first pass's skeleton: the observable's
+    group; the scratch group reads them there, ``labels_once``), each variable its own group (``store.groups``)
+    with its own coords but the ``pair`` ids, which the group's labels hold; then marker ``marker``.
     ``filled``: the run is this one chunk (``groups`` hold every pair), so the first holder writes each
     array with its data in the same pass (the bytes a region write of the whole run would store); returns
     True when it did (no region write follows), False when the arrays wait for their regions. ``staged``: a
@@ -114,7 +117,7 @@ def ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skeleto
         if mode == "w-":        # every group and array in one concurrent pass (store.zarr_io), fenced per key
             att.fence(marker)
             first, shared = {}, {}        # one labels Dataset per distinct labels: encoded once (zarr_io.stage)
-            for group, _, pair_coords in groups if labels else ():
+            for group, _, pair_coords in [g for g in groups if g[0] in labels]:
                 if id(pair_coords) not in shared:             # (strings made portable as written)
                     shared[id(pair_coords)] = label_dataset(pair_coords["pair"], _labels_of(pair_coords), direct=True)
                 first[group] = shared[id(pair_coords)]
@@ -124,7 +127,7 @@ def ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skeleto
         else:
             for group, res, pair_coords in groups:
                 att.fence(marker)
-                if labels:
+                if group in labels:
                     write_labels(zs, group, pair_coords["pair"], _labels_of(pair_coords), mode=mode)
                 for name, tmpl in made[group].items():
                     att.fence(marker)
@@ -219,18 +222,14 @@ def _labels_of(pair_coords) -> dict:
 
 def _skeleton(res, pair_coords, n, size, run_names, filled=False) -> dict:
     """``{name: template}``: each variable of one chunk's ``res`` as a dask-zeros DataArray of the run's full
-    pair length (zarr chunks = the run's chunks), the run's ``pair`` index and the operator's own per-pair
-    coords (dask zeros too: written by region) on it. ``filled``: ``res`` is the whole run (one chunk):
-    its own values instead of the zeros, in one zarr chunk along ``pair`` as the dask zeros would have.
-    Each template is ``xr.DataArray(template, coords=...)`` built by ``arrays.data_array`` (the
-    constructor deep-copied the run's pair ids for every variable)."""
-    out, pair = {}, None
+    pair length (zarr chunks = the run's chunks) with its own coords but the ``pair`` ids (the group's labels hold
+    them: a reader gives them back, ``store.groups.open_variable``), the operator's own per-pair coords (dask
+    zeros too: written by region) on it. ``filled``: ``res`` is the whole run (one chunk): its own values instead
+    of the zeros, in one zarr chunk along ``pair`` as the dask zeros would have. Each template is built by
+    ``arrays.data_array``."""
+    out = {}
     for name, v in res.items():
         coords = {k: c for k, c in v.coords.variables.items() if "pair" not in c.dims}
-        if "pair" in v.dims:
-            if pair is None:                         # the run's ids as the constructor makes them, once
-                pair = xr.Coordinates({"pair": pair_coords["pair"]}).variables["pair"]
-            coords["pair"] = pair
         for k in op_pair_coords(v, run_names):      # an operator's own per-pair labels: regions too
             coords[k] = _template(v.coords[k].variable, n, size, f"{name}.{k}", filled)
         out[name] = data_array(_template(v.variable, n, size, name, filled), coords, None)

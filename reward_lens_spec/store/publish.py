@@ -254,7 +254,7 @@ def publish_group(b: Backend, src: str, dst: str, attempt: str, fence=None) -> d
     for name, (node, doc) in arrays.items():
         doc, flat = _flat_keys(doc)
         copies += [(f"{src}/{node}/{c}", f"{dst}/{name}/{flat(c)}") for c in chunks.get(node, [])]
-        docs[f"{dst}/{name}/{DOC}"] = json.dumps(doc, indent=2).encode()
+        docs[f"{dst}/{name}/{DOC}"] = json.dumps(doc).encode()          # unindented: group_doc says why
         entries[f"{dst}/{name}"] = _entry(doc)
     if fence is not None:
         fence()
