@@ -121,8 +121,10 @@ class Result(Mapping):
             import dask
             for k, v in zip(lazy, dask.compute(*[self._vars[k] for k in lazy])):
                 self._vars[k] = v
-        for k, v in self._vars.items():
-            self._vars[k] = v.load()
+        for v in self._vars.values():         # in place, each variable's own load (what ``DataArray.load`` does
+            v.variable.load()                  # through a temporary Dataset, ~0.15 ms a variable)
+            for c in v.coords.variables.values():
+                c.load()
         self._agreed = None
         return self
 
