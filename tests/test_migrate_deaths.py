@@ -142,3 +142,39 @@ def test_migrate_on_an_object_store_dying_mid_move_then_again_moves_whole(tmp_pa
         _migrated_whole(url, before)
     else:
         pytest.fail(f"{step}: migrate never got through")
+
+
+def _attempt_of(url, run) -> str:
+    import json
+    return json.load(open(os.path.join(url, "runs", run, "zarr.json")))["attributes"]["attempt"]
+
+
+@pytest.mark.parametrize("layout", [3, 4])
+def test_migrate_refuses_a_complete_run_whose_observable_is_gone(tmp_path, layout):
+    """A complete run one of whose observables is neither published from the attempt its document names nor held
+    by that attempt (its folder removed): migrate used to skip it silently and stamp the layout, listing the run
+    over data no reader finds. It refuses in one line naming the run and the observable, the layout unstamped
+    (layout 3) or the store as it was (layout 4); once the run's folder is removed, it migrates the rest whole."""
+    url = _old(tmp_path)
+    before = _layout3_values(url)
+    obs = "score"                                      # r0 holds lens and score: score goes, lens stays
+    aid = _attempt_of(url, "r0")
+    if layout == 3:
+        shutil.rmtree(os.path.join(url, "runs", "r0", aid, obs))
+    else:
+        assert migrate(url) == LAYOUT_VERSION
+        shutil.rmtree(os.path.join(url, "_internal", "attempts", "r0", aid, obs))
+        shutil.rmtree(os.path.join(url, "runs", "r0", obs))
+    with pytest.raises(StoreError, match=f"run r0 is complete, but its observable '{obs}' is neither published") as e:
+        migrate(url)
+    assert "\n" not in str(e.value) and "Fix: remove the folder runs/r0" in str(e.value)
+    if layout == 3:
+        with pytest.raises(StoreError, match="store migrate"):
+            open_store(url)                            # not stamped: nothing is listed over the missing data
+    shutil.rmtree(os.path.join(url, "runs", "r0"))
+    assert migrate(url) == LAYOUT_VERSION
+    st = open_store(url)
+    assert sorted(st.runs().run_id) == ["r1"] and st.verify("r1")["status"] == "verified"
+    for (run, o, var), values in before.items():
+        if run == "r1":
+            np.testing.assert_array_equal(st.load(run, o, lazy=False)[var].values, values)

@@ -130,15 +130,24 @@ def _publish_run(b: Backend, run_id: str) -> None:
 
 def _unpublished(b: Backend, run_id: str, attrs: dict) -> list[str]:
     """The observables of a complete run (``attrs``: its document's) whose published group does not name the
-    attempt the document names, where that attempt still holds them."""
+    attempt the document names, which that attempt holds.
+
+    Raises StoreError (one line) for one the attempt does not hold either: the run's data for it are gone
+    (removed by hand or damaged), and migrating on would list the run over data no reader finds."""
     aid, out = attrs.get("attempt"), []
     for obs in attrs.get("observables") or []:
         try:
             have = (b.read_json(f"{published_group(run_id, obs)}/{DOC}") or {}).get("attributes") or {}
         except ValueError:
             have = {}
-        if have.get(ATTEMPT) != aid and b.exists_key(f"{ATTEMPTS}/{run_id}/{aid}/{obs}/{DOC}"):
-            out.append(obs)
+        if have.get(ATTEMPT) == aid:
+            continue
+        if not b.exists_key(f"{ATTEMPTS}/{run_id}/{aid}/{obs}/{DOC}"):
+            raise StoreError(f"store migrate: run {run_id} is complete, but its observable {obs!r} is neither "
+                             f"published from its attempt {aid} nor held by it (removed or damaged), so its data "
+                             "are gone; the layout was not changed past it. Fix: remove the folder "
+                             f"{RUNS}/{run_id} from the store, run store migrate again, then run that study again.")
+        out.append(obs)
     return out
 
 
