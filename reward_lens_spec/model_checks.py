@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from .errors import SpecError
 from .kinds import check_kind
 
+DEVICES = ("cpu", "cuda", "cuda:N", "auto")       # model.device (models.placement.resolve_device)
+DEVICE = re.compile(r"cpu|auto|cuda(:\d+)?")
+
 
 def check_model(m, partial: bool = False) -> None:
     """Every value of ``m`` (a ``ModelSpec``, changed in place only by ``select_checkpoint``) that can be checked
@@ -33,6 +36,9 @@ def check_model(m, partial: bool = False) -> None:
         if getattr(m, key) <= 0:
             raise SpecError(f"model.{key}", f"must be a positive integer, got {getattr(m, key)}.",
                             fix=f"set model.{key} to a value ≥ 1.")
+    if not isinstance(m.device, str) or not DEVICE.fullmatch(m.device):
+        raise SpecError("model.device", f"unknown device {m.device!r}.", value=m.device, options=DEVICES,
+                        fix="set model.device=cpu, cuda (the first GPU), cuda:N (GPU N) or auto.")
     check_placement_keys(m, partial)            # model.device_map / max_memory / offload_folder
     if m.max_tokens is not None and m.max_tokens <= 0:
         raise SpecError("model.max_tokens", f"must be positive or null, got {m.max_tokens}.",

@@ -34,12 +34,6 @@ class DType(str, Enum):
     float16 = "float16"
 
 
-class Device(str, Enum):
-    cpu = "cpu"
-    cuda = "cuda"
-    auto = "auto"
-
-
 class Format(str, Enum):
     plain = "plain"
     chat_template = "chat_template"
@@ -114,7 +108,7 @@ class ModelSpec:
     gguf_file: Optional[str] = None
     revision: Optional[str] = None
     dtype: DType = DType.float32
-    device: Device = Device.cpu
+    device: str = "cpu"                     # cpu | cuda | cuda:N | auto (model_checks.check_model)
     device_map: Optional[Any] = None        # null | auto | balanced | sequential | {module: device} (models/placement.py)
     max_memory: Optional[Any] = None        # {device: bytes or "2GiB"} for device_map (models/placement.py)
     offload_folder: Optional[str] = None    # where device_map's "disk" modules live (models/placement.py)
@@ -344,7 +338,7 @@ def _spec_error(exc) -> SpecError:
     if isinstance(exc, ConfigKeyError) or "not in" in msg:
         return SpecError(full or key, "unknown key.", value=key, options=keys_of(schema) or None)
     ftype = get_type_hints(schema).get(key) if schema is not None and key in keys_of(schema) else None
-    enum_opts = next(([m.value for m in e] for e in (DType, Device, Format, PaddingSide, Mode, FrameKind, HeadKind)
+    enum_opts = next(([m.value for m in e] for e in (DType, Format, PaddingSide, Mode, FrameKind, HeadKind)
                       if ftype is not None and e.__name__ in str(ftype)), None)
     value = getattr(exc, "value", None) if hasattr(exc, "value") else None
     if enum_opts:

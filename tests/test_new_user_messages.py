@@ -244,7 +244,7 @@ def test_every_enum_key_given_a_bad_value_names_the_key_the_valid_values_and_a_f
     from reward_lens_spec.spec import RunConfig
 
     keys = _enum_keys(RunConfig)
-    assert {"model.device", "model.dtype"} <= {k for k, _ in keys}
+    assert {"model.dtype", "model.format"} <= {k for k, _ in keys}
     for key, values in keys:
         with pytest.raises(SpecError) as e:
             compose_run([f"{key}=no_such_value"])

@@ -241,14 +241,20 @@ def place_built(model, spec, dtype, base_dir: str | None = None) -> dict:
 
 
 def resolve_device(device: str) -> str:
-    """``model.device`` as a torch device type: ``auto`` → ``cuda`` when visible, else ``cpu``.
+    """``model.device`` as a torch device: ``auto`` → ``cuda`` when visible, else ``cpu``; ``cuda:N`` as it is.
 
-    Raises ``SpecError`` (``model.device``) for ``cuda`` with no CUDA device visible."""
+    Raises ``SpecError`` (``model.device``) for ``cuda`` or ``cuda:N`` with no CUDA device visible, or with
+    fewer than N + 1."""
     import torch
 
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise SpecError("model.device", "cuda was asked for but no CUDA device is visible.",
-                        fix="use model.device=cpu or model.device=auto.")
+    if device.startswith("cuda"):
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        want = int(device.split(":", 1)[1]) if ":" in device else 0
+        if want >= n:
+            seen = "no CUDA device is visible" if n == 0 else f"only {n} CUDA device(s) are visible (cuda:0…cuda:{n - 1})"
+            raise SpecError("model.device", f"{device} was asked for but {seen}.",
+                            fix="use model.device=cpu or model.device=auto"
+                                + (f", or cuda:N with N < {n}." if n else "."))
     return device
