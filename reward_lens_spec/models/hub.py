@@ -16,7 +16,9 @@ partners):
   refuses give one ``SpecError`` naming ``model.allow_pickle`` (``unpickling_error``), not a traceback.
 * ``load_classifier`` also returns the tensors the checkpoint lacked (transformers'
   ``output_loading_info``), so the caller can refuse, or deterministically make, a missing head
-  (``models.head_init``) instead of taking transformers' random one.
+  (``models.head_init``) instead of taking transformers' random one. transformers' LOAD REPORT table is
+  held back there (``models.load_report``): unused tensors beside a causal LM's head are one warning line, a
+  head of another size than ``model.num_labels`` one ``SpecError`` naming it.
 
 Other failures to read a checkpoint raise a ``SpecError`` naming ``model.source``.
 """
@@ -189,11 +191,22 @@ def load_classifier(loc, *, trust_remote_code: bool, num_labels: int, dtype=None
     ``model.trust_remote_code`` (custom code refused), ``model.source`` (unreadable; pickle weights
     without ``allow_pickle`` say so).
     """
-    model, info = _weights("AutoModelForSequenceClassification", loc, trust_remote_code=trust_remote_code,
-                           dtype=dtype, allow_pickle=allow_pickle, source=source, gguf_file=gguf_file,
-                           revision=revision, attn_implementation=attn_implementation,
-                           num_labels=int(num_labels), output_loading_info=True,
-                           **({"device_map": device_map, "offload_folder": offload_folder} if device_map else {}))
+    from .load_report import held_report, mismatch_error, unused_warning
+
+    with held_report() as held:             # the missing head is models.head_init's to refuse or make
+        try:
+            model, info = _weights("AutoModelForSequenceClassification", loc, trust_remote_code=trust_remote_code,
+                                   dtype=dtype, allow_pickle=allow_pickle, source=source, gguf_file=gguf_file,
+                                   revision=revision, attn_implementation=attn_implementation,
+                                   num_labels=int(num_labels), output_loading_info=True,
+                                   **({"device_map": device_map, "offload_folder": offload_folder} if device_map
+                                      else {}))
+        except RuntimeError as exc:
+            err = mismatch_error(str(source or loc), int(num_labels), held, exc)
+            if err is None:
+                raise
+            raise err from None
+    unused_warning(str(source or loc), (info or {}).get("unexpected_keys"))
     missing = tuple(sorted(str(k) for k in (info or {}).get("missing_keys") or ()))
     return model, missing
 
