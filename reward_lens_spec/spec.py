@@ -15,7 +15,7 @@ from typing import Any, Optional, Union, get_args, get_origin, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, ConfigTypeError, ValidationError
+from omegaconf.errors import ConfigKeyError, ConfigTypeError, InterpolationResolutionError, ValidationError
 
 from .errors import SpecError, did_you_mean
 from .admission import Admission, stamp
@@ -289,7 +289,11 @@ def validate(cfg: DictConfig | dict, *, partial: bool = False) -> RunConfig:
     ``partial``: ``cfg`` is one command-line override, not a composed config, so
     checks that relate several keys (e.g. ``frame.partner`` needs ``frame=shared``) wait.
     """
-    raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    try:
+        raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    except InterpolationResolutionError as exc:        # ${a.b} naming no key of the config
+        raise SpecError(str(getattr(exc, "full_key", "") or "") or "config", f"{str(exc).splitlines()[0]}.",
+                        fix="write the value itself, or ${a.b} naming a key of the config (${model.name}).") from None
     named = _names_model(raw.pop("hydra", None))
     allow_plugins(_plugins_allowed(raw.pop("plugins", None)))   # third-party code: only what the user allows
     hit = _find_trust(raw)

@@ -205,3 +205,22 @@ def test_the_attempt_holds_the_pair_labels_once(pristine):
     for v in got:
         if "pair" in got[v].dims:
             assert list(got[v]["pair"].values) == list(ds["pair"].values)
+
+
+def test_every_forced_run_recomputes_never_adopting_an_attempt_that_completed(setup, tmp_path):
+    """``store.force=true`` recomputes: a forced run used to adopt the attempt an earlier forced run had replaced
+    (no longer named, its role free, its chunks marked) and republish its chunks ("resumed: 1 of 1 chunk(s)").
+    Each forced run computes every chunk in an attempt of its own, and the numbers stay the same."""
+    url = str(tmp_path / "forced.zarr")
+    first = _stream(setup, url)
+    assert first.status == "complete" and first.computed == first.chunks
+    want = open_store(url).load("r", "dla", lazy=False)
+    published = [first.attempt]
+    for _ in range(3):
+        again = _stream(setup, url, force=True)
+        assert again.status == "complete" and again.computed == again.chunks, again
+        published.append(again.attempt)
+    assert len(set(published)) == 4, published
+    got = open_store(url).load("r", "dla", lazy=False)
+    for v in want:
+        np.testing.assert_array_equal(got[v].values, want[v].values, err_msg=v)

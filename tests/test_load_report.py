@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from reward_lens_spec.errors import SpecError
-from reward_lens_spec.models.load_report import LOGGER, held_report
+from reward_lens_spec.models.load_report import CONFIG_LOGGER, LOGGER, held_report
 from reward_lens_spec.models.loading import load_model
 from reward_lens_spec.models.tiny_tokenizer import build_tiny_tokenizer
 from reward_lens_spec.spec import ModelSpec
@@ -76,20 +76,22 @@ def test_tensors_the_classifier_does_not_use_are_one_warning_line(folders):
 
 
 def test_a_head_of_another_size_is_one_line_naming_model_num_labels(folders):
-    log, logged = logging.getLogger(LOGGER), []
+    logs, logged = [logging.getLogger(LOGGER), logging.getLogger(CONFIG_LOGGER)], []
     handler = logging.Handler()
     handler.emit = lambda record: logged.append(record.getMessage())
-    log.addHandler(handler)
+    for log in logs:
+        log.addHandler(handler)
     try:
         with pytest.raises(SpecError) as e:
             load_model(ModelSpec(name="m", source=str(folders["rm1"]), num_labels=3))
     finally:
-        log.removeHandler(handler)
+        for log in logs:
+            log.removeHandler(handler)
     msg = str(e.value)
     assert e.value.field == "model.num_labels" and "\n" not in msg, msg
     assert "1 output(s)" in msg and "score.weight [1, 32] in the checkpoint, [3, 32] here" in msg, msg
     assert msg.endswith("Fix: set model.num_labels=1.")
-    assert not [m for m in logged if "LOAD REPORT" in m], logged
+    assert not [m for m in logged if "LOAD REPORT" in m or "id2label" in m], logged     # the one line says it
 
 
 def test_the_table_comes_back_with_any_other_error_and_other_records_pass():

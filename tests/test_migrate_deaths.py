@@ -167,14 +167,40 @@ def test_migrate_refuses_a_complete_run_whose_observable_is_gone(tmp_path, layou
         shutil.rmtree(os.path.join(url, "runs", "r0", obs))
     with pytest.raises(StoreError, match=f"run r0 is complete, but its observable '{obs}' is neither published") as e:
         migrate(url)
-    assert "\n" not in str(e.value) and "Fix: remove the folder runs/r0" in str(e.value)
+    assert "\n" not in str(e.value) and "Fix: remove the folders runs/r0 and _internal/attempts/r0" in str(e.value)
     if layout == 3:
         with pytest.raises(StoreError, match="store migrate"):
             open_store(url)                            # not stamped: nothing is listed over the missing data
     shutil.rmtree(os.path.join(url, "runs", "r0"))
-    assert migrate(url) == LAYOUT_VERSION
+    shutil.rmtree(os.path.join(url, "_internal", "attempts", "r0"), ignore_errors=True)   # layout 3: moved by
+    assert migrate(url) == LAYOUT_VERSION                                                  # the migrate above
     st = open_store(url)
     assert sorted(st.runs().run_id) == ["r1"] and st.verify("r1")["status"] == "verified"
     for (run, o, var), values in before.items():
         if run == "r1":
             np.testing.assert_array_equal(st.load(run, o, lazy=False)[var].values, values)
+
+
+def test_following_migrates_fix_lets_the_study_run_again(tmp_path):
+    """The one-line refusal's Fix, followed as written on a store a real run made, ends with the study run again:
+    recomputed (the run's old attempt, which lost the observable, is not resumed) and read whole."""
+    import reward_lens_spec as rls
+
+    url = str(tmp_path / "s.zarr")
+    args = ["observable=score", "dataset.limit=4", f"store.url={url}"]
+    first = rls.run(args, progress=False)
+    want = first["margin"].values
+    run = first.run_id
+    aid = _attempt_of(url, run)
+    shutil.rmtree(os.path.join(url, "_internal", "attempts", run, aid, "score"))
+    shutil.rmtree(os.path.join(url, "runs", run, "score"))
+    with pytest.raises(StoreError) as e:
+        migrate(url)
+    fix = str(e.value).split("Fix: remove the folders ", 1)[1].split(" from the store")[0].split(" and ")
+    for folder in fix:
+        shutil.rmtree(os.path.join(url, folder))
+    assert migrate(url) == LAYOUT_VERSION
+    again = rls.run(args, progress=False)
+    assert again.run_id == run and not again.reused
+    np.testing.assert_array_equal(open_store(url).load(run, "score", lazy=False)["margin"].values, want)
+    assert open_store(url).verify(run)["status"] == "verified"

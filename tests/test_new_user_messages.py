@@ -304,3 +304,26 @@ def test_validate_names_the_dataset_option_the_person_chose(tmp_path, monkeypatc
     assert "data OK: 3 pairs from dataset=my_pairs (jsonl, pairs.jsonl)" in capsys.readouterr().out
     main(["validate", "dataset.limit=2"])
     assert "data OK: 2 pairs from dataset=diagnostic\n" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("key", ["model.device", "dataset.limit", "seed", "observable.name"])
+def test_an_interpolation_naming_no_key_is_one_line_on_every_route(key, capsys):
+    """``key=${nope}`` (a plain interpolation whose key does not exist) was a 90-line ``InterpolationKeyError``
+    traceback on the command line and a raw one from ``reward_lens_spec.run``: one line naming the key, each route."""
+    import reward_lens_spec as rls
+    from reward_lens_spec.cli import main
+    from reward_lens_spec.run.compose import compose_run
+
+    with pytest.raises(SpecError) as e:
+        compose_run([f"{key}=${{nope}}"])
+    assert e.value.field == key and "'nope' not found" in str(e.value) and "\n" not in str(e.value)
+    head, _, leaf = key.rpartition(".")
+    spec = {head: {leaf: "${nope}"}} if head else {leaf: "${nope}"}
+    with pytest.raises(SpecError) as e:
+        rls.run(spec, progress=False)
+    assert e.value.field == key and "\n" not in str(e.value)
+    with pytest.raises(SystemExit) as done:
+        main(["validate", f"{key}=${{nope}}"])
+    assert done.value.code == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith(f"error: {key}: Interpolation key 'nope' not found") and "Fix:" in err[0]

@@ -19,39 +19,47 @@ from contextlib import contextmanager
 from ..errors import SpecError
 
 LOGGER = "transformers.modeling_utils"       # the logger transformers hands its loading report to
+CONFIG_LOGGER = "transformers.configuration_utils"   # its "num_labels=… incompatible to the id2label map" line
 _SIZES = re.compile(r"ckpt: torch\.Size\(\[([\d, ]*)\]\) vs model: ?torch\.Size\(\[([\d, ]*)\]\)")
 
 
 @contextmanager
 def held_report():
-    """Within: transformers' LOAD REPORT records are held back (the list yielded gets each one's text); any
-    other record of its logger passes. On an error inside other than a ``SpecError`` (which says what they
-    said, ``mismatch_error``), the held reports are logged as they were (their details are the error's) before
-    the error goes on."""
-    log = logging.getLogger(LOGGER)
+    """Within: transformers' LOAD REPORT records (and its configuration's line on a ``num_labels`` that differs
+    from the checkpoint's ``id2label``, which ``mismatch_error`` or the head's own line says better) are held back
+    (the list yielded gets each one's text); any other record of those loggers passes. On an error inside other
+    than a ``SpecError`` (which says what they said), the held records are logged as they were (their details are
+    the error's) before the error goes on."""
+    logs = [logging.getLogger(LOGGER), logging.getLogger(CONFIG_LOGGER)]
     held: list[str] = []
-    records: list[logging.LogRecord] = []
+    records: list[tuple[logging.Logger, logging.LogRecord]] = []
 
-    def hold(record: logging.LogRecord) -> bool:
-        text = record.getMessage()
-        if "LOAD REPORT" in text:
-            held.append(text)
-            records.append(record)
-            return False
-        return True
+    def holder(log):
+        def hold(record: logging.LogRecord) -> bool:
+            text = record.getMessage()
+            if "LOAD REPORT" in text or ("num_labels" in text and "id2label" in text):
+                held.append(text)
+                records.append((log, record))
+                return False
+            return True
+        return hold
 
-    log.addFilter(hold)
+    filters = [(log, holder(log)) for log in logs]
+    for log, f in filters:
+        log.addFilter(f)
     try:
         yield held
     except SpecError:
         raise
     except BaseException:
-        log.removeFilter(hold)
-        for record in records:
+        for log, f in filters:
+            log.removeFilter(f)
+        for log, record in records:
             log.handle(record)
         raise
     finally:
-        log.removeFilter(hold)
+        for log, f in filters:
+            log.removeFilter(f)
 
 
 def unused_warning(source: str, unexpected, head_keys=("lm_head",)) -> None:

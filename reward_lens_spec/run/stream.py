@@ -16,9 +16,8 @@ runs in a later pass: after the reductions it needs, the completing job captures
 pass's regions (markers ``pass<p>.chunk.<k>``), then runs the reductions of that pass. Every step of a plan runs in
 exactly one such stage of one pass.
 
-A pair-stage step whose rows read every pair's capture (``Operator.needs_all_pairs``: mean or
-resample ablation, steering in units of the residual's RMS over pairs) makes the run one chunk:
-correct, but its memory is then that of the whole dataset.
+A pair-stage step whose rows read every pair's capture (``Operator.needs_all_pairs``: mean or resample ablation,
+steering in units of the residual's RMS over pairs) makes the run one chunk: its memory is that of the dataset.
 
 Resume and shards: a job computes the chunks ``k`` with ``k % store.shards == store.shard`` that have no marker yet,
 or whose marker is not this user's as written (``Attempt.authentic``) or whose data no longer match the digests it
@@ -27,7 +26,7 @@ with its launch (``store.launch``, or Hydra's sweep dir) or adopts from a dead w
 are the same pairs whoever computes them, so a resumed or sharded run is bit-identical to one uninterrupted job. A
 killed writer on this host is seen dead at once (its process is gone); one on another host only when its lease
 expires (``store.attempts.LEASE_S``, 60 s): a rerun started elsewhere before that computes the run in an attempt of
-its own instead of resuming.
+its own instead of resuming. A forced run (``store.force``) never adopts an attempt that completed: it recomputes.
 """
 from __future__ import annotations
 
@@ -142,7 +141,7 @@ def stream(b, run_id, lm, pairs, enc, plan, info, *, capture_kw, frame, store_sp
     widths = data_widths(plan, RunContext(lm=lm, pairs=pairs, encoded=enc, capture=None, info=info))
     meta = {"kind": "stream", "shards": shards, "chunk_pairs": size, "n_pairs": n, **({"widths": widths} if widths
             else {}), "pairs_sha": hashlib.sha256("\n".join(enc.pair_ids).encode()).hexdigest()[:16]}
-    att, role = _attempt(b, run_id, meta, store_spec.shard, launch_key(store_spec))
+    att, role = _attempt(b, run_id, meta, store_spec.shard, launch_key(store_spec), store_spec.force)
     try:
         return _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_kw, frame,
                     store_spec, run_attrs, progress, keep_context, widths)
@@ -153,8 +152,8 @@ def stream(b, run_id, lm, pairs, enc, plan, info, *, capture_kw, frame, store_sp
         att.close()
 
 
-def _attempt(b, run_id, meta, shard, launch):
-    """Adopt the oldest matching attempt whose ``shard-<i>`` role is free or dead; else create one."""
+def _attempt(b, run_id, meta, shard, launch, force=False):
+    """Adopt the oldest matching attempt whose ``shard-<i>`` role is free or dead (not completed, with ``force``)."""
     role = f"shard-{shard}"
     found = [a for a in (Attempt.open(b, run_id, aid) for aid in list_attempts(b, run_id)) if a is not None]
     tag = hashlib.sha256(launch.encode()).hexdigest()[:16] if launch else None
@@ -166,7 +165,8 @@ def _attempt(b, run_id, meta, shard, launch):
                             fix="give every job of one launch the same store.shards (e.g. -m store.shards=2 "
                                 "store.shard=0,1); a new launch (store.launch=NAME) to start over.")
     for att in sorted(found, key=lambda a: (a.meta.get("created") or 0, a.aid)):
-        if all(att.meta.get(k) == v for k, v in meta.items()) and att.claim(role):
+        if all(att.meta.get(k) == v for k, v in meta.items()) and not (force and att.released("reduce")) and \
+                att.claim(role):
             return att, role
     aid = None
     if launch:

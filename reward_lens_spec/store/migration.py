@@ -145,8 +145,9 @@ def _unpublished(b: Backend, run_id: str, attrs: dict) -> list[str]:
         if not b.exists_key(f"{ATTEMPTS}/{run_id}/{aid}/{obs}/{DOC}"):
             raise StoreError(f"store migrate: run {run_id} is complete, but its observable {obs!r} is neither "
                              f"published from its attempt {aid} nor held by it (removed or damaged), so its data "
-                             "are gone; the layout was not changed past it. Fix: remove the folder "
-                             f"{RUNS}/{run_id} from the store, run store migrate again, then run that study again.")
+                             "are gone; the layout was not changed past it. Fix: remove the folders "
+                             f"{RUNS}/{run_id} and {ATTEMPTS}/{run_id} from the store, run store migrate again, "
+                             "then run that study again.")
         out.append(obs)
     return out
 
