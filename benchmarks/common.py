@@ -53,8 +53,7 @@ def load_folder(name: str, folder: Path, device: str, attn: str | None = None):
     """A saved checkpoint folder through the package's one guarded loader (``inputs.load_lm``)."""
     from reward_lens_spec.inputs import load_lm
     from reward_lens_spec.spec import ModelSpec
-    from reward_lens_spec.spec import Device
-    return load_lm(ModelSpec(name=name, source=str(folder), device=Device(device), attn_implementation=attn))
+    return load_lm(ModelSpec(name=name, source=str(folder), device=device, attn_implementation=attn))
 
 
 def smollm2_seed0(folder: Path) -> Path:

@@ -41,3 +41,21 @@ def test_memory_benchmark_measures_the_command_line(tmp_path):
     text = out.read_text()
     assert text.count("| cli |") == 2 and "(whole process)" in text and "failed" not in text
     assert "cli: peak " in text and "KB per added pair" in text
+
+
+def test_the_peer_comparisons_helpers_load_a_folder_and_run_an_instrument(tmp_path):
+    """``benchmarks/common.py`` (``peer_tiny.py``, ``run.py``): a saved folder loads through the package's loader and
+    ``run_obs`` computes an instrument on it (``Device`` went from the spec and ``load_folder`` still imported it)."""
+    from reward_lens_spec.models.tiny import build_tiny
+
+    model, tok = build_tiny("tiny_llama")
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    sys.path.insert(0, str(BENCH))
+    try:
+        import common
+        lm = common.load_folder("m", tmp_path / "m", "cpu", attn="eager")
+        ds, ctx = common.run_obs(lm, common.diagnostic_pairs(4), common.make_obs(["score"]), 4)
+    finally:
+        sys.path.remove(str(BENCH))
+    assert ds["margin"].sizes["pair"] == 4 and common.forwards(ctx) >= 1
