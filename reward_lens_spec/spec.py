@@ -391,8 +391,8 @@ def group_config(group: str, ref: str, *, key: str, base_dir: str | None = None)
         raise SpecError(key, f"{path} is not valid YAML ({str(exc).splitlines()[0]}).",
                         fix=f"fix the YAML of that {group} config.") from None
     except (ConfigKeyError, ValidationError) as exc:
-        bad = str(getattr(exc, "key", "") or "")
-        names = keys_of(GROUP_SCHEMAS[group])
-        hint = did_you_mean(bad, names) if bad else ""
-        raise SpecError(key, f"{path} is not a valid {group} config: {str(exc).splitlines()[0]}.{hint}",
-                        options=names) from None
+        bad, names = str(getattr(exc, "key", "") or ""), keys_of(GROUP_SCHEMAS[group])
+        known = bad in names                 # a bad value of a known key: name the key, no "did you mean" it
+        hint = did_you_mean(bad, names) if bad and not known else ""
+        raise SpecError(f"{key}.{bad}" if known else key, f"{path} is not a valid {group} config: "
+                        f"{str(exc).splitlines()[0]}.{hint}", options=None if known else names) from None

@@ -46,3 +46,21 @@ def test_a_gpu_that_is_not_there_is_refused_when_resolved(monkeypatch):
     with pytest.raises(SpecError, match=r"cuda:2 was asked for but only 2 CUDA device\(s\) are visible") as e:
         resolve_device("cuda:2")
     assert "cuda:N with N < 2" in str(e.value)
+
+
+@pytest.mark.parametrize("line, field, hint", [
+    ("device: [cpu]", "model.device", False),
+    ("device: '${nope}'", "model.device", False),
+    ("device: gpu", "model.device", False),
+    ("devce: cpu", "model", True),
+])
+def test_a_model_files_bad_device_names_model_device(tmp_path, line, field, hint):
+    """In a model YAML file, a bad value of ``device`` names ``model.device`` with no "did you mean 'device'" (it
+    named ``model`` and suggested the key it already was); a misspelt key still gets its suggestion."""
+    path = tmp_path / "mine.yaml"
+    path.write_text(f"name: m\nsource: builtin:tiny\n{line}\n")
+    with pytest.raises(SpecError) as e:
+        compose_run([f"model={path}"])
+    msg = str(e.value)
+    assert e.value.field == field and "\n" not in msg and "Fix:" in msg, msg
+    assert ("Did you mean 'device'" in msg) == hint, msg

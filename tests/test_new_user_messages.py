@@ -327,3 +327,19 @@ def test_an_interpolation_naming_no_key_is_one_line_on_every_route(key, capsys):
     assert done.value.code == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and err[0].startswith(f"error: {key}: Interpolation key 'nope' not found") and "Fix:" in err[0]
+
+
+def test_a_group_files_bad_value_of_a_known_key_names_that_key(tmp_path):
+    """A group config file read by ``spec.group_config`` (a frame's or a study's reference): a bad value of a known
+    key names ``<key>.<that key>`` with no "did you mean" it; a misspelt key still gets its suggestion."""
+    from reward_lens_spec.spec import group_config
+
+    path = tmp_path / "d.yaml"
+    path.write_text("name: d\nlimit: [1]\n")
+    with pytest.raises(SpecError) as e:
+        group_config("dataset", str(path), key="frame.dataset")
+    assert e.value.field == "frame.dataset.limit" and "Did you mean" not in str(e.value), str(e.value)
+    path.write_text("name: d\nlimt: 3\n")
+    with pytest.raises(SpecError) as e:
+        group_config("dataset", str(path), key="frame.dataset")
+    assert e.value.field == "frame.dataset" and "Did you mean 'limit'" in str(e.value), str(e.value)

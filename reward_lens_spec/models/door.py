@@ -119,8 +119,11 @@ def _build(raw: dict, key: str, where: str) -> ModelSpec:
     try:
         obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelSpec), raw))
     except Exception as exc:
-        bad = str(getattr(exc, "key", "") or "")
-        hint = did_you_mean(bad, [f.name for f in dataclasses.fields(ModelSpec)]) if bad else ""
+        bad, names = str(getattr(exc, "key", "") or ""), [f.name for f in dataclasses.fields(ModelSpec)]
+        if bad in names:                     # a bad value of a known key: name the key, no "did you mean" it
+            raise SpecError(f"{key}.{bad}", f"{where} is not a valid model config: {str(exc).splitlines()[0]}.",
+                            fix=f"give {bad} a value of its type in {where} (docs/models.md).") from None
+        hint = did_you_mean(bad, names) if bad else ""
         raise SpecError(key, f"{where} is not a valid model config: {str(exc).splitlines()[0]}.{hint}",
                         fix=_FIX_REF) from None
     return obj
