@@ -205,20 +205,36 @@ def precheck_overrides(args: list[str]) -> None:
                 sub = rest.split(".")[0]
                 if sub not in names:
                     raise SpecError(key, "unknown key.", value=sub, options=names)
-            if ("," not in value or value.startswith("[")) and not _sweep_call(value):   # a sweep: checked per job
-                try:
-                    parsed = OmegaConf.from_dotlist([f"{key}={value}"])
-                except Exception as exc:                   # YAML (e.g. an unquoted ": ") or OmegaConf syntax
-                    why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                    raise SpecError(key, f"the value {value!r} is not a plain value ({why}).",
-                                    fix=f"quote the value: \"{key}='{value}'\" (single quotes inside, "
-                                        "double quotes for the shell).") from None
-                try:
-                    validate(parsed, partial=True)
-                except SpecError as exc:
-                    if exc.field != "config":
-                        raise
-                    raise SpecError(key, exc.detail,
-                                    fix=exc.fix or f"set {key} to a value of its type in a config YAML.") from None
+            for v in _plain_values(value):            # a sweep's choices one by one, before any job starts
+                _check_plain(key, v)
         elif not rest and head not in ("mode", "seed") and head not in GROUPS:
             raise SpecError(key, "unknown key.", value=head, options=("mode", "seed") + GROUPS)
+
+
+def _plain_values(value: str) -> list[str]:
+    """The values of an override to check now: the value itself; each choice of a plain comma sweep
+    (``cpu,gpu``); none for a sweep or value function (``range(3)``) or a sweep whose choices are quoted,
+    bracketed or interpolated, which each job's composition checks."""
+    if _sweep_call(value):
+        return []
+    if "," not in value or value.startswith("["):
+        return [value]
+    return [] if any(c in value for c in "'\"[]{}()$\\") else value.split(",")
+
+
+def _check_plain(key: str, value: str) -> None:
+    """``key=value`` parsed as OmegaConf parses a dotlist and checked against the schema (``spec.validate``,
+    partial). Raises ``SpecError`` naming ``key``."""
+    try:
+        parsed = OmegaConf.from_dotlist([f"{key}={value}"])
+    except Exception as exc:                   # YAML (e.g. an unquoted ": ") or OmegaConf syntax
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecError(key, f"the value {value!r} is not a plain value ({why}).",
+                        fix=f"quote the value: \"{key}='{value}'\" (single quotes inside, "
+                            "double quotes for the shell).") from None
+    try:
+        validate(parsed, partial=True)
+    except SpecError as exc:
+        if exc.field != "config":
+            raise
+        raise SpecError(key, exc.detail, fix=exc.fix or f"set {key} to a value of its type in a config YAML.") from None

@@ -343,3 +343,24 @@ def test_a_group_files_bad_value_of_a_known_key_names_that_key(tmp_path):
     with pytest.raises(SpecError) as e:
         group_config("dataset", str(path), key="frame.dataset")
     assert e.value.field == "frame.dataset" and "Did you mean 'limit'" in str(e.value), str(e.value)
+
+
+def test_a_bad_choice_of_a_plain_sweep_is_refused_before_any_job_runs(tmp_path, capsys):
+    """``-m model.device=cpu,gpu``: job 0 ran to its end before job 1 was refused (and with ``gpu,cpu`` the good job
+    never ran). Each choice of a plain comma sweep is checked before the sweep starts; nothing is stored."""
+    from reward_lens_spec.cli import main
+    from reward_lens_spec.overrides import precheck_overrides
+
+    for ok in ("model.device=cpu,auto", "seed=1,2", "dataset.limit=2,3", "model.batch_size=2,auto"):
+        precheck_overrides([ok])
+    for bad, value in (("model.device=cpu,gpu", "gpu"), ("seed=1,two", "two"), ("model.batch_size=2,0", "0")):
+        with pytest.raises(SpecError) as e:
+            precheck_overrides([bad])
+        assert e.value.field == bad.split("=")[0] and value in str(e.value), str(e.value)
+    url = tmp_path / "s.zarr"
+    with pytest.raises(SystemExit) as done:
+        main(["-m", "model.device=cpu,gpu", "dataset.limit=2", f"store.url={url}"])
+    assert done.value.code == 2
+    assert not url.exists() or not any(url.glob("runs/*/zarr.json"))
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith("error: model.device: unknown device 'gpu'"), err
