@@ -7,6 +7,7 @@ still in the activations' frame).
 from __future__ import annotations
 
 import numpy as np
+import xarray as xr
 
 from ..arrays import data_array
 from ..registries import OPERATORS
@@ -55,4 +56,4 @@ def _by_position(x):
     data = np.take(values, side.index("chosen"), axis=ax) - np.take(values, side.index("rejected"), axis=ax)
     dims = tuple(d for d in x.dims if d != "side")
     coords = {k: v for k, v in x.coords.variables.items() if k != "side"}
-    return data_array(x.variable._replace(dims=dims, data=data, attrs={}, encoding={}), coords, x.name)
+    return data_array(xr.Variable(dims, data), coords, x.name)
