@@ -224,3 +224,26 @@ def test_every_forced_run_recomputes_never_adopting_an_attempt_that_completed(se
     got = open_store(url).load("r", "dla", lazy=False)
     for v in want:
         np.testing.assert_array_equal(got[v].values, want[v].values, err_msg=v)
+
+
+@pytest.mark.parametrize("gone", ["dla/dla_heads", "dla", "_stage/head_logits"])
+def test_an_attempt_that_lost_a_recorded_array_is_refused_in_one_line_then_runs_again(setup, pristine, tmp_path,
+                                                                                        gone):
+    """A marked chunk's array or group removed by hand: resuming used to recompute the chunk into an array that was
+    no longer there (zarr's ``ArrayNotFoundError`` traceback, on every rerun). It is refused in one line naming the
+    attempt's folder; following the Fix, the run completes equal to an untouched one."""
+    url = str(tmp_path / "lost.zarr")
+    assert _stream(setup, url, shards=2, shard=0, launch="L").status == "shard_done"
+    d = _mark_dir(url)
+    shutil.rmtree(os.path.join(d, *gone.split("/")))
+    with pytest.raises(StoreError) as e:
+        _stream(setup, url, shards=2, shard=0, launch="L")
+    msg = str(e.value)
+    assert "\n" not in msg and "cannot be resumed" in msg and "Fix: remove the folder _internal/attempts/r/" in msg, msg
+    shutil.rmtree(os.path.join(url, msg.split("Fix: remove the folder ", 1)[1].split(" from the store")[0]))
+    assert _stream(setup, url, shards=2, shard=0, launch="L").status == "shard_done"
+    assert _stream(setup, url, shards=2, shard=1, launch="L").status == "complete"
+    got = open_store(url).load("r", "dla", lazy=False)
+    want = open_store(pristine).load("r", "dla", lazy=False)
+    for v in want:
+        np.testing.assert_array_equal(got[v].values, want[v].values, err_msg=v)

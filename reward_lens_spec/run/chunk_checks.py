@@ -2,10 +2,13 @@
 (``store.attempts.Attempt.authentic``) and the digest of every region it records, re-read from the store.
 
 A chunk whose marker is forged, edited, copied or unsigned, or whose stored regions no longer match its
-recorded digests (a flipped bit, a missing array, a chunk failing its checksum) is recomputed, never adopted.
+recorded digests (a flipped bit, a missing chunk, a chunk failing its checksum) is recomputed, never adopted.
+An array or group the marker records that is gone altogether (removed by hand) cannot be recomputed into: the
+attempt is refused in one line naming its folder.
 """
 from __future__ import annotations
 
+from ..errors import StoreError
 from ..store.digest import values_digest
 from ..store.groups import open_variable
 
@@ -32,9 +35,21 @@ def unverified_chunks(att, slices, labels, p: int, marks: dict) -> set:
                     cache[path] = open_variable(att.zarr_store(), group, name, labels=labels(group))
                 v = cache[path].isel(pair=sl)
                 got = values_digest((v.coords[coord] if coord else v).values)
-            except Exception:                    # missing array, a chunk failing its checksum, ...
+            except Exception as e:               # a missing chunk, a chunk failing its checksum, ...
+                if _gone(e):
+                    raise StoreError(f"store {att.b.url}: run {att.run_id}: attempt {att.aid} no longer holds "
+                                     f"{path}, which its chunk {k} records (removed by hand or damaged), so it "
+                                     f"cannot be resumed. Fix: remove the folder {att.prefix} from the store and "
+                                     "run again.") from None
                 got = None
             if got != digest:
                 bad.add(k)
                 break
     return bad
+
+
+def _gone(e: Exception) -> bool:
+    """Whether reading a recorded region failed because its array or group is not there at all."""
+    from zarr.errors import NodeNotFoundError
+
+    return isinstance(e, (NodeNotFoundError, FileNotFoundError, KeyError))
