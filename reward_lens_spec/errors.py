@@ -52,3 +52,14 @@ class GaugeError(RewardLensError, ValueError):
 
 class StoreError(RewardLensError, RuntimeError):
     """A store cannot be read or written as asked; nothing else is touched."""
+
+
+def schema_error(key: str, what: str, exc: Exception, names, *, fix: str | None = None) -> SpecError:
+    """The ``SpecError`` for a config file (``what``: e.g. "x.yaml is not a valid model config") that does not fit
+    its schema (``exc``: OmegaConf's error; ``names``: the schema's keys): a bad value of a known key names
+    ``<key>.<that key>``; an unknown key names ``key`` with a "did you mean" among ``names`` and ``fix``."""
+    bad, names = str(getattr(exc, "key", "") or ""), list(names)
+    first = str(exc).splitlines()[0]
+    if bad in names:
+        return SpecError(f"{key}.{bad}", f"{what}: {first}.", fix=f"give {bad} a value of its type in that file.")
+    return SpecError(key, f"{what}: {first}.{did_you_mean(bad, names) if bad else ''}", options=names, fix=fix)

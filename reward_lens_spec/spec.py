@@ -17,7 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ConfigTypeError, InterpolationResolutionError, ValidationError
 
-from .errors import SpecError, did_you_mean
+from .errors import SpecError, schema_error
 from .admission import Admission, stamp
 from .spec_kinds import EnsembleSpec, ImplicitSpec, JudgeSpec, PrmSpec  # noqa: F401  (schemas of ModelSpec)
 from pathlib import Path
@@ -391,8 +391,4 @@ def group_config(group: str, ref: str, *, key: str, base_dir: str | None = None)
         raise SpecError(key, f"{path} is not valid YAML ({str(exc).splitlines()[0]}).",
                         fix=f"fix the YAML of that {group} config.") from None
     except (ConfigKeyError, ValidationError) as exc:
-        bad, names = str(getattr(exc, "key", "") or ""), keys_of(GROUP_SCHEMAS[group])
-        known = bad in names                 # a bad value of a known key: name the key, no "did you mean" it
-        hint = did_you_mean(bad, names) if bad and not known else ""
-        raise SpecError(f"{key}.{bad}" if known else key, f"{path} is not a valid {group} config: "
-                        f"{str(exc).splitlines()[0]}.{hint}", options=None if known else names) from None
+        raise schema_error(key, f"{path} is not a valid {group} config", exc, keys_of(GROUP_SCHEMAS[group])) from None

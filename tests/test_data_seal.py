@@ -158,6 +158,14 @@ def test_an_edited_digest_breaks_the_seal(pristine, tmp_path):
     assert catalog_cli.main(["verify", f"url={url}"]) == 1
 
 
+def assert_same_dla(url, want_url) -> None:
+    """Run ``r``'s ``dla`` outputs in ``url`` equal, value for value, those in ``want_url``."""
+    got = open_store(url).load("r", "dla", lazy=False)
+    want = open_store(want_url).load("r", "dla", lazy=False)
+    for v in want:
+        np.testing.assert_array_equal(got[v].values, want[v].values, err_msg=v)
+
+
 def _mark_dir(url, run_id="r"):
     attempts = os.path.join(url, "_internal", "attempts", run_id)
     (att,) = [a for a in os.listdir(attempts) if a.startswith("attempt-")]
@@ -180,10 +188,7 @@ def test_resume_recomputes_chunks_whose_data_do_not_match_their_marker(setup, pr
     if not completer_checks:
         assert _stream(setup, url, shards=2, shard=0, launch="L").status == "shard_done"
     assert _stream(setup, url, shards=2, shard=1, launch="L").status == "complete"
-    got = open_store(url).load("r", "dla", lazy=False)
-    want = open_store(pristine).load("r", "dla", lazy=False)
-    for v in want:
-        np.testing.assert_array_equal(got[v].values, want[v].values, err_msg=v)
+    assert_same_dla(url, pristine)
     assert catalog_cli.main(["verify", f"url={url}"]) == 0
 
 
@@ -214,16 +219,15 @@ def test_every_forced_run_recomputes_never_adopting_an_attempt_that_completed(se
     url = str(tmp_path / "forced.zarr")
     first = _stream(setup, url)
     assert first.status == "complete" and first.computed == first.chunks
-    want = open_store(url).load("r", "dla", lazy=False)
+    first_url = str(tmp_path / "first.zarr")
+    shutil.copytree(url, first_url)                        # the first run's numbers, as stored
     published = [first.attempt]
     for _ in range(3):
         again = _stream(setup, url, force=True)
         assert again.status == "complete" and again.computed == again.chunks, again
         published.append(again.attempt)
     assert len(set(published)) == 4, published
-    got = open_store(url).load("r", "dla", lazy=False)
-    for v in want:
-        np.testing.assert_array_equal(got[v].values, want[v].values, err_msg=v)
+    assert_same_dla(url, first_url)
 
 
 @pytest.mark.parametrize("gone", ["dla/dla_heads", "dla", "_stage/head_logits"])
@@ -243,7 +247,4 @@ def test_an_attempt_that_lost_a_recorded_array_is_refused_in_one_line_then_runs_
     shutil.rmtree(os.path.join(url, msg.split("Fix: remove the folder ", 1)[1].split(" from the store")[0]))
     assert _stream(setup, url, shards=2, shard=0, launch="L").status == "shard_done"
     assert _stream(setup, url, shards=2, shard=1, launch="L").status == "complete"
-    got = open_store(url).load("r", "dla", lazy=False)
-    want = open_store(pristine).load("r", "dla", lazy=False)
-    for v in want:
-        np.testing.assert_array_equal(got[v].values, want[v].values, err_msg=v)
+    assert_same_dla(url, pristine)

@@ -17,33 +17,28 @@ from reward_lens_spec.models.load_report import CONFIG_LOGGER, LOGGER, held_repo
 from reward_lens_spec.models.loading import load_model
 from reward_lens_spec.models.tiny_tokenizer import build_tiny_tokenizer
 from reward_lens_spec.spec import ModelSpec
+from test_model_loading_guard import headless  # noqa: F401  (a module-scoped fixture)
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory):
+def folders(headless, tmp_path_factory):
+    """``test_model_loading_guard``'s head-less checkpoints (a causal LM with its own ``lm_head``, a base model),
+    a classifier with one output, and the causal LM with a reward head stored under another name."""
     import transformers as tf
     from safetensors.torch import load_file, save_file
 
     root = tmp_path_factory.mktemp("report")
-    tok = build_tiny_tokenizer()
-    cfg = tf.LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
-                         pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
-    out = {}
-    for kind, cls, labels in (("causal", tf.LlamaForCausalLM, None), ("base", tf.LlamaModel, None),
-                              ("rm1", tf.LlamaForSequenceClassification, 1)):
-        torch.manual_seed(0)
-        c = tf.LlamaConfig(**{**cfg.to_dict(), **({"num_labels": labels} if labels else {})})
-        cls(c).save_pretrained(root / kind)
-        tok.save_pretrained(root / kind)
-        out[kind] = root / kind
-    extra = root / "extra"                   # a causal LM whose reward head was stored under another name
-    shutil.copytree(out["causal"], extra)
+    config = tf.AutoConfig.from_pretrained(headless["causal"])
+    torch.manual_seed(0)
+    tf.LlamaForSequenceClassification(tf.LlamaConfig(**{**config.to_dict(), "num_labels": 1})).save_pretrained(
+        root / "rm1")
+    build_tiny_tokenizer().save_pretrained(root / "rm1")
+    extra = root / "extra"
+    shutil.copytree(headless["causal"], extra)
     weights = load_file(extra / "model.safetensors")
-    weights["v_head.weight"] = torch.zeros(1, 32)
+    weights["v_head.weight"] = torch.zeros(1, config.hidden_size)
     save_file(weights, extra / "model.safetensors", metadata={"format": "pt"})
-    out["extra"] = extra
-    return out
+    return {**headless, "rm1": root / "rm1", "extra": extra}
 
 
 def _load(folder, **kw):

@@ -39,7 +39,7 @@ from omegaconf import OmegaConf
 
 from ..config_rules import TRUE_WORDS, check_tree, check_values
 from ..config_sources import override_values
-from ..errors import SpecError, did_you_mean
+from ..errors import SpecError, schema_error
 from ..paths import find_config, group_options
 from ..spec import ModelSpec, default_model_name
 from ..admission import FLAGS, Admission, flag_error, stamp, stamp_of
@@ -119,13 +119,8 @@ def _build(raw: dict, key: str, where: str) -> ModelSpec:
     try:
         obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelSpec), raw))
     except Exception as exc:
-        bad, names = str(getattr(exc, "key", "") or ""), [f.name for f in dataclasses.fields(ModelSpec)]
-        if bad in names:                     # a bad value of a known key: name the key, no "did you mean" it
-            raise SpecError(f"{key}.{bad}", f"{where} is not a valid model config: {str(exc).splitlines()[0]}.",
-                            fix=f"give {bad} a value of its type in {where} (docs/models.md).") from None
-        hint = did_you_mean(bad, names) if bad else ""
-        raise SpecError(key, f"{where} is not a valid model config: {str(exc).splitlines()[0]}.{hint}",
-                        fix=_FIX_REF) from None
+        raise schema_error(key, f"{where} is not a valid model config", exc,
+                           [f.name for f in dataclasses.fields(ModelSpec)], fix=_FIX_REF) from None
     return obj
 
 
