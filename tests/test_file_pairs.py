@@ -11,15 +11,18 @@ everything the run records, its pairs re-read (and checked against their bytes) 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import random
 import warnings
 from dataclasses import replace
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from reward_lens_spec.data import dataset_checksum, effective_sample_size, load_pairs
+from reward_lens_spec.data.checksum import checksum_of_digests
 from reward_lens_spec.data.file_pairs import FilePairs
 from reward_lens_spec.errors import SpecError
 from tests.numbered_pairs import held_by_a_run
@@ -128,6 +131,20 @@ def test_a_file_edited_mid_run_stops_the_command_line_in_one_line(tmp_path, monk
     assert not list((tmp_path / "s.zarr").glob("runs/*/*")) if (tmp_path / "s.zarr").exists() else True
 
 
+
+
+@pytest.mark.parametrize("n", [0, 1, 6, 7, 8, 23])
+def test_the_checksum_hashed_a_block_at_a_time_is_the_one_of_the_whole_text(n):
+    """``checksum_of_digests`` in blocks of 7 lines against the definition written out: sha256 of the sorted
+    lowercase hex digests joined by newlines. Digests ending in zero bytes (which ``S32`` elements drop on
+    access) and repeats included; block edges at 0, 1, 7, 8 and more lines."""
+    rnd = random.Random(n)
+    digests = [bytes(rnd.randrange(256) for _ in range(32)) for _ in range(n)]
+    if n > 2:
+        digests[1] = digests[1][:29] + b"\0\0\0"
+        digests[2] = digests[0]
+    naive = hashlib.sha256("\n".join(sorted(d.hex() for d in digests)).encode("ascii")).hexdigest()
+    assert checksum_of_digests(np.array(digests, dtype="S32") if digests else np.zeros(0, "S32"), block=7) == naive
 
 
 def test_the_state_a_run_holds_grows_by_a_bounded_number_of_bytes_per_pair(tmp_path):

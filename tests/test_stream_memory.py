@@ -219,3 +219,41 @@ def test_trim_heap_asks_glibc_where_there_is_one():
 
     from reward_lens_spec.run.heap import trim_heap
     assert trim_heap() is (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
+
+
+def test_the_skeletons_labels_store_the_bytes_the_decoded_labels_store():
+    """``new_labels`` (text labels decoded from the run's UTF-8 bytes to ``StringDType``, no index) stores every
+    key byte for byte as ``label_dataset`` of the labels decoded to Python strings did: ASCII, non-ASCII and
+    empty ids, and a plain ``pair_coords`` dict."""
+    import asyncio
+
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.storage import MemoryStore
+
+    from reward_lens_spec.context import PairLabels
+    from reward_lens_spec.run.stream_arrays import _decoded_once, _labels_of, new_labels
+    from reward_lens_spec.store.groups import label_dataset
+    from reward_lens_spec.store.zarr_io import write_new_groups
+
+    def stored(ds):
+        zs, out = MemoryStore(), {}
+        write_new_groups(zs, {"obs": ds}, {})
+
+        async def read():
+            async for k in zs.list():
+                out[k] = (await zs.get(k, prototype=default_buffer_prototype())).to_bytes()
+        asyncio.run(read())
+        return out
+
+    cases = ([f"q{i}" for i in range(40)], [f"é{i}·π" if i % 3 else "" for i in range(40)])
+    for ids in cases:
+        text = {"pair": np.array([s.encode("utf-8", "surrogatepass") for s in ids]),
+                "dimension": np.array([("chat" if i % 2 else "").encode() for i in range(40)]),
+                "prompt_id": np.array([f"{i * 7919:012x}".encode() for i in range(40)])}
+        labels = PairLabels(text, {k: max(1, max(len(x.decode("utf-8", "surrogatepass")) for x in v))
+                                   for k, v in text.items()}, {"duplicate": np.arange(40) % 4 == 0})
+        [(_, _, coords)] = _decoded_once([("obs", {}, labels)])
+        want = stored(label_dataset(coords["pair"], _labels_of(coords), direct=True))
+        assert len(want) == 10          # the group, and each of 4 labels: its document and one chunk
+        for given in (labels, dict(labels)):
+            assert stored(new_labels(given)) == want

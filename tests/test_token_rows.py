@@ -131,3 +131,24 @@ def test_a_run_holds_its_token_ids_in_a_file_above_the_spill_size(monkeypatch):
 
 
 PER_PAIR = 60
+
+
+@pytest.mark.parametrize("spill", [None, 0, 20, 60])
+def test_rows_built_part_by_part_are_the_joined_parts_and_a_wider_part_widens_the_file(spill):
+    """``RowsBuilder``: the rows of every part in order, whether they stay in memory (no spill size reached) or
+    go to the file part by part, where an ``int32`` part after ``uint16`` ones (ids past 65,535) rewrites the
+    file wider and every earlier id keeps its value. Past the spill size no part is held in memory."""
+    from reward_lens_spec.models.token_rows import RowsBuilder, _FileTokens
+
+    parts = [[[(11 * i + j) % 300 for j in range(i % 4)] for i in range(k, k + 5)] for k in range(0, 30, 5)]
+    parts[3] = [[70000 + i, 5] for i in range(5)]                       # the fourth part needs int32
+    b = RowsBuilder(10 ** 9 if spill is None else spill)
+    for p in parts:
+        b.append(TokenRows(p))
+    rows = b.rows()
+    everything = [r for p in parts for r in p]
+    assert rows == everything and list(rows) == everything and rows.lengths().tolist() == [len(r) for r in everything]
+    assert isinstance(rows._flat, _FileTokens) == (spill is not None)
+    if spill is not None:
+        assert b._parts == [] and rows._flat.dtype == np.int32 and rows[15:20] == everything[15:20]
+        assert rows.nbytes == 8 * (len(everything) + 1)                 # only the offsets in memory

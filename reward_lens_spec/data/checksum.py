@@ -16,6 +16,8 @@ import json
 import unicodedata
 from typing import Any, Iterable, Mapping
 
+import numpy as np
+
 CHECKSUM_FIELDS = ("prompt", "prompt_rejected", "chosen", "rejected", "dimension")
 LABEL_META = ("group", "agreement", "votes", "step_labels")   # meta keys that count (see pair_hash)
 
@@ -67,6 +69,23 @@ def dataset_checksum(pairs: Iterable[Any]) -> str:
     """
     hashes = sorted(pair_hash(p) for p in pairs)
     return hashlib.sha256("\n".join(hashes).encode("ascii")).hexdigest()
+
+
+_HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
+
+
+def checksum_of_digests(digests: np.ndarray, block: int = 8192) -> str:
+    """``dataset_checksum`` from the pairs' raw sha256 digests (``S32``, dims ``pair``, any order): the same
+    text (sorted lowercase hex, one per line) hashed ``block`` lines at a time, so ~65 bytes a line of it are
+    never held at once (100,000 pairs: ~18 MB of text and line strings otherwise)."""
+    raw = np.sort(np.asarray(digests, dtype="S32")).view(np.uint8).reshape(-1, 32)
+    text = hashlib.sha256()
+    for a in range(0, len(raw), block):
+        part = raw[a:a + block]
+        lines = np.empty((len(part), 65), np.uint8)
+        lines[:, 0:64:2], lines[:, 1:64:2], lines[:, 64] = _HEX[part >> 4], _HEX[part & 15], ord("\n")
+        text.update(memoryview(lines).cast("B")[:-1] if a + block >= len(raw) else lines)
+    return text.hexdigest()
 
 
 def prompt_cluster_key(prompt: str | None) -> str:

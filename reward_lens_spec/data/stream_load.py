@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SpecError
-from .checksum import normalize, pair_hash, prompt_cluster_key
+from .checksum import checksum_of_digests, normalize, pair_hash, prompt_cluster_key
 from .file_pairs import FilePairs, concat, id_array, line_digest, row_digest
 from .files import jsonl_row
 from .pairs import FLAG_REASONS, PairSet
@@ -101,11 +101,12 @@ def load_streamed(resolved: Path, convert, name: str, limit, wanted, chat_templa
         raise SpecError("dataset.path", f"cannot read {resolved}: {e}.",
                         fix="check the file's permissions and compression.") from None
     flush()
-    col = {k: concat(v, None) for k, v in blocks.items() if k != "ids"}
+    given = [i for part in blocks.pop("ids") for i in part]
+    col = {k: concat(blocks.pop(k), None) for k in list(blocks)}      # each block list let go as it is joined
     if not record:
         raise SpecError("dataset.path", f"{label} holds no pairs.",
                         fix="point dataset.path at a file with one JSON object per line.")
-    pair_ids = final_ids([i for part in blocks["ids"] for i in part], col["hash"], col["gen"])
+    pair_ids = final_ids(given, col["hash"], col["gen"])
     check_unique(pair_ids, col["off"], resolved)
     keep = np.ones(record, bool)
     if wanted is not None:
@@ -132,14 +133,13 @@ def load_streamed(resolved: Path, convert, name: str, limit, wanted, chat_templa
     if shape != "stepwise":
         flags["identical_sides"] = [pair_ids[k] for k in kept[col["same"][kept]]]
     flags["empty_response"] = [pair_ids[k] for k in kept[col["empty"][kept]]]
-    hashes = np.sort(col["hash"][kept]).tobytes().hex()
-    checksum = hashlib.sha256("\n".join(hashes[i:i + 64] for i in range(0, len(hashes), 64)).encode("ascii"))
+    checksum = checksum_of_digests(col.pop("hash")[kept])
     conversational = shape in CONVERSATIONAL
     ids_kept = id_array([pair_ids[k] for k in kept])
     del pair_ids
     pairs = FilePairs(resolved, label, col["off"][kept], col["len"][kept], col["dig"][kept], col["rec"][kept],
                       ids_kept, convert)
-    return PairSet(name=name, pairs=pairs, checksum=checksum.hexdigest(),
+    return PairSet(name=name, pairs=pairs, checksum=checksum,
                    n_unique=int(np.unique(col["tri"][kept]).size), n_prompt_clusters=int(np.unique(col["clu"][kept]).size),
                    flags=flags, source_file={"name": resolved.name, "bytes": size, "sha256": file_hash.hexdigest()},
                    shape=shape, chat_template=chat_template if conversational else None,

@@ -46,7 +46,7 @@ import numpy as np
 
 from ..errors import CaptureError, SpecError
 from . import token_rows
-from .token_rows import TokenRows
+from .token_rows import RowsBuilder, TokenRows
 import json
 
 FORMATS = ("plain", "chat_template", "messages")
@@ -238,13 +238,6 @@ def _encode_slice(tokenizer, pairs, fmt, template, max_length, bos_id, model_nam
     return raw
 
 
-def _held(rows: TokenRows) -> TokenRows:
-    """``rows`` as a run holds them: their tokens in a temporary file when they hold more than
-    ``token_rows.SPILL_BYTES`` (a chunk reads its own: a run's memory no longer grows by 2 bytes a token with
-    the pairs), else in memory."""
-    return rows.spilled() if rows.nbytes > token_rows.SPILL_BYTES else rows
-
-
 def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
                  template: str = "User: {prompt}\nAssistant: {response}", max_length: int = 512,
                  model_name: str = "model", truncated_responses: str = "exclude") -> EncodedPairs:
@@ -271,7 +264,7 @@ def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
     pairs = pairs if isinstance(pairs, Sequence) else list(pairs)    # sliced below: never all held as objects
     bos_seen: set[int] = set()
     ids_out: list[str] = []
-    chosen, rejected = [], []            # TokenRows per slice of pairs: no list of every pair's ids is built
+    chosen, rejected = (RowsBuilder(token_rows.SPILL_BYTES) for _ in range(2))   # per slice; no list of every pair's ids
     identical: list[str] = []
     resp_cut: list[str] = []
     prompt_cut: list[str] = []
@@ -322,7 +315,7 @@ def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
         warnings.warn(f"model {model_name!r}: {len(resp_cut)} pair(s) do not fit max_length={max_length} even "
                       f"without their prompt, so their response start was cut ({resp_cut[:5]}); {what}. Fix: "
                       "raise model.max_length (up to the model's position limit).", stacklevel=2)
-    chosen, rejected = (_held(TokenRows.concat(side)) for side in (chosen, rejected))
+    chosen, rejected = chosen.rows(), rejected.rows()
     return EncodedPairs(pair_ids=ids_out, chosen=chosen, rejected=rejected,
                         excluded={"identical_after_truncation": identical, "response_truncated": dropped_cut},
                         n_truncated=n_trunc, bos_count=bos, max_length=max_length, fmt=fmt,

@@ -42,16 +42,35 @@ def compact(flat: np.ndarray) -> np.ndarray:
 
 
 class _FileTokens:
-    """A flat token array in an unlinked temporary file: ``[a:b]`` (step 1) reads those tokens into a new array."""
+    """A flat token array in an unlinked temporary file, written by ``append``: ``[a:b]`` (step 1) reads those
+    tokens into a new array. A part wider than the file's ``dtype`` (an ``int32`` slice after ``uint16`` ones)
+    widens the file first, so every token keeps its value."""
 
     __slots__ = ("_file", "_lock", "dtype", "size")
 
-    def __init__(self, flat: np.ndarray):
+    def __init__(self, flat: np.ndarray | None = None):
         self._file = tempfile.TemporaryFile()
-        flat.tofile(self._file)
-        self._file.flush()
         self._lock = threading.Lock()
-        self.dtype, self.size = flat.dtype, int(flat.size)
+        self.dtype, self.size = np.dtype(np.uint16), 0
+        if flat is not None:
+            self.append(flat)
+
+    def append(self, flat: np.ndarray) -> None:
+        if np.promote_types(self.dtype, flat.dtype) != self.dtype:
+            self._widen(np.promote_types(self.dtype, flat.dtype))
+        self._file.seek(self.size * self.itemsize)
+        flat.astype(self.dtype, copy=False).tofile(self._file)
+        self._file.flush()
+        self.size += int(flat.size)
+
+    def _widen(self, dtype) -> None:
+        old, size, was = self._file, self.size, self.dtype
+        self._file, self.dtype, self.size = tempfile.TemporaryFile(), np.dtype(dtype), 0
+        step = READ_ROWS * 256
+        for a in range(0, size, step):
+            old.seek(a * was.itemsize)
+            self.append(np.fromfile(old, was, count=min(step, size - a)))
+        old.close()
 
     @property
     def itemsize(self) -> int:
@@ -66,6 +85,38 @@ class _FileTokens:
         if got != out.nbytes:
             raise OSError(f"token file: read {got} of {out.nbytes} bytes")
         return out
+
+
+class RowsBuilder:
+    """``TokenRows`` built part by part (``append`` a ``TokenRows`` per slice of a dataset; ``rows()`` the whole):
+    once the parts pass ``spill_bytes`` of tokens, they and every later part go to a temporary file as they come
+    (``_FileTokens``), so a dataset's tokens are never held twice, as parts and joined (``TokenRows.concat``).
+    ``rows()`` is what ``TokenRows.concat(parts)`` gives, spilled (``TokenRows.spilled``) above the size."""
+
+    def __init__(self, spill_bytes: int):
+        self._spill, self._parts, self._lengths, self._file, self._bytes = spill_bytes, [], [], None, 0
+
+    def append(self, part: "TokenRows") -> None:
+        self._lengths.append(part.lengths())
+        flat = part._flat[part._off[0]:part._off[-1]]
+        if self._file is not None:
+            self._file.append(flat)
+            return
+        self._parts.append(part)
+        self._bytes += flat.nbytes
+        if self._bytes > self._spill:
+            self._file = _FileTokens()
+            for held in self._parts:
+                self._file.append(held._flat[held._off[0]:held._off[-1]])
+            self._parts = []
+
+    def rows(self) -> "TokenRows":
+        if self._file is None:
+            return TokenRows.concat(self._parts)
+        lengths = np.concatenate(self._lengths)
+        off = np.zeros(lengths.size + 1, np.int64)
+        np.cumsum(lengths, out=off[1:])
+        return TokenRows._view(self._file, off)
 
 
 class TokenRows(Sequence):

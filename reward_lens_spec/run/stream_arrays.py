@@ -22,7 +22,7 @@ import pandas as pd
 import xarray as xr
 from xarray.indexes import PandasIndex
 
-from ..arrays import data_array
+from ..arrays import bytes_index, data_array
 from ..errors import StoreError
 from ..store.digest import values_digest
 from ..store.groups import (VARIABLES, WRITE_KW, group_labels, label_dataset, set_group_attrs, variable_dataset,
@@ -112,20 +112,19 @@ def ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skeleto
         mode = "w-" if att.generation(marker) == 0 else "a"
         zs = att.zstore(marker)
         wrote = filled and mode == "w-"
-        groups = _decoded_once(groups)
-        made = {group: _skeleton(res, pair_coords, n, size, run_names, wrote) for group, res, pair_coords in groups}
+        made = {group: _skeleton(res, n, size, run_names, wrote) for group, res, _ in groups}
         if mode == "w-":        # every group and array in one concurrent pass (store.zarr_io), fenced per key
             att.fence(marker)
             first, shared = {}, {}        # one labels Dataset per distinct labels: encoded once (zarr_io.stage)
             for group, _, pair_coords in [g for g in groups if g[0] in labels]:
-                if id(pair_coords) not in shared:             # (strings made portable as written)
-                    shared[id(pair_coords)] = label_dataset(pair_coords["pair"], _labels_of(pair_coords), direct=True)
+                if id(pair_coords) not in shared:
+                    shared[id(pair_coords)] = new_labels(pair_coords)
                 first[group] = shared[id(pair_coords)]
             write_new_groups(zs, first, {f"{group}/{name}": with_checksum(tmpl.to_dataset(name=name).copy(deep=False))
                                          for group, tmpls in made.items() for name, tmpl in tmpls.items()},
                              staged=staged if wrote else None)
         else:
-            for group, res, pair_coords in groups:
+            for group, res, pair_coords in _decoded_once(groups):
                 att.fence(marker)
                 if group in labels:
                     write_labels(zs, group, pair_coords["pair"], _labels_of(pair_coords), mode=mode)
@@ -156,6 +155,31 @@ def _decoded_once(groups) -> list:
     return out
 
 
+def new_labels(pair_coords) -> xr.Dataset:
+    """The run's pair labels as the coords-only Dataset ``zarr_io.write_new_groups`` stores in the labels group:
+    from a ``context.PairLabels`` each text label as numpy's ``StringDType`` decoded straight from its UTF-8 bytes
+    (no Python string per pair) and no pandas index (a writer needs none: ~18 MB less transient at 100,000 pairs,
+    issue 40 item 5); the same stored bytes as ``label_dataset`` of the decoded labels (``_decoded_once``), which
+    any other ``pair_coords``, or numpy without ``StringDType``, goes through."""
+    sdt, raw = getattr(np.dtypes, "StringDType", None), getattr(pair_coords, "raw", None)
+    if sdt is None or raw is None or next(iter(pair_coords), None) != "pair":
+        [(_, _, d)] = _decoded_once([(None, None, pair_coords)])
+        return label_dataset(d["pair"], _labels_of(d), direct=True)
+    variables = {}
+    for k in pair_coords:
+        b, v = raw(k), None
+        if b is not None:
+            try:
+                v = b.astype(sdt())                 # numpy decodes the UTF-8 bytes
+            except UnicodeDecodeError:              # (a lone surrogate): decoded as the run decodes it
+                v = None
+        if v is None:
+            x = pair_coords[k] if k == "pair" else pair_coords[k][1]
+            v = vlen_strings(x) if x.dtype.kind == "U" else x
+        variables[k] = xr.Variable(("pair",), v)
+    return with_checksum(xr.Dataset(coords=xr.Coordinates(variables, indexes={})))
+
+
 def run_labels(pair_coords) -> xr.Dataset:
     """The run's pair labels (``pair_coords``: ``RunContext.pair_coords``, e.g. a ``context.PairLabels``) as the
     coords-only Dataset ``store.groups.group_labels`` reads back from a group the skeleton wrote them to: the same
@@ -164,7 +188,7 @@ def run_labels(pair_coords) -> xr.Dataset:
     ``PairLabels``'s UTF-8 bytes the ids' index is an Arrow string array made from those bytes, not through a
     Python string per id (pandas' own ``str`` dtype, as it indexes the strings zarr reads)."""
     raw = getattr(pair_coords, "raw", None)
-    fast = _bytes_index(raw("pair")) if raw is not None else None
+    fast = bytes_index(raw("pair")) if raw is not None else None
     coords = {}
     for k in pair_coords:
         b = raw(k) if fast is not None and k != "pair" else None
@@ -185,30 +209,6 @@ def run_labels(pair_coords) -> xr.Dataset:
     return xr.Dataset(coords=xr.Coordinates(index.create_variables(), {"pair": index})).assign_coords(coords)
 
 
-def _bytes_index(raw) -> pd.Index | None:
-    """The ``pair`` index of fixed-width UTF-8 bytes ``raw`` (trailing NULs not part of a value), in pandas'
-    ``str`` dtype over an Arrow string array built from the bytes; None where that is not how pandas holds
-    strings (no pyarrow, numpy < 2) or the bytes are not valid UTF-8 (the caller decodes them)."""
-    dtype = pd.Index(np.array(["a"])).dtype
-    if raw is None or getattr(dtype, "storage", None) != "pyarrow" or not hasattr(np.dtypes, "StringDType"):
-        return None
-    import pyarrow as pa
-
-    n, w = len(raw), raw.dtype.itemsize
-    u8 = raw.view(np.uint8).reshape(n, w)
-    nz = u8 != 0
-    lengths = np.where(nz.any(axis=1), w - np.argmax(nz[:, ::-1], axis=1), 0)
-    offsets = np.zeros(n + 1, np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    data = u8[np.arange(w) < lengths[:, None]]                 # each row's bytes, concatenated in order
-    try:
-        arr = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
-        arr = arr.cast(pa.string())                              # validates the UTF-8
-    except pa.ArrowInvalid:
-        return None
-    return pd.Index(pd.array(arr, dtype=dtype), name="pair", copy=False)
-
-
 def _vlen_label(v):
     """A ``("pair", fixed-width unicode)`` label as ``("pair", vlen_strings(...))``; any other label as it is."""
     if isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], np.ndarray) and v[1].dtype.kind == "U":
@@ -220,7 +220,7 @@ def _labels_of(pair_coords) -> dict:
     return {k: c for k, c in pair_coords.items() if k != "pair"}
 
 
-def _skeleton(res, pair_coords, n, size, run_names, filled=False) -> dict:
+def _skeleton(res, n, size, run_names, filled=False) -> dict:
     """``{name: template}``: each variable of one chunk's ``res`` as a dask-zeros DataArray of the run's full
     pair length (zarr chunks = the run's chunks) with its own coords but the ``pair`` ids (the group's labels hold
     them: a reader gives them back, ``store.groups.open_variable``), the operator's own per-pair coords (dask

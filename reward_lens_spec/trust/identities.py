@@ -58,6 +58,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from ..arrays import str_index
 from .certificate import certificate_gap
 from ..kinds.prm.steps import aggregate
 
@@ -69,9 +70,9 @@ def _margin(logits: np.ndarray, pair_ids, objectives) -> tuple[xr.DataArray, flo
     m = lg[:, 0] - lg[:, 1]
     reward_rms = float(np.sqrt(np.mean(lg ** 2))) if lg.size else 0.0
     if m.shape[-1] == 1:
-        return xr.DataArray(m[:, 0], dims=("pair",), coords={"pair": list(pair_ids)}), reward_rms
+        return xr.DataArray(m[:, 0], dims=("pair",), coords={"pair": str_index(pair_ids)}), reward_rms
     return xr.DataArray(m, dims=("pair", "objective"),
-                        coords={"pair": list(pair_ids), "objective": list(objectives)}), reward_rms
+                        coords={"pair": str_index(pair_ids), "objective": list(objectives)}), reward_rms
 
 
 def identity_record(var, what, err: xr.DataArray, margin: xr.DataArray, reward_rms, dtype) -> dict | None:
@@ -102,7 +103,7 @@ def claims_reward(name: str, da: xr.DataArray) -> str | None:
 
 def _rewards(logits, pair_ids, objectives) -> xr.DataArray:
     lg = np.asarray(logits, np.float64)
-    dims, coords = ("pair", "side"), {"pair": list(pair_ids), "side": ["chosen", "rejected"]}
+    dims, coords = ("pair", "side"), {"pair": str_index(pair_ids), "side": ["chosen", "rejected"]}
     if lg.shape[-1] == 1:
         return xr.DataArray(lg[..., 0], dims=dims, coords=coords)
     return xr.DataArray(lg, dims=dims + ("objective",), coords={**coords, "objective": list(objectives)})
