@@ -61,11 +61,13 @@ def str_index(values, name: str = "pair"):
     encodes (a lone surrogate), the list itself, which ``xr.DataArray`` indexes as before."""
     values = list(values)
     try:
-        encoded = [v.encode("utf-8") for v in values]
-    except (AttributeError, UnicodeError):
+        data = "".join(values).encode("utf-8")
+    except (TypeError, UnicodeError):
         return values
-    lengths = np.fromiter(map(len, encoded), np.int64, count=len(encoded))
-    idx = _utf8_index(lengths, np.frombuffer(b"".join(encoded), np.uint8), name)
+    lengths = np.fromiter(map(len, values), np.int64, count=len(values))
+    if int(lengths.sum()) != len(data):          # not all ASCII: each value's length in UTF-8 bytes
+        lengths = np.fromiter((len(v.encode("utf-8")) for v in values), np.int64, count=len(values))
+    idx = _utf8_index(lengths, np.frombuffer(data, np.uint8), name)
     return values if idx is None else idx
 
 

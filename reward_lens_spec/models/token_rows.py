@@ -13,8 +13,9 @@ rows, and ``a + b`` is the list of both's rows. Token ids must fit ``int32`` (ev
 does); a negative or larger id is a ``ValueError``.
 
 ``rows.spilled()``: the same rows with the flat array in an unlinked temporary file (only the offsets, 8 bytes a
-row, stay in memory), for a run's whole dataset (``models.formatting.encode_pairs`` spills above
-``SPILL_BYTES``): ``rows[a:b]`` (a chunk) then reads its tokens into an in-memory ``TokenRows``, ``rows[i]``
+row, stay in memory), for a run's whole dataset (``models.formatting.encode_pairs`` builds it slice by slice with
+``RowsBuilder``, which moves the tokens to the file part by part once they pass ``SPILL_BYTES``, so they are never
+held twice): ``rows[a:b]`` (a chunk) then reads its tokens into an in-memory ``TokenRows``, ``rows[i]``
 one row, iteration ``READ_ROWS`` rows at a time; every value read is the one the in-memory rows give. Reads are
 explicit (no memory map), so a pass over every token (the run's digest) does not leave the file's pages in the
 process's resident memory (benchmarks/results.md §25).

@@ -139,10 +139,9 @@ def ensure_skeleton(att, role, b, groups, n, size, run_names, *, marker="skeleto
 
 def _decoded_once(groups) -> list:
     """``groups`` with each distinct ``pair_coords`` (a ``context.PairLabels`` decodes its labels anew on every
-    access) decoded once: the ``pair`` ids as one object-dtype ``pandas.Index`` every template shares (pandas
-    would otherwise build an index of its own string dtype per template, re-materialising every id on each
-    read), the other labels as arrays (text as ``store.zarr_io.vlen_strings``: the same stored bytes as
-    fixed-width unicode, a third of its memory for short labels): per-pair strings are held once, not once per variable."""
+    access) decoded once, for a writer taking over a skeleton (``write_labels``) and ``new_labels``' fallback:
+    the ``pair`` ids as one object-dtype ``pandas.Index``, the other labels as arrays (text as
+    ``store.zarr_io.vlen_strings``: the same stored bytes as fixed-width unicode, a third of its memory)."""
     done = {}
     out = []
     for group, res, pair_coords in groups:
