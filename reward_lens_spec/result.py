@@ -45,10 +45,10 @@ class Result(Mapping):
     def __getitem__(self, name):
         if name in self._vars:
             return self._vars[name]
-        coords = self.coords
-        if name in coords:
-            return coords[name]
         holders = [k for k, v in self._vars.items() if name in v.coords]
+        coords = self.coords if holders else {}      # a name no variable holds: no agreement computed (comparing
+        if name in coords:                           # every coord's values, e.g. 100,000 pair ids, per variable)
+            return coords[name]
         if holders:
             raise KeyError(f"coordinate {name!r} differs between variables ({', '.join(holders)}): each has the "
                            f"values it really has. Fix: read it from one, e.g. res[{holders[0]!r}][{name!r}].")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 
 import numpy as np
+import pytest
 import xarray as xr
 
 from reward_lens_spec.result import Result
@@ -30,3 +31,23 @@ def test_load_holds_every_value_after_the_store_is_gone(tmp_path):
         np.testing.assert_array_equal(v.values, ds[var].values)
         for c in v.coords:
             np.testing.assert_array_equal(v.coords[c].values, ds.coords[c].values)
+
+
+def test_a_name_no_variable_holds_is_missing_without_comparing_coords(monkeypatch):
+    """``res.get(name)`` / ``name in``-style lookups of an absent output (the identities ask for ``patch_restored``
+    on every run) raise ``KeyError`` at once: the coords' agreement, which compares every variable's labels value by
+    value (100,000 pair ids made into Python strings twice over), is computed only for a name some variable holds.
+    A held coord is still given back where the variables agree and refused where they differ."""
+    ids = [f"q{i}" for i in range(5)]
+    a = xr.DataArray(np.zeros(5), dims=("pair",), coords={"pair": list(ids), "w": ("pair", np.arange(5))})
+    b = xr.DataArray(np.ones(5), dims=("pair",), coords={"pair": list(ids), "w": ("pair", np.arange(5) + 1)})
+    res = Result({"a": a, "b": b})
+    calls = []
+    real = xr.Variable.identical
+    monkeypatch.setattr(xr.Variable, "identical", lambda self, other: calls.append(1) or real(self, other))
+    assert res.get("patch_restored") is None and calls == []
+    with pytest.raises(KeyError, match="no variable 'patch_restored'"):
+        res["patch_restored"]
+    assert calls == [] and list(res["pair"].values) == ids and calls
+    with pytest.raises(KeyError, match="differs between variables"):
+        res["w"]

@@ -25,6 +25,7 @@ import itertools
 import math
 
 import numpy as np
+import xarray as xr
 
 from reward_lens_spec.errors import StoreError
 
@@ -108,20 +109,46 @@ def variable_digest(da, chunks=None, seen: dict | None = None) -> dict:
     """``{dtype, shape, chunks, blocks, coords}`` of one DataArray (read block by block if lazy). ``seen``: a
     memo of coord digests (``result_digests``: the pair labels its variables share are digested once)."""
     chunks = tuple(chunks or chunk_shape(da))
-    data = da.data
-    blocks = []
-    for sl in grid(da.shape, chunks):
-        block = data[sl]
-        blocks.append(values_digest(np.asarray(block.compute() if hasattr(block, "compute") else block)))
+    blocks = _block_digests(da.data, tuple(da.shape), chunks)
     return {"dtype": "str" if is_str(da.dtype) else str(np.dtype(da.dtype)),
             "shape": list(da.shape), "chunks": list(chunks), "blocks": blocks,
-            "coords": {str(k): _coord_digest(str(k), c.values, seen) for k, c in da.coords.variables.items()}}
+            "coords": {str(k): _coord_digest(str(k), c, seen) for k, c in da.coords.variables.items()}}
 
 
-def _coord_digest(name: str, values: np.ndarray, seen: dict | None) -> str:
-    """``values_digest(values)``, memoised in ``seen`` by coord name, dtype and shape for values whose
-    equality means equal bytes (strings with no NA, bools, ints; not floats: -0.0 == 0.0)."""
-    a = np.asarray(values)
+def _block_digests(data, shape: tuple, chunks: tuple) -> list[str]:
+    """``values_digest`` of every block of the grid ``chunks`` over ``data``, in C order of the grid. A dask array
+    whose blocks each hold whole grid blocks (every block edge but the array's end on a multiple of ``chunks``:
+    e.g. a completion's read, several zarr chunks a task) is computed one dask block at a time and each cut into
+    its grid blocks: every value read once. Any other array is sliced grid block by grid block."""
+    dask_chunks = getattr(data, "chunks", None) if hasattr(data, "blocks") else None
+    if dask_chunks is None or all(len(dc) == 1 for dc in dask_chunks) or \
+            any(any(n % max(c, 1) for n in dc[:-1]) for dc, c in zip(dask_chunks, chunks)):
+        out = []
+        for sl in grid(shape, chunks):
+            block = data[sl]
+            out.append(values_digest(np.asarray(block.compute() if hasattr(block, "compute") else block)))
+        return out
+    nb = [len(range(0, max(n, 1), max(c, 1))) if n else 1 for n, c in zip(shape, chunks)]
+    starts = [np.concatenate([[0], np.cumsum(dc)[:-1]]).astype(int) for dc in dask_chunks]
+    found: dict[int, str] = {}
+    for idx in itertools.product(*(range(len(dc)) for dc in dask_chunks)):
+        block = np.asarray(data.blocks[idx].compute())
+        origin = [int(st[i]) for st, i in zip(starts, idx)]
+        for sl in grid(block.shape, chunks):
+            at = tuple((o + s.start) // max(c, 1) for o, s, c in zip(origin, sl, chunks))
+            found[int(np.ravel_multi_index(at, nb))] = values_digest(block[sl])
+    return [found[i] for i in range(math.prod(nb))]
+
+
+def _coord_digest(name: str, coord, seen: dict | None) -> str:
+    """``values_digest`` of a coord (a Variable), memoised in ``seen`` by coord name, dtype and shape for values
+    whose equality means equal bytes (strings with no NA, bools, ints; not floats: -0.0 == 0.0). An index of
+    Arrow strings (the run's ``pair`` ids) is digested from its buffers (``arrow_strings_digest``, vectorised):
+    its values are never made into one Python string each (~7 MB at 100,000 ids)."""
+    h = arrow_strings_digest(coord.to_index()) if isinstance(coord, xr.IndexVariable) else None
+    if h is not None:
+        return h
+    a = np.asarray(coord.values)
     if seen is None or a.dtype.kind not in "biuUST" or hasattr(a.dtype, "na_object"):
         return values_digest(a)
     key = (name, a.dtype.str, a.shape)
@@ -129,6 +156,40 @@ def _coord_digest(name: str, values: np.ndarray, seen: dict | None) -> str:
     if hit is None or not np.array_equal(hit[0], a):
         hit = seen[key] = (a, values_digest(a))
     return hit[1]
+
+
+def arrow_strings_digest(index) -> str | None:
+    """``values_digest`` of a 1-d pandas index or array of strings held in Arrow (pandas' ``str`` dtype over
+    pyarrow), computed from the Arrow offsets and bytes ``STR_SLICE`` strings at a time: the same digest as its
+    values as Python strings (each string's UTF-8 length, 4 bytes little-endian, then its bytes). None for
+    anything else, or one with a missing value (its own marker; the caller digests the values)."""
+    if getattr(getattr(index, "dtype", None), "storage", None) != "pyarrow" or getattr(index, "ndim", 1) != 1:
+        return None
+    import pyarrow as pa
+
+    try:
+        chunked = pa.chunked_array([pa.array(index.array)])      # the index's own Arrow data (no copy)
+    except (TypeError, pa.ArrowException):
+        return None
+    if chunked.null_count or not (pa.types.is_string(chunked.type) or pa.types.is_large_string(chunked.type)):
+        return None
+    h = hashlib.sha256(f"str|{(len(index),)}|".encode())
+    for chunk in chunked.chunks:
+        _, offsets, data = chunk.buffers()
+        wide = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
+        off = np.frombuffer(offsets, wide)[chunk.offset:chunk.offset + len(chunk) + 1].astype(np.int64)
+        raw = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
+        for a in range(0, len(chunk), STR_SLICE):
+            o = off[a:a + STR_SLICE + 1]
+            lengths = np.diff(o)
+            heads = (4 * np.arange(lengths.size) + (o[:-1] - o[0]))[:, None] + np.arange(4)
+            out = np.empty(4 * lengths.size + int(o[-1] - o[0]), np.uint8)
+            body = np.ones(out.size, bool)
+            body[heads.ravel()] = False
+            out[heads.ravel()] = lengths.astype("<u4").view(np.uint8)
+            out[body] = raw[o[0]:o[-1]]
+            h.update(out)
+    return h.hexdigest()[:HEX]
 
 
 def result_digests(res) -> dict:

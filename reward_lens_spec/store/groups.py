@@ -238,7 +238,7 @@ def finish_variable(v: xr.DataArray, coords: dict, name: str, *, lazy, digest: d
             var = xr.Variable(var.dims, verified_dask(var.data, digest, label), attrs=var.attrs,
                               encoding=var.encoding)
         else:
-            var = v.variable.chunk(sizes)
+            var = v.variable.chunk(_coarse(sizes, v.dtype, v.sizes))
     else:
         var = v.variable.load()
         if digest is not None:
@@ -248,6 +248,20 @@ def finish_variable(v: xr.DataArray, coords: dict, name: str, *, lazy, digest: d
     out = data_array(var, coords, name)
     out.encoding = v.encoding
     return out
+
+
+BLOCK_BYTES = 2**18      # a lazily read variable's dask blocks: whole zarr chunks along pair, up to this size
+
+
+def _coarse(sizes: dict, dtype, full: dict) -> dict:
+    """Dask block ``sizes`` of whole zarr chunks (``sizes``) taken several at a time along ``pair``, up to
+    ``BLOCK_BYTES`` a block: a pass over every pair (a completion's summary, digests and identities, a reduce
+    step) then runs tens of tasks, not one per 256-pair chunk, whose graphs were most of its transient memory
+    (issue 40 item 5). Sealed reads keep the sealed grid (``store.digest.verified_dask``)."""
+    if "pair" not in sizes:
+        return sizes
+    chunk = max(1, np.dtype(dtype).itemsize * int(np.prod([max(1, n) for n in sizes.values()])))
+    return {**sizes, "pair": min(max(1, full["pair"]), sizes["pair"] * max(1, BLOCK_BYTES // chunk))}
 
 
 def group_labels(zstore, group: str) -> xr.Dataset:
