@@ -57,7 +57,8 @@ def str_index(values, name: str = "pair"):
     """``values`` (a sequence of ``str``, dims ``pair``) as the index pandas makes of them, in its ``str`` dtype
     over one Arrow string array made from their UTF-8 bytes (``bytes_index``): no object array, no type inference
     over every id and no allocation in Arrow's memory pool, whose first use alone costs ~13 MB of resident memory
-    (mimalloc; issue 40 item 5). Where pandas does not hold strings in Arrow, or a value is not a ``str`` that
+    where it is mimalloc (Arrow's default; the command line sets the C library's, ``cli.ARROW_POOL``; issue 40
+    item 5). Where pandas does not hold strings in Arrow, or a value is not a ``str`` that
     encodes (a lone surrogate), the list itself, which ``xr.DataArray`` indexes as before."""
     values = list(values)
     try:
