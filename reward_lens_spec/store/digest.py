@@ -25,7 +25,6 @@ import itertools
 import math
 
 import numpy as np
-import xarray as xr
 
 from reward_lens_spec.errors import StoreError
 
@@ -145,7 +144,9 @@ def _coord_digest(name: str, coord, seen: dict | None) -> str:
     whose equality means equal bytes (strings with no NA, bools, ints; not floats: -0.0 == 0.0). An index of
     Arrow strings (the run's ``pair`` ids) is digested from its buffers (``arrow_strings_digest``, vectorised):
     its values are never made into one Python string each (~7 MB at 100,000 ids)."""
-    h = arrow_strings_digest(coord.to_index()) if isinstance(coord, xr.IndexVariable) else None
+    from xarray import IndexVariable        # (loaded already where a coord exists; not on a rerun's import path)
+
+    h = arrow_strings_digest(coord.to_index()) if isinstance(coord, IndexVariable) else None
     if h is not None:
         return h
     a = np.asarray(coord.values)
