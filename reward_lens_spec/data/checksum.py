@@ -67,8 +67,7 @@ def dataset_checksum(pairs: Iterable[Any]) -> str:
     form (NFC vs NFD) and line endings. Accepts ``Pair``s, a ``PairSet`` or mappings with the
     same keys.
     """
-    hashes = sorted(pair_hash(p) for p in pairs)
-    return hashlib.sha256("\n".join(hashes).encode("ascii")).hexdigest()
+    return checksum_of_digests(np.array([bytes.fromhex(pair_hash(p)) for p in pairs], dtype="S32").reshape(-1))
 
 
 _HEX = np.frombuffer(b"0123456789abcdef", np.uint8)

@@ -169,9 +169,11 @@ def arrow_strings_digest(index) -> str | None:
     import pyarrow as pa
 
     try:
-        chunked = pa.chunked_array([pa.array(index.array)])      # the index's own Arrow data (no copy)
-    except (TypeError, pa.ArrowException):
+        chunked = index.array.__arrow_array__()          # the index's own Arrow data, every chunk (no copy)
+    except (AttributeError, TypeError, pa.ArrowException):
         return None
+    if not isinstance(chunked, pa.ChunkedArray):
+        chunked = pa.chunked_array([chunked])
     if chunked.null_count or not (pa.types.is_string(chunked.type) or pa.types.is_large_string(chunked.type)):
         return None
     h = hashlib.sha256(f"str|{(len(index),)}|".encode())
