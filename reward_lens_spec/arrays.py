@@ -60,6 +60,11 @@ def str_index(values, name: str = "pair"):
     where it is mimalloc (Arrow's default; the command line sets the C library's, ``cli.ARROW_POOL``; issue 40
     item 5). Where pandas does not hold strings in Arrow, or a value is not a ``str`` that
     encodes (a lone surrogate), the list itself, which ``xr.DataArray`` indexes as before."""
+    if hasattr(values, "raw"):                   # a models.pair_ids.PairIds: its bytes as they are
+        data, off = values.raw()
+        idx = _utf8_index(np.diff(off), np.frombuffer(data, np.uint8), name)
+        if idx is not None:
+            return idx
     values = list(values)
     try:
         data = "".join(values).encode("utf-8")

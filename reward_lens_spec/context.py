@@ -146,7 +146,9 @@ def pair_positions(pairs, ids) -> np.ndarray | None:
     """Where each of ``ids`` (the encoded pairs, in order) sits among ``pairs``: int64, dims ``pair``; ``None``
     when ``ids`` are not an ordered subsequence of the pairs' ids. Read from the ids alone (a file's pairs: no
     re-read)."""
-    all_ids = pairs.ids if hasattr(pairs, "ids") else [p.id for p in pairs]
+    held = getattr(pairs, "pairs", pairs)         # a PairSet's sequence; a file's ids decoded one at a time
+    all_ids = (held.id_at(k) for k in range(len(held))) if hasattr(held, "id_at") else \
+        pairs.ids if hasattr(pairs, "ids") else [p.id for p in pairs]
     out, j = np.zeros(len(ids), np.int64), 0
     for k, pid in enumerate(all_ids):
         if j < len(ids) and pid == ids[j]:

@@ -46,6 +46,7 @@ import numpy as np
 
 from ..errors import CaptureError, SpecError
 from . import token_rows
+from .pair_ids import PairIds
 from .token_rows import RowsBuilder, TokenRows
 import json
 
@@ -65,7 +66,7 @@ class EncodedPairs:
     encoding hook adds (``data.pairs.KIND_FLAGS``; a PRM's ``no_step_separator``); empty for the other kinds.
     """
 
-    pair_ids: list[str]
+    pair_ids: Sequence[str]
     chosen: list[list[int]]
     rejected: list[list[int]]
     excluded: dict[str, list[str]]
@@ -79,6 +80,8 @@ class EncodedPairs:
     kind_flags: dict = field(default_factory=dict)
 
     def __post_init__(self):
+        if not isinstance(self.pair_ids, PairIds):  # stored as bytes (models.pair_ids): ~9 bytes per short id
+            object.__setattr__(self, "pair_ids", PairIds(self.pair_ids))
         for side in ("chosen", "rejected"):       # stored flat (models.token_rows): 4 bytes per token
             if not isinstance(getattr(self, side), TokenRows):
                 object.__setattr__(self, side, TokenRows(getattr(self, side)))
@@ -263,7 +266,7 @@ def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
     bos_id = getattr(tokenizer, "bos_token_id", None)
     pairs = pairs if isinstance(pairs, Sequence) else list(pairs)    # sliced below: never all held as objects
     bos_seen: set[int] = set()
-    ids_out: list[str] = []
+    ids_out: list[PairIds] = []          # per slice: no Python string per kept pair held
     chosen, rejected = (RowsBuilder(token_rows.SPILL_BYTES) for _ in range(2))   # per slice; no list of every pair's ids
     identical: list[str] = []
     resp_cut: list[str] = []
@@ -278,7 +281,7 @@ def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
             raise CaptureError(f"model {model_name!r}: some sequences start with a BOS and some do not. "
                                "Fix: check for texts that begin with the literal BOS token string.")
         bos = next(iter(bos_seen))
-        kept_c, kept_r = [], []
+        kept_c, kept_r, kept_ids = [], [], []
         for pid, c, r, pc, pr_len in raw:
             tc, tr = _truncate(c, bos, max_length), _truncate(r, bos, max_length)
             cut_response = False
@@ -297,12 +300,13 @@ def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
             if cut_response and truncated_responses == "exclude":
                 dropped_cut.append(pid)
                 continue
-            ids_out.append(pid)
+            kept_ids.append(pid)
             kept_c.append(tc)
             kept_r.append(tr)
+        ids_out.append(PairIds(kept_ids))
         chosen.append(TokenRows(kept_c))
         rejected.append(TokenRows(kept_r))
-        del raw, kept_c, kept_r
+        del raw, kept_c, kept_r, kept_ids
     if not bos_seen:                     # no pair at all
         bos_seen.add(1 if bos_id is not None and getattr(tokenizer, "add_bos_token", False) else 0)
     bos = next(iter(bos_seen))
@@ -316,7 +320,7 @@ def encode_pairs(tokenizer, pairs: Sequence[Any], *, fmt: str = "plain",
                       f"without their prompt, so their response start was cut ({resp_cut[:5]}); {what}. Fix: "
                       "raise model.max_length (up to the model's position limit).", stacklevel=2)
     chosen, rejected = chosen.rows(), rejected.rows()
-    return EncodedPairs(pair_ids=ids_out, chosen=chosen, rejected=rejected,
+    return EncodedPairs(pair_ids=PairIds.join(ids_out), chosen=chosen, rejected=rejected,
                         excluded={"identical_after_truncation": identical, "response_truncated": dropped_cut},
                         n_truncated=n_trunc, bos_count=bos, max_length=max_length, fmt=fmt,
                         response_truncated=resp_cut, prompt_truncated=prompt_cut,

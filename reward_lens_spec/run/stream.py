@@ -7,9 +7,8 @@ Per-pair steps that only reductions read go to a scratch group (``_stage``); eve
 soon as no later step of the chunk reads it, so no step holds more than one chunk's activations.
 
 Stage 2 (``"reduce"``): after the last chunk, whoever wrote it runs the steps that reduce over pairs on the stored
-arrays, opened lazily (dask), writes their outputs next to the per-pair ones, and completes the run
-(``store.attempts``: the run document names the attempt). In memory (``run.executor.compute``) is this same executor
-into an in-memory store (``memory://``).
+arrays, opened lazily (dask), writes their outputs next to the per-pair ones, and completes the run (``store.
+attempts``: the run document names the attempt). In memory (``run.executor.compute``): this executor, ``memory://``.
 
 Passes (``planning.passes``): a pair-stage step that reads a reduction (steering along a mean difference direction)
 runs in a later pass: after the reductions it needs, the completing job captures each chunk again and writes that
@@ -39,6 +38,7 @@ import numpy as np
 from ..arrays import new_array
 from ..context import RunContext, pair_positions, pairs_at, take_pairs
 from ..errors import SpecError, StoreError
+from ..models.pair_ids import joined_utf8
 from ..planning import data_dims, data_widths, passes, stages
 from ..result import Result
 from ..store.attempts import PREFIX, Attempt, list_attempts
@@ -140,7 +140,7 @@ def stream(b, run_id, lm, pairs, enc, plan, info, *, capture_kw, frame, store_sp
     slices = chunk_slices(n, size)
     widths = data_widths(plan, RunContext(lm=lm, pairs=pairs, encoded=enc, capture=None, info=info))
     meta = {"kind": "stream", "shards": shards, "chunk_pairs": size, "n_pairs": n, **({"widths": widths} if widths
-            else {}), "pairs_sha": hashlib.sha256("\n".join(enc.pair_ids).encode()).hexdigest()[:16]}
+            else {}), "pairs_sha": hashlib.sha256(joined_utf8(enc.pair_ids)).hexdigest()[:16]}
     att, role = _attempt(b, run_id, meta, store_spec.shard, launch_key(store_spec), store_spec.force)
     try:
         return _run(att, role, b, run_id, lm, pairs, enc, plan, info, st, slices, capture_kw, frame,

@@ -1,0 +1,102 @@
+"""``PairIds``: a run's pair ids held as bytes read exactly as the list of ``str`` they replace (issue 40 item 5)."""
+from __future__ import annotations
+
+import gc
+import hashlib
+import pickle
+import struct
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from reward_lens_spec.arrays import str_index
+from reward_lens_spec.data import Pair
+from reward_lens_spec.models import pair_ids as pair_ids_module
+from reward_lens_spec.models.formatting import EncodedPairs, encode_pairs
+from reward_lens_spec.models.pair_ids import PairIds
+from reward_lens_spec.models.tiny_tokenizer import build_tiny_tokenizer
+
+IDS = ["q0", "bé", "", "\ud800x", "a\x00", "日本語", "z" * 300, "q0", "tail"]   # repeats, NUL-ended, lone surrogate
+
+
+def test_reads_as_the_list_of_str(monkeypatch):
+    monkeypatch.setattr(pair_ids_module, "READ_IDS", 3)         # iteration crosses its block boundary
+    p = PairIds(IDS)
+    assert len(p) == len(IDS) and list(p) == IDS and p == IDS and p == tuple(IDS) and IDS == list(p)
+    assert [p[i] for i in range(len(IDS))] == IDS and p[-1] == "tail" and p[-len(IDS)] == "q0"
+    for sl in (slice(1, 5), slice(None, None, 2), slice(5, 1), slice(-3, None), slice(None, None, -1), slice(0, 0)):
+        assert list(p[sl]) == IDS[sl] and isinstance(p[sl], PairIds)
+    assert p[2:7][1:3] == IDS[3:5]
+    assert "日本語" in p and "nope" not in p and p.index("\ud800x") == 3 and p.count("q0") == 2
+    assert bool(PairIds()) is False and bool(p) and list(PairIds()) == []
+    with pytest.raises(IndexError):
+        p[len(IDS)]
+    for other in (IDS[:-1], IDS[:-1] + ["tai"], ["ab", "c"], IDS[::-1]):
+        assert p != other
+    assert PairIds(["ab", "c"]) != PairIds(["a", "bc"])          # the same bytes cut elsewhere
+    assert p != "q0" and p != b"q0"
+
+
+def test_join_and_pickle_keep_every_id():
+    p = PairIds(IDS)
+    for cut in range(len(IDS) + 1):
+        assert PairIds.join([p[:cut], p[cut:]]) == p
+    assert PairIds.join([]) == [] and PairIds.join([p[:2], ["x"]]) == IDS[:2] + ["x"]
+    back = pickle.loads(pickle.dumps(p[1:4]))
+    assert back == IDS[1:4] and back.raw()[1].tolist() == [0, 3, 3, 7]     # b"b\xc3\xa9", b"", b"\xed\xa0\x80x"
+
+
+def test_holds_bytes_not_strings():
+    p = PairIds(f"q{i}" for i in range(10_000))
+    held = gc.get_referents(p)
+    assert not any(isinstance(o, str) for o in held)
+    data, off = p.raw()
+    assert data == "".join(f"q{i}" for i in range(10_000)).encode() and off.dtype == np.int64
+    assert len(data) + off.nbytes < 14 * 10_000                      # a list of str: ~60 bytes an id
+    with pytest.raises(TypeError, match="pair id 1 is int"):
+        PairIds(["a", 7])
+
+
+def test_encoded_pairs_hold_them_and_the_digest_is_unchanged():
+    ids = ["a", "bé", "c\x00"]
+    enc = EncodedPairs(pair_ids=list(ids), chosen=[[1, 2], [3], [4]], rejected=[[5], [6, 7], [8]], excluded={},
+                       n_truncated=0, bos_count=0, max_length=8, fmt="plain")
+    assert isinstance(enc.pair_ids, PairIds) and enc.pair_ids == ids
+    h = hashlib.sha256(b"reward_lens_spec.encoded.v1")               # the digest's definition, written out
+    for pid, c, r in zip(ids, [[1, 2], [3], [4]], [[5], [6, 7], [8]]):
+        for part in (pid.encode(), np.asarray(c, "<i8").tobytes(), np.asarray(r, "<i8").tobytes()):
+            h.update(struct.pack("<Q", len(part)) + part)
+    assert enc.digest() == h.hexdigest()
+
+
+def test_encode_pairs_keeps_the_ids_in_order_slice_by_slice(monkeypatch):
+    from reward_lens_spec.models import formatting
+    monkeypatch.setattr(formatting, "ENCODE_SLICE", 6)               # slices of 3 pairs: ids joined across them
+    pairs = [Pair(id=f"p{i}é" if i % 3 else f"p{i}", prompt=f"Q{i}", chosen=f"yes {i}", rejected=f"no {i}")
+             for i in range(11)]
+    enc = encode_pairs(build_tiny_tokenizer(), pairs, template="{prompt} {response}", max_length=64)
+    assert isinstance(enc.pair_ids, PairIds) and list(enc.pair_ids) == [p.id for p in pairs]
+
+
+def test_str_index_of_pair_ids_is_the_index_of_the_list():
+    for ids in (IDS[:3] + IDS[5:7], ["x"], [], IDS):                   # IDS: a lone surrogate, then the list
+        got = str_index(PairIds(ids))
+        ref = xr.DataArray(np.arange(len(ids)), dims="pair", coords={"pair": list(ids)})
+        new = xr.DataArray(np.arange(len(ids)), dims="pair", coords={"pair": got})
+        assert list(new.indexes["pair"]) == list(ref.indexes["pair"])   # (a list's "a\x00" loses its NUL in numpy)
+        assert list(new.indexes["pair"]) == list(ids) or "a\x00" in ids
+        if len(set(ids)) == len(ids) and ids:
+            xr.testing.assert_equal(new.sel(pair=ids[-1]), ref.sel(pair=ids[-1]))
+
+
+def test_joined_is_the_ids_joined_as_str_join_makes_them():
+    from reward_lens_spec.models.pair_ids import joined_utf8
+    for ids in (IDS[:3] + IDS[4:], [], ["one"], ["", ""], ["", "x", ""], ["日本", "q\n"]):
+        p = PairIds(ids)
+        for sep in ("\n", "::", ""):
+            naive = sep.encode().join(i.encode("utf-8") for i in ids)
+            assert p.joined(sep.encode()) == naive and joined_utf8(p, sep) == joined_utf8(ids, sep) == naive
+    assert PairIds(IDS).joined(b"\n") == b"\n".join(i.encode("utf-8", "surrogatepass") for i in IDS)
+    with pytest.raises(UnicodeEncodeError):                       # as "\n".join(ids).encode() refuses it
+        joined_utf8(PairIds(IDS))
