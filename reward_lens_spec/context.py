@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,7 +40,7 @@ class RunContext:
         ``PairLabels``: the same mapping, held as fixed-width bytes)."""
         if self.coords is not None:
             return take_pairs(self.coords, slice(None) if idx is None else list(idx))
-        ids = list(self.encoded.pair_ids)
+        ids = self.encoded.pair_ids                # (a PairIds: read in order below, not listed)
         if idx is not None:
             ids = [ids[i] for i in idx]
         labels = pair_labels(self.pairs, self.encoded, ids)
@@ -104,7 +104,7 @@ class PairLabels(Mapping):
 BLOCK = 8192
 
 
-def pair_labels(pairs, encoded, ids: list) -> PairLabels:
+def pair_labels(pairs, encoded, ids: Sequence[str]) -> PairLabels:
     """The labels of the pairs ``ids`` (in that order; see ``RunContext.pair_coords``), read in one ordered walk
     over ``pairs`` (a file's pairs are read once, never all held), else through a dict by id."""
     names = ("pair", "dimension", "prompt_id")
@@ -124,11 +124,13 @@ def pair_labels(pairs, encoded, ids: list) -> PairLabels:
             blocks[k].append(np.array(cols[k], dtype=bytes) if cols[k] else np.zeros(0, "S1"))
             cols[k].clear()
 
-    j = 0
+    j, want = 0, iter(ids)
+    nxt = next(want, None)
     for p in pairs:                               # ordered walk: ids are the pairs kept, in file order
-        if j < len(ids) and p.id == ids[j]:
-            add(ids[j], p)
+        if j < len(ids) and p.id == nxt:
+            add(nxt, p)
             j += 1
+            nxt = next(want, None)
     if j < len(ids):                              # not in the pairs' order: by id
         for k in names:
             cols[k].clear()
@@ -149,11 +151,13 @@ def pair_positions(pairs, ids) -> np.ndarray | None:
     held = getattr(pairs, "pairs", pairs)         # a PairSet's sequence; a file's ids decoded one at a time
     all_ids = (held.id_at(k) for k in range(len(held))) if hasattr(held, "id_at") else \
         pairs.ids if hasattr(pairs, "ids") else [p.id for p in pairs]
-    out, j = np.zeros(len(ids), np.int64), 0
+    out, j, want = np.zeros(len(ids), np.int64), 0, iter(ids)        # ids read once, in order
+    nxt = next(want, None)
     for k, pid in enumerate(all_ids):
-        if j < len(ids) and pid == ids[j]:
+        if j < len(ids) and pid == nxt:
             out[j] = k
             j += 1
+            nxt = next(want, None)
     return out if j == len(ids) else None
 
 

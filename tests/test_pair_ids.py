@@ -100,3 +100,43 @@ def test_joined_is_the_ids_joined_as_str_join_makes_them():
     assert PairIds(IDS).joined(b"\n") == b"\n".join(i.encode("utf-8", "surrogatepass") for i in IDS)
     with pytest.raises(UnicodeEncodeError):                       # as "\n".join(ids).encode() refuses it
         joined_utf8(PairIds(IDS))
+
+
+def _naive_positions(all_ids, ids):
+    """Greedy in-order matching written out: where each of ``ids`` sits among ``all_ids``, or None."""
+    out, k = [], 0
+    for i in ids:
+        while k < len(all_ids) and all_ids[k] != i:
+            k += 1
+        if k == len(all_ids):
+            return None
+        out.append(k)
+        k += 1
+    return out
+
+
+def test_positions_labels_and_flags_read_pair_ids_as_they_read_the_list():
+    from types import SimpleNamespace as NS
+
+    from reward_lens_spec.context import pair_labels, pair_positions
+    from reward_lens_spec.data.accounting import accounting, pair_flags
+    all_ids = ["a", "bé", "c", "", "d", "a2"]
+    pairs = [Pair(id=i, prompt=f"P {i}", chosen="x", rejected="y", dimension=f"dim{len(i)}") for i in all_ids]
+    for ids in (all_ids, all_ids[1::2], ["c"], [], ["c", "a"], ["zz"], all_ids + ["a"]):
+        got = pair_positions(pairs, PairIds(ids))
+        want = _naive_positions(all_ids, ids)
+        assert (got is None and want is None) or got.tolist() == want
+        assert (got is None) == (pair_positions(pairs, list(ids)) is None)
+    kept = PairIds(["bé", "", "a2"])
+    enc = NS(pair_ids=kept, prompt_truncated=["a2", "c"], response_truncated=[], excluded={}, kind_flags={})
+    data = NS(flags={"empty_response": [""], "identical_sides": ["bé", "d"]})
+    flags = pair_flags(data, enc, kept)
+    assert {k: v.tolist() for k, v in flags.items()} == {"empty_response": [False, True, False],
+                                                         "identical_sides": [True, False, False],
+                                                         "prompt_truncated": [False, False, True],
+                                                         "response_truncated": [False, False, False]}
+    assert accounting(data, enc)["pair_flags"] == {"empty_response": [""], "identical_sides": ["bé"],
+                                                   "prompt_truncated": ["a2"], "response_truncated": []}
+    a, b = pair_labels(pairs, enc, kept), pair_labels(pairs, enc, list(kept))
+    assert all((a.raw(k) == b.raw(k)).all() for k in ("pair", "dimension", "prompt_id"))
+    assert a.raw("pair").tolist() == [b"b\xc3\xa9", b"", b"a2"] and a.raw("dimension").tolist() == [b"dim2", b"dim0", b"dim2"]

@@ -35,7 +35,14 @@ def pair_flags(pairs: Any, encoded: Any, ids: Sequence[str]) -> dict[str, np.nda
     """Flag -> bool array over ``ids`` (dims: ``pair``), one per name of ``PAIR_FLAGS`` and per kind flag the
     encoding carries (``EncodedPairs.kind_flags``)."""
     sets = _flag_ids(pairs, encoded)
-    return {name: np.array([i in ids_on for i in ids], dtype=bool) for name, ids_on in sets.items()}
+    cols = {name: np.zeros(len(ids), dtype=bool) for name in sets}
+    flagged = set().union(*sets.values())
+    if flagged:                                   # one pass over the ids (a PairIds decodes each once)
+        for k, i in enumerate(ids):
+            if i in flagged:
+                for name, ids_on in sets.items():
+                    cols[name][k] = i in ids_on
+    return cols
 
 
 def accounting(pairs: Any, encoded: Any) -> dict[str, dict[str, list[str]]]:
@@ -45,7 +52,7 @@ def accounting(pairs: Any, encoded: Any) -> dict[str, dict[str, list[str]]]:
     kept = encoded.pair_ids              # a list or models.pair_ids.PairIds: read twice, no list of every id made
     arrays = pair_flags(pairs, encoded, kept)
     return {"excluded": excluded,
-            "pair_flags": {name: [i for i, on in zip(kept, col) if on] for name, col in arrays.items()}}
+            "pair_flags": {name: [kept[k] for k in np.flatnonzero(col).tolist()] for name, col in arrays.items()}}
 
 
 def _n(v) -> int:

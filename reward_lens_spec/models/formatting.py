@@ -80,7 +80,7 @@ class EncodedPairs:
     kind_flags: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        if not isinstance(self.pair_ids, PairIds):  # stored as bytes (models.pair_ids): ~9 bytes per short id
+        if not isinstance(self.pair_ids, PairIds):  # stored as bytes (models.pair_ids): its text and an 8-byte offset
             object.__setattr__(self, "pair_ids", PairIds(self.pair_ids))
         for side in ("chosen", "rejected"):       # stored flat (models.token_rows): 4 bytes per token
             if not isinstance(getattr(self, side), TokenRows):
