@@ -148,9 +148,7 @@ def pair_positions(pairs, ids) -> np.ndarray | None:
     """Where each of ``ids`` (the encoded pairs, in order) sits among ``pairs``: int64, dims ``pair``; ``None``
     when ``ids`` are not an ordered subsequence of the pairs' ids. Read from the ids alone (a file's pairs: no
     re-read)."""
-    held = getattr(pairs, "pairs", pairs)         # a PairSet's sequence; a file's ids decoded one at a time
-    all_ids = (held.id_at(k) for k in range(len(held))) if hasattr(held, "id_at") else \
-        pairs.ids if hasattr(pairs, "ids") else [p.id for p in pairs]
+    all_ids = pairs.ids if hasattr(pairs, "ids") else [p.id for p in pairs]   # (a file's: decoded as read)
     out, j, want = np.zeros(len(ids), np.int64), 0, iter(ids)        # ids read once, in order
     nxt = next(want, None)
     for k, pid in enumerate(all_ids):

@@ -140,3 +140,30 @@ def test_positions_labels_and_flags_read_pair_ids_as_they_read_the_list():
     a, b = pair_labels(pairs, enc, kept), pair_labels(pairs, enc, list(kept))
     assert all((a.raw(k) == b.raw(k)).all() for k in ("pair", "dimension", "prompt_id"))
     assert a.raw("pair").tolist() == [b"b\xc3\xa9", b"", b"a2"] and a.raw("dimension").tolist() == [b"dim2", b"dim0", b"dim2"]
+
+
+def test_prefixed_puts_each_head_before_its_row():
+    from reward_lens_spec.byte_rows import prefixed
+    rows = [b"abc", b"", b"\xc3\xa9", b"xyz!"]
+    data = np.frombuffer(b"zzz" + b"".join(rows), np.uint8)             # rows start past 0, as a slice's do
+    off = 3 + np.concatenate([[0], np.cumsum([len(r) for r in rows])])
+    for a, b in ((0, 4), (1, 3), (2, 2)):
+        heads = np.arange(2 * (b - a), dtype=np.uint8).reshape(-1, 2) + 200
+        naive = b"".join(bytes(h) + r for h, r in zip(heads, rows[a:b]))
+        assert prefixed(data, off[a:b + 1], heads).tobytes() == naive
+
+
+def test_a_files_ids_read_as_the_tuple_of_its_pairs_ids(tmp_path):
+    import json
+
+    from reward_lens_spec.data import load_pairs
+    from reward_lens_spec.data.file_pairs import FileIds
+    rows = [{"id": i, "prompt": f"P{k}", "chosen": "a", "rejected": "b"} for k, i in enumerate(["a", "bé", "日本", "z"])]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    ps = load_pairs("jsonl", path=str(tmp_path / "p.jsonl"))
+    ids, listed = ps.ids, tuple(p.id for p in ps)
+    assert isinstance(ids, FileIds) and ids == listed and listed == ids and tuple(ids) == listed
+    assert ids[-1] == "z" and ids[1:3] == listed[1:3] and "日本" in ids and len(ids) == 4
+    assert ids != listed[:3] and ids != listed[::-1]
+    with pytest.raises(IndexError):
+        ids[4]

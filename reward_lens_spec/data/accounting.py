@@ -49,7 +49,7 @@ def accounting(pairs: Any, encoded: Any) -> dict[str, dict[str, list[str]]]:
     """``{"excluded": reason -> ids, "pair_flags": flag -> kept ids}`` (JSON-safe, ids in data order)."""
     excluded = {"prompt_mismatch": list((getattr(pairs, "flags", None) or {}).get("prompt_mismatch", ()))}
     excluded.update({k: list(v) for k, v in encoded.excluded.items()})
-    kept = encoded.pair_ids              # a list or models.pair_ids.PairIds: read twice, no list of every id made
+    kept = encoded.pair_ids              # a list or PairIds: walked once, only the flagged ids indexed
     arrays = pair_flags(pairs, encoded, kept)
     return {"excluded": excluded,
             "pair_flags": {name: [kept[k] for k in np.flatnonzero(col).tolist()] for name, col in arrays.items()}}

@@ -51,9 +51,9 @@ class FilePairs(Sequence):
         return int(self.offsets.size)
 
     @property
-    def ids(self) -> tuple[str, ...]:
-        """Pair ids, in order (from the ids kept, no file access)."""
-        return tuple(self.id_at(k) for k in range(len(self)))
+    def ids(self) -> "FileIds":
+        """Pair ids, in order (from the ids kept, no file access; each decoded as it is read)."""
+        return FileIds(self._ids)
 
     def id_at(self, k: int) -> str:
         return self._ids[k].decode("utf-8", "surrogatepass")
@@ -129,6 +129,35 @@ class FilePairs(Sequence):
             pair = _with_id(pair, self.id_at(k))
             out.append(self.after(pair) if self.after is not None else pair)
         return out
+
+
+class FileIds(Sequence):
+    """A file's pair ids in order, decoded one at a time from the ``S<n>`` UTF-8 bytes ``FilePairs`` keeps (no
+    string per pair held: 100,000 ids as a tuple are ~7 MB); a slice is a tuple; equal to any sequence of the
+    same ids, as the tuple ``PairSet.ids`` gives for pairs in memory."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: np.ndarray):
+        self._raw = raw
+
+    def __len__(self) -> int:
+        return int(self._raw.size)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self[k] for k in range(*i.indices(len(self))))
+        return self._raw[i].decode("utf-8", "surrogatepass")       # numpy: negative k, IndexError past the end
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(other) == len(self) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"FileIds({list(self[:3])}{'…' if len(self) > 3 else ''}, {len(self)} ids)"
 
 
 def _with_id(pair, pair_id: str):

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 FLAG_REASONS = ("identical_sides", "empty_response", "prompt_mismatch")
 PAIR_FLAGS = ("empty_response", "identical_sides", "prompt_truncated", "response_truncated")
@@ -112,8 +112,9 @@ class PairSet:
                 "step_separator": self.step_separator if self.shape == "stepwise" else None}
 
     @property
-    def ids(self) -> tuple[str, ...]:
-        """Pair ids, in order (pairs left in their file, ``data.file_pairs``: from the ids kept, no re-read)."""
+    def ids(self) -> Sequence[str]:
+        """Pair ids, in order: a tuple, or for pairs left in their file a ``data.file_pairs.FileIds`` (from the
+        ids kept, no re-read, each decoded as read), equal to the tuple of the same ids."""
         kept = getattr(self.pairs, "ids", None)
         return kept if kept is not None else tuple(p.id for p in self.pairs)
 

@@ -26,6 +26,7 @@ import math
 
 import numpy as np
 
+from reward_lens_spec.byte_rows import prefixed
 from reward_lens_spec.errors import StoreError
 
 KEY = "data_digests"
@@ -182,16 +183,9 @@ def arrow_strings_digest(index) -> str | None:
         wide = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
         off = np.frombuffer(offsets, wide)[chunk.offset:chunk.offset + len(chunk) + 1].astype(np.int64)
         raw = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
-        for a in range(0, len(chunk), STR_SLICE):
+        for a in range(0, len(chunk), STR_SLICE):          # each string's length (4 bytes, LE), then its bytes
             o = off[a:a + STR_SLICE + 1]
-            lengths = np.diff(o)
-            heads = (4 * np.arange(lengths.size) + (o[:-1] - o[0]))[:, None] + np.arange(4)
-            out = np.empty(4 * lengths.size + int(o[-1] - o[0]), np.uint8)
-            body = np.ones(out.size, bool)
-            body[heads.ravel()] = False
-            out[heads.ravel()] = lengths.astype("<u4").view(np.uint8)
-            out[body] = raw[o[0]:o[-1]]
-            h.update(out)
+            h.update(prefixed(raw, o, np.diff(o).astype("<u4").view(np.uint8).reshape(-1, 4)))
     return h.hexdigest()[:HEX]
 
 
